@@ -1,0 +1,100 @@
+"""``redline`` command line: a thin layer over the library (argument parsing and exit codes)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from redline._version import __version__
+
+
+def _positive(name: str) -> type[int]:
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be >= 1 (the number of measured steps after warm-up), got {v}")
+        return v
+
+    return parse  # type: ignore[return-value]
+
+
+def _non_negative(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"--warmup must be >= 0, got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="redline", description=(
+        "Measure how busy the accelerator really is, say why it idles, and what to change."))
+    p.add_argument("--version", action="version", version=f"redline {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("doctor", help="measure and diagnose an unmodified training script",
+                       description="Run `python script.py args` (or `python -m module args`) "
+                       "unchanged under redline's instrumentation and print the report.")
+    d.add_argument("--steps", type=_positive("--steps"), default=50,
+                   help="measured steps after warm-up, then stop (default: 50)")
+    d.add_argument("--warmup", type=_non_negative, default=5,
+                   help="steps left out of the statistics at the start (default: 5)")
+    d.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    d.add_argument("--no-flops", action="store_true",
+                   help="do not count FLOPs (MFU is then unknown)")
+    d.add_argument("cmd", nargs=argparse.REMAINDER, help="-- python train.py [args]")
+
+    m = sub.add_parser("demo", help="run a built-in naive workload under redline and report",
+                       description="Train a built-in workload (no download) with its naive "
+                       "defaults under redline.watch and print the report.")
+    m.add_argument("--workload", choices=["vision", "lm"], default="vision")
+    m.add_argument("--steps", type=_positive("--steps"), default=30,
+                   help="measured steps (default: 30)")
+    m.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    return p
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from redline.doctor.runner import DoctorError, run_doctor
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    try:
+        result = run_doctor(cmd, steps=args.steps, warmup=args.warmup, json_path=args.json,
+                            count_flops=not args.no_flops)
+    except DoctorError as e:
+        print(f"redline doctor: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the JSON report could not be written (disk full, permissions)
+        print(f"redline doctor: error: {e}", file=sys.stderr)
+        return 1
+    return result.exit_code
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from redline.demo import run_demo
+
+    try:
+        run_demo(args.workload, steps=args.steps, json_path=args.json)
+    except OSError as e:
+        print(f"redline demo: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "doctor":
+        return _doctor(args)
+    return _demo(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

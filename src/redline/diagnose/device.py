@@ -1,0 +1,118 @@
+"""Device-side findings from always-on data: host_sync, small_batch, no_mixed_precision,
+fp32_matmul_on_tensor_cores. (Trace-based kernel findings live with trace analysis.)"""
+
+from __future__ import annotations
+
+from redline.diagnose.finding import ceiling_speedup
+from redline.diagnose.thresholds import (
+    SMALL_BATCH_MAX_BUSY,
+    SMALL_BATCH_MAX_MEMORY_FRACTION,
+)
+from redline.measure.peaks import peak_flops
+from redline.report.model import Finding, Measurements
+
+
+def _cc(m: Measurements) -> float:
+    return float(m.device.compute_capability) if m.device.compute_capability else 0.0
+
+
+def _compute_fraction(m: Measurements) -> float | None:
+    """Share of the step in which the device computes: the CUDA-event span on GPU, the
+    forward+backward+optimizer host share on CPU (where host time is compute time)."""
+    if m.device.type == "cuda":
+        return m.device_metrics.device_span_fraction
+    return sum(m.fraction(p) for p in ("forward", "backward", "optimizer"))
+
+
+def host_sync(m: Measurements) -> list[Finding]:
+    dm = m.device_metrics
+    if not dm.sync_calls or dm.sync_calls_per_step is None:
+        return []
+    sites = "; ".join(f"{s['site']} ×{s['count']}" for s in dm.sync_sites[:3])
+    span = dm.device_span_fraction
+    return [Finding(
+        "host_sync", "medium" if dm.sync_calls_per_step >= 1 else "low",
+        f"{dm.sync_calls_per_step:.1f} synchronizing CUDA calls per step stall the host",
+        {"sync_calls": dm.sync_calls, "sync_calls_per_step": round(dm.sync_calls_per_step, 2),
+         "top_sites": sites, "device_span_fraction": None if span is None else round(span, 3)},
+        None,
+        f"Remove host reads of device values from the loop ({sites}): .item(), .cpu(), "
+        "print(tensor), bool(tensor), nonzero(); accumulate metrics on the device and read them "
+        "every N steps. Their cost is not measurable without a trace: run redline doctor --trace.")]
+
+
+def small_batch(m: Measurements) -> list[Finding]:
+    dm = m.device_metrics
+    if (m.device.type != "cuda" or dm.peak_reserved_bytes is None or not dm.total_memory_bytes
+            or dm.device_span_fraction is None):
+        return []
+    mem = dm.peak_reserved_bytes / dm.total_memory_bytes
+    span = dm.device_span_fraction
+    if mem >= SMALL_BATCH_MAX_MEMORY_FRACTION or span >= SMALL_BATCH_MAX_BUSY:
+        return []
+    return [Finding(
+        "small_batch", "medium",
+        f"The batch uses {mem:.0%} of device memory and the device works {span:.0%} of the step",
+        {"peak_reserved_fraction": round(mem, 3), "device_span_fraction": round(span, 3),
+         "batch_size": m.config.batch_size},
+        ceiling_speedup(1.0 - span),
+        "Raise the batch size towards the memory limit (keep the effective batch with gradient "
+        "accumulation if the optimization must not change); per-step overheads then amortize.")]
+
+
+def _peak_ratio(m: Measurements, slow: str, fast: str) -> float | None:
+    a, b = peak_flops(m.device.name, slow), peak_flops(m.device.name, fast)
+    if a is None or b is None:
+        return None
+    return a[0] / b[0]
+
+
+def no_mixed_precision(m: Measurements) -> list[Finding]:
+    eff = m.precision.effective
+    if eff not in ("fp32", "tf32"):
+        return []
+    on_cuda = m.device.type == "cuda" and _cc(m) >= 7.0
+    on_amx = m.device.type == "cpu" and "amx_bf16" in m.host.cpu_flags
+    if not (on_cuda or on_amx):
+        return []
+    low = "bf16" if (m.device.type == "cpu" or _cc(m) >= 8.0) else "fp16"
+    comp = _compute_fraction(m)
+    ratio = _peak_ratio(m, eff, low) if on_cuda else None
+    ceiling = None
+    if comp is not None and ratio is not None:
+        # Amdahl: the compute share runs at most peak(low)/peak(eff) times faster.
+        ceiling = ceiling_speedup(comp * (1.0 - ratio))
+    amp = ("torch.autocast('cuda', dtype=torch.bfloat16)" if low == "bf16" and on_cuda else
+           "torch.autocast('cuda', dtype=torch.float16) with torch.amp.GradScaler()" if on_cuda
+           else "torch.autocast('cpu', dtype=torch.bfloat16)")
+    return [Finding(
+        "no_mixed_precision", "high" if ceiling and ceiling >= 1.5 else "medium",
+        f"Training runs in {eff} on a device with {low} matrix units",
+        {"precision": eff, "compute_fraction": None if comp is None else round(comp, 3),
+         f"peak_{eff}_over_{low}": None if ratio is None else round(ratio, 4),
+         "compute_capability": m.device.compute_capability},
+        ceiling,
+        f"Run forward and loss under {amp}; keep the optimizer in fp32. redline tune checks "
+        "loss and gradient norms against fp32 before keeping it.")]
+
+
+def fp32_matmul_on_tensor_cores(m: Measurements) -> list[Finding]:
+    if m.device.type != "cuda" or _cc(m) < 8.0 or m.precision.effective != "fp32":
+        return []
+    comp = _compute_fraction(m)
+    ratio = _peak_ratio(m, "fp32", "tf32")
+    ceiling = ceiling_speedup(comp * (1.0 - ratio)) if comp is not None and ratio else None
+    return [Finding(
+        "fp32_matmul_on_tensor_cores", "medium",
+        "fp32 matmuls run without TF32 on an Ampere-or-newer GPU",
+        {"float32_matmul_precision": m.precision.float32_matmul_precision,
+         "compute_capability": m.device.compute_capability,
+         "peak_fp32_over_tf32": None if ratio is None else round(ratio, 4)},
+        ceiling,
+        "torch.set_float32_matmul_precision('high') (TF32 matmuls, 10-bit mantissa inputs) — "
+        "one line, no other code change.")]
+
+
+def device_findings(m: Measurements) -> list[Finding]:
+    return [*host_sync(m), *small_batch(m), *no_mixed_precision(m),
+            *fp32_matmul_on_tensor_cores(m)]

@@ -1,0 +1,215 @@
+"""Run an unmodified ``python script.py args`` (or ``python -m module args``) under a watch.
+
+The script runs in this process as ``__main__`` with its own ``sys.argv``, so its output goes
+where it always went and its exit code is kept. After N measured steps a
+:class:`StopMeasurement` (a ``BaseException``, so a script's ``except Exception`` does not eat
+it) is raised from the step hook and the run ends there. A crash, ``sys.exit(n)`` or Ctrl-C
+still produce the report of the steps so far.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from redline.measure.config import WatchConfig
+from redline.measure.watch import Watch
+from redline.report.json_io import write_json
+from redline.report.model import Report
+
+
+class DoctorError(Exception):
+    """A usage error: nothing was run. The message says what was received and what to do."""
+
+
+class StopMeasurement(BaseException):
+    """Raised from a step hook once the requested steps are measured."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    kind: str
+    """'path' or 'module'."""
+    target: str
+    argv: list[str]
+    """The script's sys.argv (argv[0] is the path, or the module name for -m)."""
+
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+_SKIPPED_FLAGS = {"-u", "-B", "-O", "-OO", "-s", "-E"}
+
+
+def parse_command(cmd: list[str]) -> Target:
+    """Understand ``python [flags] script.py args``, ``python -m mod args`` or ``script.py``."""
+    usage = ("expected `redline doctor -- python train.py [args]` or "
+             "`redline doctor -- python -m package.module [args]`")
+    if not cmd:
+        raise DoctorError(f"no command given after `--`: {usage}")
+    rest = list(cmd)
+    head = rest[0]
+    if _PYTHON.match(Path(head).name) or os.path.abspath(head) == os.path.abspath(sys.executable):
+        rest = rest[1:]
+        while rest and rest[0] in _SKIPPED_FLAGS:
+            rest = rest[1:]
+        if not rest:
+            raise DoctorError(f"`{head}` was given without a script or -m module: {usage}")
+        if rest[0] == "-m":
+            if len(rest) < 2:
+                raise DoctorError(f"`-m` needs a module name: {usage}")
+            return Target("module", rest[1], [rest[1], *rest[2:]])
+        if rest[0].startswith("-"):
+            raise DoctorError(f"python option {rest[0]!r} is not supported by redline doctor "
+                              f"(it runs the script in its own interpreter): {usage}")
+        return Target("path", rest[0], rest)
+    if head.endswith(".py") or os.path.isfile(head):
+        return Target("path", head, rest)
+    raise DoctorError(f"redline doctor runs Python training scripts in its own process; got "
+                      f"{' '.join(cmd)!r}: {usage}")
+
+
+def check_target(t: Target) -> None:
+    if t.kind == "path":
+        p = Path(t.target)
+        if not p.exists():
+            raise DoctorError(f"script not found: {t.target!r} (looked at {p.resolve()}); "
+                              "check the path relative to the current directory "
+                              f"{Path.cwd()}")
+        if p.is_dir() and not (p / "__main__.py").exists():
+            raise DoctorError(f"{t.target!r} is a directory without __main__.py; give the "
+                              "training script's path")
+    else:
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec(t.target)
+        except (ImportError, ValueError) as e:
+            spec = None
+            detail = f" ({e})"
+        else:
+            detail = ""
+        if spec is None:
+            raise DoctorError(f"module not found: {t.target!r}{detail}; is its package "
+                              "installed or the current directory its parent?")
+
+
+def check_json_path(path: str | None) -> None:
+    """Fail before running the script when the report could not be written afterwards."""
+    if path is None:
+        return
+    parent = Path(path).parent if str(Path(path).parent) else Path(".")
+    if not parent.is_dir():
+        raise DoctorError(f"--json {path!r}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise DoctorError(f"--json {path!r}: directory {str(parent)!r} is not writable")
+
+
+@dataclass(slots=True)
+class DoctorResult:
+    report: Report
+    exit_code: int
+    json_path: Path | None
+    script_error: BaseException | None
+
+
+def never_stepped_message(w: Watch) -> str:
+    c = w.tracker.counts
+    roots = w.inst.root_modules if w.inst else []
+    seen = (f"{c['optimizer_step']} optimizer steps, {c['backward']} backward calls, "
+            f"{c['forward']} forward calls of {len(roots)} top-level module(s)"
+            f"{' (' + ', '.join(roots) + ')' if roots else ''}, {c['batches']} batches")
+    return (f"The script ended without a training step. Seen: {seen}. redline counts a step at "
+            "each optimizer.step(), or, with no optimizer, at each outermost forward+backward; "
+            "if your loop steps some other way, call `w.step()` at the end of each step "
+            "(redline.watch API).")
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message") prints it and exits 1
+    return 1
+
+
+def _print_script_traceback(e: BaseException) -> None:
+    """The script's traceback, without the frames of redline and runpy above it."""
+    tb = e.__traceback__
+    while tb is not None and (
+        "/redline/" in tb.tb_frame.f_code.co_filename
+        or tb.tb_frame.f_code.co_filename.endswith("runpy.py")
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
+        tb = tb.tb_next
+    print("\nredline doctor: the script raised an exception (report of the steps so far below):",
+          file=sys.stderr)
+    traceback.print_exception(type(e), e, tb, file=sys.stderr)
+
+
+def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = 5,
+               json_path: str | None = None, count_flops: bool = True,
+               device: str | None = None, show: bool = True) -> DoctorResult:
+    """Run ``cmd`` under a watch and report. Raises :class:`DoctorError` on usage errors
+    (before anything runs)."""
+    target = parse_command(cmd)
+    check_target(target)
+    check_json_path(json_path)
+    config = WatchConfig(warmup_steps=warmup, max_steps=steps, count_flops=count_flops,
+                         device=device)
+
+    def stop() -> None:
+        raise StopMeasurement
+
+    w = Watch(config, on_limit=stop)
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    saved_main = sys.modules.get("__main__")
+    sys.argv = list(target.argv)
+    if target.kind == "path":
+        sys.path.insert(0, str(Path(target.target).resolve().parent))
+    else:
+        sys.path.insert(0, os.getcwd())
+    status, detail, code = "completed", None, 0
+    error: BaseException | None = None
+    try:
+        with w:
+            if target.kind == "path":
+                runpy.run_path(target.target, run_name="__main__")
+            else:
+                runpy.run_module(target.target, run_name="__main__", alter_sys=True)
+    except StopMeasurement:
+        status, detail = "step_limit", f"stopped after {steps} measured steps (--steps)"
+    except SystemExit as e:
+        code = _exit_code(e.code)
+        if code != 0:
+            status, detail = "script_error", f"the script exited with code {code}"
+    except KeyboardInterrupt as e:
+        status, detail, code, error = "interrupted", "interrupted (Ctrl-C)", 130, e
+    except BaseException as e:
+        status = "script_error"
+        detail = f"the script raised {type(e).__name__}: {e}"
+        code, error = 1, e
+        _print_script_traceback(e)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+    if not w.steps:
+        status = "no_steps" if status in ("completed", "step_limit") else status
+        msg = never_stepped_message(w)
+        detail = msg if detail is None else f"{detail}. {msg}"
+    report = w.report(show=False, command=list(cmd), status=status, status_detail=detail)
+    if show:
+        from rich.console import Console
+
+        from redline.report.terminal import print_report
+
+        print_report(report, Console(stderr=True))
+    written = write_json(report, json_path) if json_path else None
+    if written is not None and show:
+        print(f"redline: JSON report written to {written}", file=sys.stderr)
+    return DoctorResult(report, code, written, error)

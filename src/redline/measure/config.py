@@ -1,0 +1,43 @@
+"""Configuration of a watch (always-on measurement of a training loop)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(kw_only=True, slots=True)
+class WatchConfig:
+    """What :func:`redline.watch` measures and for how long."""
+
+    warmup_steps: int = 3
+    """Steps at the start that are recorded but left out of the statistics (allocator warm-up,
+    worker start, cudnn autotune). Default: 3."""
+
+    max_steps: int | None = None
+    """Measured steps (after warm-up) after which ``on_limit`` is called; None = no limit."""
+
+    count_flops: bool = True
+    """Count the FLOPs of one step with ``torch.utils.flop_counter`` for MFU. That one step is
+    slowed by the counting and is excluded from timing statistics."""
+
+    device: str | None = None
+    """Device the job trains on ('cuda', 'cuda:1', 'cpu'); None = CUDA if available, else CPU."""
+
+    sample_interval_s: float = 0.2
+    """Period of the background CPU / NVML samplers, seconds. NVML's own utilization window is
+    1/6 s to 1 s (NVML docs), so sampling faster than ~0.1 s adds cost without information."""
+
+    detect_syncs: bool = True
+    """On CUDA, count synchronizing calls with ``torch.cuda.set_sync_debug_mode('warn')``
+    (process-global; restored on exit). Off on CPU, where there is nothing to sync."""
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(
+                f"max_steps must be >= 1 (measured steps after warm-up) or None, got "
+                f"{self.max_steps}"
+            )
+        if not self.sample_interval_s > 0:
+            raise ValueError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")

@@ -1,0 +1,161 @@
+"""Host-side sampler: CPU time and memory of the process and its DataLoader workers.
+
+A background thread reads /proc through psutil every ``interval_s``. CPU time and bytes read
+are cumulative counters, so the per-window value is the last reading minus the baseline; a
+worker that exits between two samples loses at most one interval of its CPU time (stated in
+the report's sources).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(slots=True)
+class _ProcReading:
+    cpu_s: float
+    read_bytes: int
+    read_chars: int
+    rss: int
+
+
+@dataclass(slots=True)
+class CpuWindow:
+    """CPU and I/O of one measurement window."""
+
+    wall_s: float
+    main_cpu_s: float
+    """CPU seconds of the training process (all its threads)."""
+    children_cpu_s: float
+    """CPU seconds of its child processes (DataLoader workers) during the window."""
+    children_seen: int
+    """Distinct child processes seen during the window."""
+    read_bytes: int
+    """Bytes read from storage (Linux /proc/<pid>/io read_bytes), process + children."""
+    read_chars: int
+    """Bytes returned by read() syscalls (page-cache hits included), process + children."""
+    main_rss_peak_bytes: int
+    children_rss_peak_bytes: int
+    """Peak over samples of the summed RSS of all children."""
+    io_available: bool
+
+
+def _read(p: psutil.Process) -> _ProcReading | None:
+    try:
+        with p.oneshot():
+            ct = p.cpu_times()
+            rss = p.memory_info().rss
+            try:
+                io = p.io_counters()
+                rb, rc = int(io.read_bytes), int(getattr(io, "read_chars", 0))
+            except (psutil.AccessDenied, AttributeError, NotImplementedError):
+                rb, rc = -1, -1
+        return _ProcReading(ct.user + ct.system, rb, rc, int(rss))
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+
+
+class CpuSampler:
+    """Samples the current process and its children in a daemon thread."""
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        self._interval = interval_s
+        self._proc = psutil.Process()
+        self._children: dict[int, psutil.Process] = {}
+        self._last: dict[int, _ProcReading] = {}
+        self._base: dict[int, _ProcReading] = {}
+        self._main_base: _ProcReading | None = None
+        self._t0 = 0.0
+        self._peak_main = 0
+        self._peak_children = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.mark()
+        self._thread = threading.Thread(target=self._run, name="redline-cpu", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.sample()
+
+    def mark(self) -> None:
+        """Start a new window now (called at the end of warm-up)."""
+        self.sample()
+        with self._lock:
+            self._base = dict(self._last)
+            self._main_base = _read(self._proc)
+            self._t0 = time.perf_counter()
+            self._peak_main = 0
+            self._peak_children = 0
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.sample()
+
+    def sample(self) -> None:
+        try:
+            kids = self._proc.children(recursive=True)
+        except psutil.Error:
+            kids = []
+        readings: dict[int, _ProcReading] = {}
+        for k in kids:
+            proc = self._children.setdefault(k.pid, k)
+            r = _read(proc)
+            if r is not None:
+                readings[k.pid] = r
+        main = _read(self._proc)
+        with self._lock:
+            self._last.update(readings)
+            self._peak_children = max(self._peak_children, sum(r.rss for r in readings.values()))
+            if main is not None:
+                self._peak_main = max(self._peak_main, main.rss)
+
+    def window(self) -> CpuWindow:
+        """Totals since the last :meth:`mark`."""
+        self.sample()
+        main = _read(self._proc)
+        with self._lock:
+            wall = time.perf_counter() - self._t0
+            zero = _ProcReading(0.0, 0, 0, 0)
+            child_cpu = 0.0
+            rb = rc = 0
+            io_ok = True
+            seen = 0
+            for pid, last in self._last.items():
+                base = self._base.get(pid, zero)
+                if pid in self._base and last is base:
+                    continue  # unchanged since the window began (e.g. died before it)
+                seen += 1
+                child_cpu += max(0.0, last.cpu_s - base.cpu_s)
+                if last.read_bytes < 0:
+                    io_ok = False
+                else:
+                    rb += max(0, last.read_bytes - base.read_bytes)
+                    rc += max(0, last.read_chars - base.read_chars)
+            mb = self._main_base
+            main_cpu = main.cpu_s - mb.cpu_s if main and mb else 0.0
+            if main and mb and main.read_bytes >= 0 and mb.read_bytes >= 0:
+                rb += main.read_bytes - mb.read_bytes
+                rc += main.read_chars - mb.read_chars
+            else:
+                io_ok = False
+            return CpuWindow(
+                wall_s=wall,
+                main_cpu_s=main_cpu,
+                children_cpu_s=child_cpu,
+                children_seen=seen,
+                read_bytes=rb,
+                read_chars=rc,
+                main_rss_peak_bytes=self._peak_main,
+                children_rss_peak_bytes=self._peak_children,
+                io_available=io_ok,
+            )

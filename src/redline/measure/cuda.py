@@ -1,0 +1,155 @@
+"""CUDA-side measurement that adds no synchronization to the training loop.
+
+* Device time per step from CUDA events: one event at the step's first device work (root
+  forward or first host→device copy), one at its end. Events are polled with ``query()`` (never
+  ``synchronize()``) at later step ends; only at watch exit are the last ones waited for.
+  The span between the two events is an upper bound of the device's busy time in that step: it
+  includes idle gaps inside the step (launch-bound stretches, host syncs), but not the time the
+  device waits between steps (data loading). Exact busy time needs a trace (design §3).
+* Synchronizing calls counted with ``torch.cuda.set_sync_debug_mode('warn')``: process-global,
+  set on entry and restored on exit; experimental upstream, so counts are a lower bound
+  (gpu_metrics_anchors.md §6).
+"""
+
+from __future__ import annotations
+
+import traceback
+import warnings
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+import torch
+
+
+class EventLike(Protocol):
+    def record(self) -> None: ...
+    def query(self) -> bool: ...
+    def synchronize(self) -> None: ...
+    def elapsed_time(self, end_event: Any) -> float: ...
+
+
+def _cuda_event() -> EventLike:
+    ev: EventLike = torch.cuda.Event(enable_timing=True)
+    return ev
+
+
+class CudaStepTimer:
+    """Brackets each step's device work with two events and resolves them lazily.
+
+    Args:
+        event_factory: makes an event; CUDA events by default (injectable for tests).
+    """
+
+    def __init__(self, event_factory: Callable[[], EventLike] = _cuda_event) -> None:
+        self._new = event_factory
+        self._start: EventLike | None = None
+        self._pending: deque[tuple[int, EventLike, EventLike]] = deque()
+        self.device_s: dict[int, float] = {}
+        """Step index → device seconds (first work → end), once resolved."""
+
+    def work_begins(self) -> None:
+        """Called at each forward/copy; records the start event once per step."""
+        if self._start is None:
+            ev = self._new()
+            ev.record()
+            self._start = ev
+
+    def step_ends(self, index: int) -> None:
+        if self._start is not None:
+            end = self._new()
+            end.record()
+            self._pending.append((index, self._start, end))
+            self._start = None
+        self.poll()
+
+    def poll(self) -> None:
+        """Resolve finished pairs without blocking."""
+        while self._pending and self._pending[0][2].query():
+            idx, s, e = self._pending.popleft()
+            self.device_s[idx] = s.elapsed_time(e) / 1e3
+
+    def drain(self) -> None:
+        """Wait for the remaining events (only at watch exit, outside the user's loop)."""
+        while self._pending:
+            idx, s, e = self._pending.popleft()
+            e.synchronize()
+            self.device_s[idx] = s.elapsed_time(e) / 1e3
+        self._start = None
+
+
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+class SyncCounter:
+    """Counts synchronizing CUDA calls and where user code made them.
+
+    Uses ``torch.cuda.set_sync_debug_mode('warn')`` and a ``warnings.showwarning`` filter that
+    swallows only those warnings (others still reach the user), both restored on exit.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sites: Counter[str] = Counter()
+        self._prev_mode: int | None = None
+        self._prev_show: Any = None
+        self._filters: Any = None
+
+    def __enter__(self) -> SyncCounter:
+        self._prev_mode = torch.cuda.get_sync_debug_mode()
+        self._prev_show = warnings.showwarning
+        self._filters = warnings.filters[:]
+        warnings.filterwarnings("always", message=f".*{SYNC_WARNING}.*")
+        warnings.showwarning = self._show
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._prev_mode is not None:
+            torch.cuda.set_sync_debug_mode(self._prev_mode)
+        warnings.showwarning = self._prev_show
+        if self._filters is not None:
+            warnings.filters[:] = self._filters  # type: ignore[index]
+
+    def _show(self, message: Warning | str, category: type[Warning], filename: str,
+              lineno: int, file: Any = None, line: str | None = None) -> None:
+        if SYNC_WARNING in str(message):
+            self.count += 1
+            self.sites[_user_site()] += 1
+            return
+        self._prev_show(message, category, filename, lineno, file, line)
+
+
+def _user_site() -> str:
+    """The innermost stack frame outside torch and redline: where the user caused the sync."""
+    for fr in reversed(traceback.extract_stack()[:-2]):
+        f = fr.filename
+        if "/torch/" in f or "/redline/" in f or f.startswith("<frozen") or "warnings" in f:
+            continue
+        return f"{f}:{fr.lineno}"
+    return "<unknown>"
+
+
+@dataclass(slots=True)
+class CudaMemory:
+    """Peak device memory of the window (caching allocator statistics; no sync)."""
+
+    total_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+def read_memory(device: torch.device) -> CudaMemory:
+    props = torch.cuda.get_device_properties(device)
+    return CudaMemory(
+        total_bytes=int(props.total_memory),
+        peak_allocated_bytes=int(torch.cuda.max_memory_allocated(device)),
+        peak_reserved_bytes=int(torch.cuda.max_memory_reserved(device)),
+    )

@@ -1,0 +1,366 @@
+"""The instrumentation a watch installs on entry and removes on exit.
+
+Every hook and patch is registered on an ``ExitStack`` so that nothing survives the watch
+(no global state across calls). Costs are kept to a few microseconds per step: per-module
+global hooks are used only during warm-up to discover the outermost ("root") modules, then
+replaced by hooks on those roots alone, because global module hooks force every submodule call
+of the model through ``Module._call_impl``'s slow path.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import warnings
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.modules.module as nn_module
+import torch.optim.optimizer as optim_module
+from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from redline.measure.loader import LoaderInfo, batch_nbytes, batch_samples, loader_info
+from redline.measure.timeline import StepTracker
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class H2DStats:
+    """Host→device copies made through ``Tensor.to`` / ``Tensor.cuda``."""
+
+    copies: int = 0
+    bytes: int = 0
+    pageable_bytes: int = 0
+    """Bytes copied from pageable (not pinned) host memory: such copies block the host."""
+    host_s: float = 0.0
+
+
+@dataclass(slots=True)
+class PrecisionSeen:
+    """What the outermost forwards ran under."""
+
+    forwards: int = 0
+    autocast: Counter[str] | None = None
+    param_dtypes: Counter[str] | None = None
+
+
+def _patch(stack: ExitStack, owner: Any, name: str, new: Any) -> None:
+    """Set ``owner.name = new`` and restore the previous state on exit."""
+    had = name in vars(owner)
+    old = vars(owner).get(name)
+    setattr(owner, name, new)
+
+    def restore() -> None:
+        if had:
+            setattr(owner, name, old)
+        else:
+            delattr(owner, name)
+
+    stack.callback(restore)
+
+
+def _short_dtype(dt: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+            torch.float64: "fp64"}.get(dt, str(dt).replace("torch.", ""))
+
+
+class Instrumentation:
+    """Hooks feeding a :class:`StepTracker`.
+
+    Args:
+        tracker: receives phases and boundaries.
+        device_type: 'cuda', 'cpu', ... (autocast queries and whether H2D copies exist).
+        on_work: called when device work of a step may begin (root forward, H2D copy).
+    """
+
+    def __init__(self, tracker: StepTracker, device_type: str,
+                 on_work: Callable[[], None] | None = None) -> None:
+        self.tracker = tracker
+        self.device_type = device_type
+        self._on_work = on_work
+        self._tid = threading.get_ident()
+        self._clock = time.perf_counter
+        self._depth = 0
+        self._roots: weakref.WeakKeyDictionary[torch.nn.Module, None] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._global_handles: list[Any] = []
+        self._stack: ExitStack | None = None
+        self._gc_scanned = False
+        self.loaders: list[LoaderInfo] = []
+        self._loader_by_id: dict[int, LoaderInfo] = {}
+        self._iter_info: weakref.WeakKeyDictionary[Any, tuple[LoaderInfo, float | None]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.h2d = H2DStats()
+        self.precision = PrecisionSeen(autocast=Counter(), param_dtypes=Counter())
+        self.wrapped_iterables = 0
+
+    # -- install ---------------------------------------------------------------------------
+    def install(self, stack: ExitStack) -> None:
+        self._stack = stack
+        self._install_data(stack)
+        self._install_modules_global(stack)
+        self._install_autograd(stack)
+        self._install_optim(stack)
+        if self.device_type != "cpu":
+            self._install_h2d(stack)
+
+    # -- data ------------------------------------------------------------------------------
+    def _install_data(self, stack: ExitStack) -> None:
+        orig_iter = DataLoader.__iter__
+        orig_next = _BaseDataLoaderIter.__next__
+        tracker, clock, tid = self.tracker, self._clock, self._tid
+        inst = self
+
+        def dl_iter(loader: DataLoader[Any]) -> Any:
+            if threading.get_ident() != tid:
+                return orig_iter(loader)
+            info = inst._loader_by_id.get(id(loader))
+            if info is None:
+                info = loader_info(loader)
+                inst._loader_by_id[id(loader)] = info
+                inst.loaders.append(info)
+            spawns = info.num_workers > 0 and (
+                not info.persistent_workers or getattr(loader, "_iterator", None) is None
+            )
+            t0 = clock()
+            tracker.enter("data_wait", t0)
+            try:
+                it = orig_iter(loader)
+            finally:
+                t1 = clock()
+                tracker.exit("data_wait", t1)
+            info.iterators += 1
+            if spawns:
+                info.worker_starts += 1
+            inst._iter_info[it] = (info, (t1 - t0) if spawns else None)
+            return it
+
+        def dl_next(it: Any) -> Any:
+            if threading.get_ident() != tid:
+                return orig_next(it)
+            c0 = time.process_time()
+            t0 = clock()
+            tracker.enter("data_wait", t0)
+            try:
+                batch = orig_next(it)
+            finally:
+                t1 = clock()
+                tracker.exit("data_wait", t1)
+            tracker.add_batch(time.process_time() - c0, batch_samples(batch))
+            first = inst._iter_info.pop(it, None)
+            if first is not None:
+                info, startup = first
+                if startup is not None:
+                    info.startup_s.append(startup + (t1 - t0))
+                if info.batch_bytes is None:
+                    info.batch_bytes = batch_nbytes(batch)
+            return batch
+
+        _patch(stack, DataLoader, "__iter__", dl_iter)
+        _patch(stack, _BaseDataLoaderIter, "__next__", dl_next)
+
+    def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Time ``next()`` on any iterable as data wait (for loops without a DataLoader)."""
+        self.wrapped_iterables += 1
+        tracker, clock = self.tracker, self._clock
+        it = iter(iterable)
+        while True:
+            c0 = time.process_time()
+            t0 = clock()
+            tracker.enter("data_wait", t0)
+            try:
+                item = next(it)
+            except StopIteration:
+                tracker.exit("data_wait", clock())
+                return
+            tracker.exit("data_wait", clock())
+            tracker.add_batch(time.process_time() - c0, batch_samples(item))
+            yield item
+
+    # -- modules ---------------------------------------------------------------------------
+    def _root_enter(self, module: torch.nn.Module) -> None:
+        t = self._clock()
+        self.tracker.enter("forward", t)
+        self.tracker.counts["forward"] += 1
+        p = self.precision
+        p.forwards += 1
+        if torch.is_autocast_enabled(self.device_type):
+            assert p.autocast is not None
+            p.autocast[_short_dtype(torch.get_autocast_dtype(self.device_type))] += 1
+        if self._on_work is not None:
+            self._on_work()
+
+    def _root_exit(self) -> None:
+        self.tracker.exit("forward", self._clock())
+
+    def _install_modules_global(self, stack: ExitStack) -> None:
+        tid = self._tid
+
+        def pre(module: torch.nn.Module, args: Any) -> None:
+            if threading.get_ident() != tid:
+                return
+            self._depth += 1
+            if self._depth == 1:
+                if module not in self._roots:
+                    self._roots[module] = None
+                    param = next(module.parameters(), None)
+                    if param is not None:
+                        assert self.precision.param_dtypes is not None
+                        self.precision.param_dtypes[_short_dtype(param.dtype)] += 1
+                self._root_enter(module)
+
+        def post(module: torch.nn.Module, args: Any, out: Any) -> None:
+            if threading.get_ident() != tid:
+                return
+            self._depth -= 1
+            if self._depth == 0:
+                self._root_exit()
+
+        self._global_handles = [
+            nn_module.register_module_forward_pre_hook(pre),
+            nn_module.register_module_forward_hook(post, always_call=True),
+        ]
+        stack.callback(self._remove_global)
+
+    def _remove_global(self) -> None:
+        for h in self._global_handles:
+            h.remove()
+        self._global_handles = []
+
+    def switch_to_roots(self) -> None:
+        """Replace global module hooks with hooks on the root modules seen so far."""
+        if not self._global_handles or self._stack is None:
+            return
+        self._remove_global()
+        self._depth = 0
+        tid = self._tid
+
+        def pre(module: torch.nn.Module, args: Any) -> None:
+            if threading.get_ident() != tid:
+                return
+            self._depth += 1
+            if self._depth == 1:
+                self._root_enter(module)
+
+        def post(module: torch.nn.Module, args: Any, out: Any) -> None:
+            if threading.get_ident() != tid:
+                return
+            self._depth -= 1
+            if self._depth == 0:
+                self._root_exit()
+
+        for m in list(self._roots.keys()):
+            self._stack.callback(m.register_forward_pre_hook(pre).remove)
+            self._stack.callback(m.register_forward_hook(post, always_call=True).remove)
+
+    @property
+    def root_modules(self) -> list[str]:
+        return [type(m).__name__ for m in self._roots]
+
+    # -- autograd --------------------------------------------------------------------------
+    def _install_autograd(self, stack: ExitStack) -> None:
+        for name in ("backward", "grad"):
+            _patch(stack, torch.autograd, name, self._timed_backward(getattr(torch.autograd, name)))
+
+    def _timed_backward(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        tracker, clock, tid = self.tracker, self._clock, self._tid
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != tid:
+                return orig(*args, **kwargs)
+            # A backward inside a forward (gradient penalty) or inside another backward is
+            # part of that phase, not the end of a step.
+            nested = self._depth > 0 or tracker.in_phase("backward")
+            tracker.enter("backward", clock())
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                t = clock()
+                tracker.exit("backward", t)
+                if not nested:
+                    if not tracker.optimizers_known and not self._gc_scanned:
+                        self._scan_for_optimizers()
+                    tracker.on_backward_end(t)
+
+        return wrapper
+
+    def _scan_for_optimizers(self) -> None:
+        """Once: were optimizers built before the watch began? Then they delimit steps."""
+        self._gc_scanned = True
+        with warnings.catch_warnings():
+            # isinstance() on some lazily-deprecated torch objects warns; not the user's concern.
+            warnings.simplefilter("ignore")
+            for obj in gc.get_objects():
+                if isinstance(obj, torch.optim.Optimizer):
+                    self.tracker.optimizers_known = True
+                    return
+
+    # -- optimizers ------------------------------------------------------------------------
+    def _install_optim(self, stack: ExitStack) -> None:
+        tracker, clock, tid = self.tracker, self._clock, self._tid
+
+        def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if threading.get_ident() == tid:
+                tracker.enter("optimizer", clock())
+
+        def post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if threading.get_ident() == tid:
+                t = clock()
+                tracker.exit("optimizer", t)
+                tracker.on_optimizer_step(id(opt), t)
+
+        stack.callback(optim_module.register_optimizer_step_pre_hook(pre).remove)
+        stack.callback(optim_module.register_optimizer_step_post_hook(post).remove)
+
+        orig_init = torch.optim.Optimizer.__init__
+
+        def init(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+            orig_init(opt, *args, **kwargs)
+            tracker.optimizers_known = True
+
+        _patch(stack, torch.optim.Optimizer, "__init__", init)
+
+    # -- host→device copies ----------------------------------------------------------------
+    def _install_h2d(self, stack: ExitStack) -> None:
+        for name in ("to", "cuda"):
+            _patch(stack, torch.Tensor, name, self._timed_copy(getattr(torch.Tensor, name)))
+
+    def _timed_copy(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        tracker, clock, tid, stats = self.tracker, self._clock, self._tid, self.h2d
+
+        def wrapper(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if t.device.type != "cpu" or threading.get_ident() != tid:
+                return orig(t, *args, **kwargs)
+            if self._on_work is not None:
+                self._on_work()
+            t0 = clock()
+            out = orig(t, *args, **kwargs)
+            t1 = clock()
+            if isinstance(out, torch.Tensor) and out.device.type != "cpu":
+                # Recorded after the fact (nothing nests inside a copy), so CPU→CPU casts
+                # through .to() never count as copy time.
+                tracker.enter("h2d_copy", t0)
+                tracker.exit("h2d_copy", t1)
+                n = t.numel() * t.element_size()
+                stats.copies += 1
+                stats.bytes += n
+                stats.host_s += t1 - t0
+                try:
+                    pinned = t.is_pinned()
+                except RuntimeError:
+                    pinned = False
+                if not pinned:
+                    stats.pageable_bytes += n
+            return out
+
+        return wrapper

@@ -1,0 +1,148 @@
+"""What a DataLoader is configured to do, and what its batches look like."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+COPY_ON_ACCESS_MIN_ITEMS = 100_000
+"""A Python container this long in a Dataset is flagged when workers fork: reading each item
+bumps its refcount and dirties its page, so each worker ends up with a private copy
+(pytorch#13246; 1M strings cost ~163 MB private per worker, data_pipeline_anchors.md §9c)."""
+
+
+@dataclass(slots=True)
+class ContainerAttr:
+    """A Python container attribute of a dataset, a candidate for copy-on-access."""
+
+    path: str
+    """Attribute path from the dataset, e.g. 'dataset.samples'."""
+    type: str
+    items: int
+    est_bytes: int
+    """Estimated bytes of the container and its items (sampled sys.getsizeof)."""
+
+
+@dataclass(slots=True)
+class LoaderInfo:
+    """Configuration and behaviour of one DataLoader seen by the watch."""
+
+    batch_size: int | None
+    num_workers: int
+    pin_memory: bool
+    prefetch_factor: int | None
+    persistent_workers: bool
+    dataset_type: str
+    multiprocessing_context: str | None
+    iterators: int = 0
+    """How many times ``iter(loader)`` ran (epochs, roughly)."""
+    worker_starts: int = 0
+    """How many of those started worker processes."""
+    startup_s: list[float] = field(default_factory=list)
+    """Per started iterator: seconds in iter() plus the first batch (worker start-up)."""
+    batch_bytes: int | None = None
+    """Tensor bytes of the first batch seen."""
+    containers: list[ContainerAttr] = field(default_factory=list)
+
+
+def _sizeof_container(obj: Any, sample: int = 64) -> int:
+    n = len(obj)
+    base = sys.getsizeof(obj)
+    if n == 0:
+        return base
+    items = list(obj.items())[:sample] if isinstance(obj, dict) else list(obj)[:sample]
+    per = sum(sys.getsizeof(i) for i in items) / len(items)
+    return int(base + per * n)
+
+
+def find_python_containers(dataset: Any, min_items: int = COPY_ON_ACCESS_MIN_ITEMS,
+                           depth: int = 2, prefix: str = "dataset") -> list[ContainerAttr]:
+    """Large list/dict/tuple/set attributes of a dataset (and of datasets it wraps)."""
+    found: list[ContainerAttr] = []
+    try:
+        attrs = vars(dataset)
+    except TypeError:
+        return found
+    for name, value in attrs.items():
+        path = f"{prefix}.{name}"
+        if isinstance(value, list | tuple | dict | set) and len(value) >= min_items:
+            found.append(ContainerAttr(path, type(value).__name__, len(value),
+                                       _sizeof_container(value)))
+        elif depth > 0 and isinstance(value, torch.utils.data.Dataset):
+            found.extend(find_python_containers(value, min_items, depth - 1, path))
+    return found
+
+
+def loader_info(loader: DataLoader[Any]) -> LoaderInfo:
+    nw = int(loader.num_workers)
+    ctx = loader.multiprocessing_context
+    ctx_name = None
+    if nw > 0:
+        ctx_name = ctx.get_start_method() if ctx is not None else _default_start_method()
+    return LoaderInfo(
+        batch_size=loader.batch_size,
+        num_workers=nw,
+        pin_memory=bool(loader.pin_memory),
+        prefetch_factor=loader.prefetch_factor if nw > 0 else None,
+        persistent_workers=bool(loader.persistent_workers),
+        dataset_type=type(loader.dataset).__name__,
+        multiprocessing_context=ctx_name,
+        containers=find_python_containers(loader.dataset) if nw > 0 else [],
+    )
+
+
+def _default_start_method() -> str | None:
+    import multiprocessing
+
+    return multiprocessing.get_start_method(allow_none=True) or "fork"
+
+
+def first_tensor(batch: Any, depth: int = 4) -> torch.Tensor | None:
+    """The first tensor in a (nested) batch: its leading dimension is the batch size."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if depth == 0:
+        return None
+    if isinstance(batch, Mapping):
+        for v in batch.values():
+            t = first_tensor(v, depth - 1)
+            if t is not None:
+                return t
+    elif isinstance(batch, list | tuple):
+        for v in batch:
+            t = first_tensor(v, depth - 1)
+            if t is not None:
+                return t
+    elif hasattr(batch, "__dataclass_fields__"):
+        for name in batch.__dataclass_fields__:
+            t = first_tensor(getattr(batch, name), depth - 1)
+            if t is not None:
+                return t
+    return None
+
+
+def batch_samples(batch: Any) -> int | None:
+    t = first_tensor(batch)
+    if t is None or t.dim() == 0:
+        return None
+    return int(t.shape[0])
+
+
+def batch_nbytes(batch: Any, depth: int = 4) -> int:
+    """Bytes of all tensors in a (nested) batch."""
+    if isinstance(batch, torch.Tensor):
+        return batch.numel() * batch.element_size()
+    if depth == 0:
+        return 0
+    if isinstance(batch, Mapping):
+        return sum(batch_nbytes(v, depth - 1) for v in batch.values())
+    if isinstance(batch, list | tuple):
+        return sum(batch_nbytes(v, depth - 1) for v in batch)
+    if hasattr(batch, "__dataclass_fields__"):
+        return sum(batch_nbytes(getattr(batch, n), depth - 1) for n in batch.__dataclass_fields__)
+    return 0

@@ -1,0 +1,200 @@
+"""NVML sampler thread (optional extra ``redline[nvml]``, package ``nvidia-ml-py``).
+
+What each number means, from the NVML docs (gpu_metrics_anchors.md §1):
+* ``util_gpu``: % of the sample period (1/6 s to 1 s) with at least one kernel running. A single
+  tiny kernel running all the time reads 100 %: a duty cycle, never efficiency.
+* ``power_w``: board power; a 1 s average on Ampere (not GA100) and newer.
+* energy: ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since driver load, Volta+) delta over the
+  window; updated every 20–100 ms, so very short windows read coarse.
+* clock-event reasons: bitmask OR-ed over the window (``nvmlClocksEventReasons``).
+* GPM SM-active / tensor-active (Hopper+), where the driver lets this process read them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+"""``nvmlClocksEventReasons`` bits (NVML API docs)."""
+
+
+@dataclass(slots=True)
+class NvmlSummary:
+    """NVML readings over the measured window (means over samples unless said otherwise)."""
+
+    samples: int
+    util_gpu_pct: float | None
+    util_memory_pct: float | None
+    memory_used_peak_bytes: int | None
+    power_w: float | None
+    energy_j: float | None
+    """Energy counter delta over the window (None before Volta or if unreadable)."""
+    sm_clock_mhz: float | None
+    clock_event_reasons: list[str] = field(default_factory=list)
+    gpm_sm_active_pct: float | None = None
+    gpm_tensor_active_pct: float | None = None
+    gpm_reason: str | None = None
+    """Why GPM metrics are missing, if they are."""
+
+
+def import_pynvml() -> tuple[ModuleType | None, str | None]:
+    """The ``pynvml`` module from nvidia-ml-py, or None with the reason and the install hint."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, "nvidia-ml-py is not installed (pip install 'redline[nvml]')"
+    return pynvml, None
+
+
+class NvmlSampler:
+    """Samples one GPU in a daemon thread.
+
+    Args:
+        index: NVML device index (CUDA ordinal under the default CUDA_DEVICE_ORDER caveat).
+        interval_s: sampling period.
+        nvml: the pynvml module (injectable for tests).
+    """
+
+    def __init__(self, index: int, interval_s: float, nvml: ModuleType) -> None:
+        self._nv = nvml
+        self._interval = interval_s
+        nvml.nvmlInit()
+        self._h = nvml.nvmlDeviceGetHandleByIndex(index)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._reset()
+        self._gpm_reason: str | None = None
+        self._gpm_supported = self._probe_gpm()
+
+    def _reset(self) -> None:
+        self._n = 0
+        self._util: list[float] = []
+        self._mem_util: list[float] = []
+        self._power: list[float] = []
+        self._clock: list[float] = []
+        self._mem_peak: int | None = None
+        self._reasons = 0
+        self._energy0 = self._energy()
+        self._gpm0: Any = None
+        self._gpm_vals: dict[str, list[float]] = {"sm": [], "tensor": []}
+
+    def _energy(self) -> float | None:
+        try:
+            return float(self._nv.nvmlDeviceGetTotalEnergyConsumption(self._h)) / 1e3
+        except Exception:
+            return None
+
+    def _probe_gpm(self) -> bool:
+        nv = self._nv
+        if not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
+            self._gpm_reason = "this nvidia-ml-py has no GPM API"
+            return False
+        try:
+            sup = nv.nvmlGpmQueryDeviceSupport(self._h)
+            if not getattr(sup, "isSupportedDevice", 0):
+                self._gpm_reason = "GPM not supported on this GPU (Hopper and newer only)"
+                return False
+        except Exception as e:
+            self._gpm_reason = f"GPM query failed: {e}"
+            return False
+        return True
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="redline-nvml", daemon=True)
+        self._thread.start()
+
+    def mark(self) -> None:
+        with self._lock:
+            self._reset()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.sample()
+
+    def sample(self) -> None:
+        nv, h = self._nv, self._h
+        with self._lock:
+            self._n += 1
+            try:
+                u = nv.nvmlDeviceGetUtilizationRates(h)
+                self._util.append(float(u.gpu))
+                self._mem_util.append(float(u.memory))
+            except Exception:
+                pass
+            with contextlib.suppress(Exception):
+                self._power.append(nv.nvmlDeviceGetPowerUsage(h) / 1e3)
+            with contextlib.suppress(Exception):
+                self._clock.append(float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
+            try:
+                used = int(nv.nvmlDeviceGetMemoryInfo(h).used)
+                self._mem_peak = max(self._mem_peak or 0, used)
+            except Exception:
+                pass
+            with contextlib.suppress(Exception):
+                self._reasons |= int(nv.nvmlDeviceGetCurrentClocksEventReasons(h))
+            if self._gpm_supported:
+                self._sample_gpm()
+
+    def _sample_gpm(self) -> None:
+        nv = self._nv
+        try:
+            s = nv.nvmlGpmSampleAlloc()
+            nv.nvmlGpmSampleGet(self._h, s)
+            if self._gpm0 is not None:
+                mg = nv.c_nvmlGpmMetricsGet_t()
+                mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+                mg.numMetrics = 2
+                mg.sample1, mg.sample2 = self._gpm0, s
+                mg.metrics[0].metricId = nv.NVML_GPM_METRIC_SM_UTIL
+                mg.metrics[1].metricId = nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+                nv.nvmlGpmMetricsGet(mg)
+                self._gpm_vals["sm"].append(float(mg.metrics[0].value))
+                self._gpm_vals["tensor"].append(float(mg.metrics[1].value))
+                nv.nvmlGpmSampleFree(self._gpm0)
+            self._gpm0 = s
+        except Exception as e:
+            self._gpm_supported = False
+            self._gpm_reason = f"GPM sampling failed (permissions?): {type(e).__name__}: {e}"
+
+    def summary(self) -> NvmlSummary:
+        self.sample()
+        with self._lock:
+            e1 = self._energy()
+            energy = e1 - self._energy0 if e1 is not None and self._energy0 is not None else None
+            return NvmlSummary(
+                samples=self._n,
+                util_gpu_pct=_mean(self._util),
+                util_memory_pct=_mean(self._mem_util),
+                memory_used_peak_bytes=self._mem_peak,
+                power_w=_mean(self._power),
+                energy_j=energy,
+                sm_clock_mhz=_mean(self._clock),
+                clock_event_reasons=[n for b, n in CLOCK_EVENT_REASONS.items() if self._reasons & b],
+                gpm_sm_active_pct=_mean(self._gpm_vals["sm"]),
+                gpm_tensor_active_pct=_mean(self._gpm_vals["tensor"]),
+                gpm_reason=self._gpm_reason,
+            )
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None

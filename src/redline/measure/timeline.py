@@ -1,0 +1,224 @@
+"""Per-step timeline: exclusive phase timing and step-boundary detection.
+
+This module is pure bookkeeping (no torch import): the hooks in :mod:`redline.measure.hooks`
+feed it timestamps, and it turns them into :class:`StepRecord` objects. Keeping it pure lets
+the step-boundary rules be tested exactly, loop shape by loop shape.
+
+Step definition (design §3): one optimizer update; where there is no optimizer, one outermost
+forward+backward; or whatever the user marks with ``Watch.step()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+PHASES: tuple[str, ...] = ("data_wait", "h2d_copy", "forward", "backward", "optimizer")
+"""Timed phases, in the order the systematic path treats them. Time in none of them is 'other'."""
+
+STEP_SOURCES: tuple[str, ...] = ("optimizer", "forward_backward", "manual")
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One closed step. Times are host wall-clock seconds (``time.perf_counter``)."""
+
+    index: int
+    """0-based index among all steps the watch closed (warm-up included)."""
+    start_s: float
+    """Host time the step began (end of the previous step, or watch entry)."""
+    end_s: float
+    """Host time the step ended (the optimizer step / backward / mark that closed it)."""
+    phase_s: dict[str, float]
+    """Exclusive host seconds per phase in :data:`PHASES` (nested phases are not double counted)."""
+    data_cpu_s: float = 0.0
+    """Process CPU seconds spent inside data fetches of this step (main process only)."""
+    samples: int | None = None
+    """Samples in the batches fetched during this step, when the batch size could be read."""
+    batches: int = 0
+    """Batches fetched during this step."""
+    kind: str = "measured"
+    """'warmup', 'measured', or 'excluded' (a step slowed on purpose, e.g. FLOP counting)."""
+    device_s: float | None = None
+    """Device seconds from the first device work of the step to its end (CUDA events), if known."""
+
+    @property
+    def step_s(self) -> float:
+        """Wall time of the step (design §3 'step time')."""
+        return self.end_s - self.start_s
+
+    @property
+    def other_s(self) -> float:
+        """Step time in no timed phase (loss/logging/zero_grad/python overhead)."""
+        return max(0.0, self.step_s - sum(self.phase_s.values()))
+
+
+@dataclass(slots=True)
+class _Frame:
+    phase: str
+    start: float
+    child: float = 0.0
+
+
+@dataclass(slots=True)
+class _Acc:
+    """Accumulators of the step in progress (copied cheaply at optimizer steps)."""
+
+    phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    data_cpu_s: float = 0.0
+    samples: int | None = None
+    batches: int = 0
+
+    def copy(self) -> _Acc:
+        return _Acc(dict(self.phase_s), self.data_cpu_s, self.samples, self.batches)
+
+    def minus(self, other: _Acc) -> _Acc:
+        samples = None
+        if self.samples is not None:
+            samples = self.samples - (other.samples or 0)
+        return _Acc(
+            {k: v - other.phase_s[k] for k, v in self.phase_s.items()},
+            self.data_cpu_s - other.data_cpu_s,
+            samples,
+            self.batches - other.batches,
+        )
+
+
+class StepTracker:
+    """Turns phase and boundary events into steps.
+
+    Optimizer mode groups several optimizers stepping in one iteration (a GAN's D and G) into one
+    step: the set of optimizers that step per iteration (the *cycle*) is learnt when the first
+    optimizer steps a second time; that first step is closed retroactively at the previous
+    optimizer step, and later steps close as soon as every optimizer of the cycle has stepped.
+
+    Args:
+        clock (Callable[[], float]): monotonic clock in seconds.
+        on_close (Callable[[StepRecord, bool], None]): called for each closed step with
+            ``exact=True`` when it closed at the current instant (not retroactively).
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        on_close: Callable[[StepRecord, bool], None] | None = None,
+    ) -> None:
+        self._clock = clock
+        self._on_close = on_close
+        self.steps: list[StepRecord] = []
+        self.source: str | None = None
+        """How steps are delimited: one of :data:`STEP_SOURCES`, or None before the first step."""
+        self.optimizers_known = False
+        """True once any optimizer exists: backward no longer closes steps."""
+        self.manual = False
+        self._stack: list[_Frame] = []
+        self._acc = _Acc()
+        self._start = clock()
+        self._stepped: set[int] = set()
+        self._cycle: frozenset[int] | None = None
+        self._snap: _Acc | None = None
+        self._snap_t = 0.0
+        self.counts: dict[str, int] = {
+            "forward": 0,
+            "backward": 0,
+            "optimizer_step": 0,
+            "batches": 0,
+            "manual_step": 0,
+        }
+        """How often each event was seen (for the 'never stepped' message)."""
+
+    # -- phases ---------------------------------------------------------------------------
+    def enter(self, phase: str, t: float) -> None:
+        self._stack.append(_Frame(phase, t))
+
+    def exit(self, phase: str, t: float) -> float:
+        """Close the innermost frame of ``phase``; returns its inclusive duration."""
+        stack = self._stack
+        # A phase can be left open when user code raised inside it (e.g. an optimizer step
+        # that failed before its post-hook): drop such stale frames instead of mis-nesting.
+        while stack and stack[-1].phase != phase:
+            stack.pop()
+        if not stack:
+            return 0.0
+        frame = stack.pop()
+        dur = t - frame.start
+        self._acc.phase_s[phase] += dur - frame.child
+        if stack:
+            stack[-1].child += dur
+        return dur
+
+    def in_phase(self, phase: str) -> bool:
+        return any(f.phase == phase for f in self._stack)
+
+    def add_batch(self, cpu_s: float, samples: int | None) -> None:
+        acc = self._acc
+        acc.data_cpu_s += cpu_s
+        acc.batches += 1
+        self.counts["batches"] += 1
+        if samples is not None:
+            acc.samples = (acc.samples or 0) + samples
+
+    # -- boundaries -----------------------------------------------------------------------
+    def on_backward_end(self, t: float) -> None:
+        self.counts["backward"] += 1
+        if self.manual or self.optimizers_known:
+            return
+        self.source = "forward_backward"
+        self._close(t, self._acc, exact=True)
+        self._acc = _Acc()
+
+    def on_optimizer_step(self, opt_id: int, t: float) -> None:
+        self.counts["optimizer_step"] += 1
+        self.optimizers_known = True
+        if self.manual:
+            return
+        self.source = "optimizer"
+        if opt_id in self._stepped and self._snap is not None:
+            # The cycle repeats: the previous step ended at the previous optimizer step.
+            if self._cycle is None:
+                self._cycle = frozenset(self._stepped)
+            rest = self._acc.minus(self._snap)
+            self._close(self._snap_t, self._snap, exact=False)
+            self._acc = rest
+            self._stepped = set()
+        self._stepped.add(opt_id)
+        self._snap = self._acc.copy()
+        self._snap_t = t
+        if self._cycle is not None and self._stepped >= self._cycle:
+            self._close(t, self._acc, exact=True)
+            self._acc = _Acc()
+            self._stepped = set()
+            self._snap = None
+
+    def manual_step(self, t: float) -> None:
+        self.counts["manual_step"] += 1
+        if not self.manual:
+            self.manual = True
+            self._stepped = set()
+            self._snap = None
+        self.source = "manual"
+        self._close(t, self._acc, exact=True)
+        self._acc = _Acc()
+
+    def finish(self, t: float) -> None:
+        """Close a step still pending at exit (optimizer mode before the cycle was learnt)."""
+        if self._snap is not None and self._stepped and not self.manual:
+            self._close(self._snap_t, self._snap, exact=False)
+            self._snap = None
+            self._stepped = set()
+        self._stack.clear()
+
+    def _close(self, t: float, acc: _Acc, *, exact: bool) -> None:
+        rec = StepRecord(
+            index=len(self.steps),
+            start_s=self._start,
+            end_s=t,
+            phase_s=acc.phase_s,
+            data_cpu_s=acc.data_cpu_s,
+            samples=acc.samples,
+            batches=acc.batches,
+        )
+        self._start = t
+        self.steps.append(rec)
+        if self._on_close is not None:
+            self._on_close(rec, exact)

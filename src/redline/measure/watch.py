@@ -1,0 +1,224 @@
+"""``redline.watch()``: always-on measurement of an unmodified training loop.
+
+    with redline.watch() as w:
+        for batch in loader: ...   # the user's loop, unchanged
+    w.report()
+
+On entry the watch installs its hooks (data loaders, root modules, autograd, optimizers,
+host→device copies) and samplers (CPU/psutil, CUDA events, NVML); on exit it removes all of
+them. Nothing it does synchronizes the device inside the loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
+from types import TracebackType
+from typing import TypeVar
+
+import torch
+
+from redline.measure.config import WatchConfig
+from redline.measure.cpu import CpuSampler, CpuWindow
+from redline.measure.cuda import CudaMemory, CudaStepTimer, SyncCounter, read_memory
+from redline.measure.flops import FlopWindow
+from redline.measure.hooks import Instrumentation
+from redline.measure.nvml import NvmlSampler, NvmlSummary, import_pynvml
+from redline.measure.timeline import StepRecord, StepTracker
+from redline.report.model import Report
+
+T = TypeVar("T")
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r} was requested but torch.cuda.is_available() is False "
+            f"(torch {torch.__version__}); pass device='cpu' or install a CUDA build of torch"
+        )
+    return dev
+
+
+class Watch:
+    """Context manager that records a per-step timeline. Use :func:`redline.watch`."""
+
+    def __init__(self, config: WatchConfig | None = None,
+                 on_limit: Callable[[], None] | None = None) -> None:
+        self.config = config or WatchConfig()
+        self.device = resolve_device(self.config.device)
+        self._on_limit = on_limit
+        self._stack: ExitStack | None = None
+        self._state = "warmup"
+        self._measured = 0
+        self.tracker = StepTracker(time.perf_counter, self._on_close)
+        self.inst: Instrumentation | None = None
+        self.flops = FlopWindow()
+        self.cpu = CpuSampler(self.config.sample_interval_s)
+        self.cuda_timer: CudaStepTimer | None = None
+        self.syncs: SyncCounter | None = None
+        self.nvml: NvmlSampler | None = None
+        self.nvml_reason: str | None = None
+        self.nvml_summary: NvmlSummary | None = None
+        self.cpu_window: CpuWindow | None = None
+        self.cuda_memory: CudaMemory | None = None
+        self.t_enter = 0.0
+        self.t_exit: float | None = None
+        self.window_start: float | None = None
+        self.exit_error: BaseException | None = None
+        self._entered = False
+
+    # -- context ---------------------------------------------------------------------------
+    def __enter__(self) -> Watch:
+        if self._entered:
+            raise RuntimeError("a Watch can be entered once; create a new redline.watch()")
+        self._entered = True
+        stack = ExitStack()
+        try:
+            on_work = None
+            if self.device.type == "cuda":
+                self.cuda_timer = CudaStepTimer()
+                on_work = self.cuda_timer.work_begins
+                if self.config.detect_syncs:
+                    self.syncs = stack.enter_context(SyncCounter())
+                self._start_nvml(stack)
+            self.inst = Instrumentation(self.tracker, self.device.type, on_work)
+            self.inst.install(stack)
+            self.cpu.start()
+            stack.callback(self.cpu.stop)
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        self.t_enter = time.perf_counter()
+        self.tracker._start = self.t_enter
+        if self.config.warmup_steps == 0 and not self.config.count_flops:
+            self._begin_window()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close(ev)
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Remove every hook and collect the last readings (idempotent)."""
+        if self._stack is None:
+            return
+        self.exit_error = error
+        t = time.perf_counter()
+        self.flops.stop()
+        self.tracker.finish(t)
+        self.t_exit = t
+        if self.cuda_timer is not None:
+            self.cuda_timer.drain()
+            for rec in self.tracker.steps:
+                rec.device_s = self.cuda_timer.device_s.get(rec.index)
+            self.cuda_memory = read_memory(self.device)
+        if self.window_start is not None:
+            self.cpu_window = self.cpu.window()
+            if self.nvml is not None:
+                self.nvml_summary = self.nvml.summary()
+        stack, self._stack = self._stack, None
+        stack.close()
+
+    def _start_nvml(self, stack: ExitStack) -> None:
+        nv, reason = import_pynvml()
+        if nv is None:
+            self.nvml_reason = reason
+            return
+        try:
+            idx = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            self.nvml = NvmlSampler(idx, self.config.sample_interval_s, nv)
+        except Exception as e:  # NVML absent in a container, driver mismatch, no permission
+            self.nvml_reason = f"NVML init failed: {type(e).__name__}: {e}"
+            return
+        self.nvml.start()
+        stack.callback(self.nvml.stop)
+
+    # -- steps -----------------------------------------------------------------------------
+    def step(self) -> None:
+        """Mark the end of a step (for loops whose steps redline cannot see)."""
+        self.tracker.manual_step(time.perf_counter())
+
+    def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Time ``next()`` on an iterable that is not a DataLoader as data wait."""
+        if self.inst is None:
+            raise RuntimeError("wrap() needs an active watch: call it inside `with redline.watch()`")
+        return self.inst.wrap(iterable)
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        return self.tracker.steps
+
+    @property
+    def measured_steps(self) -> list[StepRecord]:
+        return [s for s in self.tracker.steps if s.kind == "measured"]
+
+    def _begin_window(self) -> None:
+        self.window_start = time.perf_counter()
+        self.cpu.mark()
+        if self.nvml is not None:
+            self.nvml.mark()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._state = "measuring"
+        if self.inst is not None:
+            self.inst.switch_to_roots()
+
+    def _on_close(self, rec: StepRecord, exact: bool) -> None:
+        if self.cuda_timer is not None:
+            self.cuda_timer.step_ends(rec.index)
+        state = self._state
+        if state == "warmup":
+            rec.kind = "warmup"
+            if exact and rec.index + 1 >= self.config.warmup_steps:
+                if self.config.count_flops and self.flops.flops is None:
+                    self.flops.start()
+                    self._state = "flops" if self.flops.active else "warmup"
+                    if self.flops.active:
+                        return
+                self._begin_window()
+        elif state == "flops":
+            rec.kind = "excluded"
+            self.flops.stop()
+            self._begin_window()
+        else:
+            rec.kind = "measured"
+            self._measured += 1
+            limit = self.config.max_steps
+            if limit is not None and self._measured >= limit and self._on_limit is not None:
+                self._on_limit()
+
+    # -- results ---------------------------------------------------------------------------
+    def report(self, show: bool = True, command: list[str] | None = None,
+               status: str | None = None, status_detail: str | None = None) -> Report:
+        """Build the report (and print it to the terminal when ``show``)."""
+        from redline.report.build import build_report
+        from redline.report.terminal import print_report
+
+        if self._stack is not None:
+            raise RuntimeError("report() is available after the `with redline.watch()` block")
+        rep = build_report(self, command=command, status=status, status_detail=status_detail)
+        if show:
+            print_report(rep)
+        return rep
+
+
+def watch(
+    *,
+    warmup_steps: int = 3,
+    max_steps: int | None = None,
+    count_flops: bool = True,
+    device: str | None = None,
+    sample_interval_s: float = 0.2,
+    detect_syncs: bool = True,
+) -> Watch:
+    """Measure the training loop run inside the ``with`` block. See :class:`WatchConfig`."""
+    return Watch(WatchConfig(
+        warmup_steps=warmup_steps, max_steps=max_steps, count_flops=count_flops,
+        device=device, sample_interval_s=sample_interval_s, detect_syncs=detect_syncs,
+    ))
+

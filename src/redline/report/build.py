@@ -1,0 +1,320 @@
+"""Turn what a watch recorded into :class:`Measurements`, diagnose them, and make a report."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import torch
+
+from redline._version import __version__
+from redline.diagnose.engine import diagnose
+from redline.measure.flops import compute_mfu
+from redline.measure.peaks import peak_flops
+from redline.measure.system import cpu_budget, cpu_flags, shm_info
+from redline.measure.timeline import PHASES, StepRecord
+from redline.report.model import (
+    SCHEMA_VERSION,
+    DeviceInfo,
+    DeviceMetrics,
+    EffectiveConfig,
+    H2DMetrics,
+    HostMetrics,
+    LoaderReport,
+    Measurements,
+    MetricTier,
+    PhaseShare,
+    PrecisionInfo,
+    Report,
+    StepTiming,
+)
+
+if TYPE_CHECKING:
+    from redline.measure.watch import Watch
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    s = sorted(xs)
+    k = max(0, math.ceil(q / 100 * len(s)) - 1)
+    return s[k]
+
+
+def _device_info(dev: torch.device) -> DeviceInfo:
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        return DeviceInfo("cuda", props.name, torch.cuda.device_count(),
+                          f"{props.major}.{props.minor}", int(props.total_memory))
+    import platform
+
+    return DeviceInfo(dev.type, platform.processor() or platform.machine(), 1)
+
+
+def _timing(w: Watch, steps: list[StepRecord]) -> StepTiming:
+    all_steps = w.steps
+    times = [s.step_s for s in steps]
+    samples = [s.samples for s in steps if s.samples is not None]
+    total = sum(times)
+    return StepTiming(
+        step_source=w.tracker.source,
+        steps_total=len(all_steps),
+        steps_warmup=sum(1 for s in all_steps if s.kind == "warmup"),
+        steps_excluded=sum(1 for s in all_steps if s.kind == "excluded"),
+        steps_measured=sum(1 for s in all_steps if s.kind == "measured"),
+        step_time_p50_s=percentile(times, 50) if times else None,
+        step_time_p95_s=percentile(times, 95) if times else None,
+        step_time_mean_s=total / len(times) if times else None,
+        samples_per_step=sum(samples) / len(samples) if samples else None,
+        throughput_samples_per_s=(sum(samples) / total
+                                  if samples and len(samples) == len(steps) and total > 0
+                                  else None),
+        steps_per_s=len(times) / total if total > 0 else None,
+    )
+
+
+def _breakdown(steps: list[StepRecord]) -> list[PhaseShare]:
+    n = len(steps)
+    total = sum(s.step_s for s in steps)
+    out = []
+    for ph in (*PHASES, "other"):
+        v = sum(s.other_s for s in steps) if ph == "other" else sum(s.phase_s[ph] for s in steps)
+        out.append(PhaseShare(ph, v / n if n else 0.0, v / total if total > 0 else 0.0))
+    return out
+
+
+def _precision(w: Watch, dev: DeviceInfo) -> PrecisionInfo:
+    inst = w.inst
+    assert inst is not None
+    p = inst.precision
+    params: Counter[str] = p.param_dtypes or Counter()
+    ac: Counter[str] = p.autocast or Counter()
+    param_dtype = params.most_common(1)[0][0] if params else None
+    ac_dtype = ac.most_common(1)[0][0] if ac else None
+    ac_frac = sum(ac.values()) / p.forwards if p.forwards else None
+    mm = torch.get_float32_matmul_precision()
+    tf32 = bool(torch.backends.cuda.matmul.allow_tf32) or mm != "highest"
+    eff: str | None
+    if ac_frac is not None and ac_frac >= 0.5 and ac_dtype is not None:
+        eff = f"{ac_dtype}-autocast"
+    elif param_dtype in ("bf16", "fp16"):
+        eff = param_dtype
+    elif param_dtype == "fp32" or (param_dtype is None and p.forwards):
+        cc = float(dev.compute_capability) if dev.compute_capability else 0.0
+        eff = "tf32" if dev.type == "cuda" and cc >= 8.0 and tf32 else "fp32"
+    else:
+        eff = None
+    return PrecisionInfo(eff, param_dtype, ac_dtype, ac_frac, mm, tf32)
+
+
+def _compute_dtype(eff: str | None) -> str | None:
+    if eff is None:
+        return None
+    return eff.split("-")[0]
+
+
+def build_measurements(w: Watch) -> Measurements:
+    notes: list[str] = []
+    steps = w.measured_steps
+    if not steps:
+        steps = [s for s in w.steps if s.kind != "excluded"]
+        if steps:
+            notes.append(
+                f"Only {len(steps)} step(s) ran, none after the {w.config.warmup_steps} warm-up "
+                "step(s): statistics below include warm-up steps and are less reliable."
+            )
+    dev = _device_info(w.device)
+    inst = w.inst
+    assert inst is not None
+    timing = _timing(w, steps)
+    breakdown = _breakdown(steps)
+    budget = cpu_budget()
+    shm = shm_info()
+    win = w.cpu_window
+    flags = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+    data_wait = sum(s.phase_s["data_wait"] for s in steps)
+    data_cpu = sum(s.data_cpu_s for s in steps)
+    host = HostMetrics(
+        cpus_available=budget.cpus,
+        cpus_source=budget.source,
+        torch_threads=torch.get_num_threads(),
+        main_cpu_cores=win.main_cpu_s / win.wall_s if win and win.wall_s > 0 else None,
+        workers_cpu_cores=win.children_cpu_s / win.wall_s if win and win.wall_s > 0 else None,
+        workers_seen=win.children_seen if win else 0,
+        main_rss_peak_bytes=win.main_rss_peak_bytes if win else None,
+        workers_rss_peak_bytes=win.children_rss_peak_bytes if win else None,
+        read_bytes_per_s=(win.read_bytes / win.wall_s
+                          if win and win.io_available and win.wall_s > 0 else None),
+        read_chars_per_s=(win.read_chars / win.wall_s
+                          if win and win.io_available and win.wall_s > 0 else None),
+        data_fetch_cpu_fraction=data_cpu / data_wait if data_wait > 1e-6 else None,
+        shm_total_bytes=shm.total_bytes if shm else None,
+        shm_free_bytes=shm.free_bytes if shm else None,
+        cpu_flags=flags,
+    )
+    loaders = [
+        LoaderReport(
+            batch_size=li.batch_size, num_workers=li.num_workers, pin_memory=li.pin_memory,
+            prefetch_factor=li.prefetch_factor, persistent_workers=li.persistent_workers,
+            dataset_type=li.dataset_type, multiprocessing_context=li.multiprocessing_context,
+            iterators=li.iterators, worker_starts=li.worker_starts,
+            worker_startup_mean_s=(sum(li.startup_s) / len(li.startup_s)
+                                   if li.startup_s else None),
+            worker_startup_total_s=sum(li.startup_s), batch_bytes=li.batch_bytes,
+            python_containers=[
+                {"path": c.path, "type": c.type, "items": c.items, "est_bytes": c.est_bytes}
+                for c in li.containers
+            ],
+        )
+        for li in inst.loaders
+    ]
+    dm = _device_metrics(w, steps, dev)
+    precision = _precision(w, dev)
+    cdt = _compute_dtype(precision.effective)
+    reason = None
+    peak = None
+    if dev.type != "cuda":
+        reason = (f"no peak-FLOPs entry for {dev.type.upper()} devices: a CPU's peak depends on "
+                  "cores, clocks and vector units, which redline does not model")
+    elif cdt is not None:
+        peak = peak_flops(dev.name, cdt)
+        if peak is None:
+            reason = f"no peak-FLOPs entry for {dev.name!r} at {cdt} in redline/data/peak_flops.json"
+    if w.flops.error:
+        reason = w.flops.error
+    elif w.flops.flops is None and w.config.count_flops and reason is None:
+        reason = "no step finished after warm-up to count FLOPs on"
+    elif not w.config.count_flops:
+        reason = "FLOP counting was turned off (count_flops=False)"
+    mfu = compute_mfu(w.flops.flops, timing.step_time_p50_s, peak, cdt, reason)
+    main_loader = next((li for li in loaders if li.iterators), loaders[0] if loaders else None)
+    config = EffectiveConfig(
+        device=str(w.device),
+        batch_size=(main_loader.batch_size if main_loader and main_loader.batch_size
+                    else (round(timing.samples_per_step) if timing.samples_per_step else None)),
+        num_workers=main_loader.num_workers if main_loader else None,
+        pin_memory=main_loader.pin_memory if main_loader else None,
+        prefetch_factor=main_loader.prefetch_factor if main_loader else None,
+        persistent_workers=main_loader.persistent_workers if main_loader else None,
+        precision=precision.effective,
+        torch_threads=torch.get_num_threads(),
+        data_source=("DataLoader" if main_loader else
+                     "wrapped iterable" if inst.wrapped_iterables else "not seen"),
+    )
+    if config.data_source == "not seen":
+        notes.append("No DataLoader or wrapped iterable was seen: data wait is not measured "
+                     "(wrap your batch source with `w.wrap(iterable)` to time it).")
+    return Measurements(
+        device=dev, config=config, timing=timing, breakdown=breakdown, host=host,
+        device_metrics=dm, loaders=loaders, precision=precision, mfu=mfu,
+        tier=_tier(w), counts=dict(w.tracker.counts), root_modules=inst.root_modules,
+        sources=_sources(w), notes=notes,
+    )
+
+
+def _device_metrics(w: Watch, steps: list[StepRecord], dev: DeviceInfo) -> DeviceMetrics:
+    n = len(steps)
+    inst = w.inst
+    assert inst is not None
+    h = inst.h2d
+    h2d = None
+    if dev.type != "cpu" and n:
+        h2d = H2DMetrics(
+            copies_per_step=h.copies / max(1, len(w.steps)),
+            bytes_per_step=h.bytes / max(1, len(w.steps)),
+            pageable_fraction=h.pageable_bytes / h.bytes if h.bytes else None,
+            host_s_per_step=h.host_s / max(1, len(w.steps)),
+        )
+    if dev.type != "cuda":
+        return DeviceMetrics(None, None, None, None, None, None, None, None, h2d=h2d)
+    with_dev = [s for s in steps if s.device_s is not None]
+    span = (sum(s.device_s or 0.0 for s in with_dev) / sum(s.step_s for s in with_dev)
+            if with_dev else None)
+    mem = w.cuda_memory
+    syncs = w.syncs
+    return DeviceMetrics(
+        device_span_fraction=span,
+        device_s_per_step=(sum(s.device_s or 0.0 for s in with_dev) / len(with_dev)
+                           if with_dev else None),
+        peak_allocated_bytes=mem.peak_allocated_bytes if mem else None,
+        peak_reserved_bytes=mem.peak_reserved_bytes if mem else None,
+        total_memory_bytes=mem.total_bytes if mem else None,
+        nvml=w.nvml_summary,
+        sync_calls=syncs.count if syncs else None,
+        sync_calls_per_step=syncs.count / max(1, len(w.steps)) if syncs else None,
+        sync_sites=[{"site": s, "count": c} for s, c in syncs.sites.most_common(5)]
+        if syncs else [],
+        h2d=h2d,
+    )
+
+
+def _tier(w: Watch) -> MetricTier:
+    have = ["step timeline (host clock)", "process and worker CPU / RSS (psutil)"]
+    missing: list[dict[str, str]] = []
+    if w.device.type != "cuda":
+        missing.append({"metric": "device time, memory, NVML",
+                        "reason": f"the job runs on {w.device.type}, not CUDA"})
+        return MetricTier("cpu", have, missing)
+    have += ["device span per step (CUDA events)", "peak device memory (allocator)"]
+    tier = "cuda-events"
+    if w.syncs is not None:
+        have.append("host-sync count (set_sync_debug_mode, lower bound)")
+    nv = w.nvml_summary
+    if w.nvml is None:
+        missing.append({"metric": "NVML utilization, power, energy, clocks",
+                        "reason": w.nvml_reason or "NVML unavailable"})
+    else:
+        tier += "+nvml"
+        have.append("NVML utilization, power, energy, clocks")
+        if nv is not None and nv.gpm_sm_active_pct is not None:
+            tier += "+gpm"
+            have.append("GPM SM-active, tensor-active")
+        else:
+            missing.append({"metric": "SM-active / tensor-active (GPM)",
+                            "reason": (nv.gpm_reason if nv and nv.gpm_reason
+                                       else "no GPM sample in the window")})
+    missing.append({"metric": "exact device-busy time, per-kernel breakdown",
+                    "reason": "needs a profiler trace (redline trace / doctor --trace)"})
+    return MetricTier(tier, have, missing)
+
+
+def _sources(w: Watch) -> dict[str, str]:
+    src = {
+        "step_time": "time.perf_counter between step ends; steps delimited by "
+                     f"{w.tracker.source or 'nothing (no step seen)'}",
+        "data_wait": "host time inside DataLoader iter()/next() or wrapped next()",
+        "forward": "host time inside outermost nn.Module calls (forward hooks)",
+        "backward": "host time inside torch.autograd.backward / grad",
+        "optimizer": "host time inside Optimizer.step (global optimizer hooks)",
+        "cpu": "psutil /proc readings every "
+               f"{w.config.sample_interval_s:g} s; an exiting worker may lose one interval",
+        "mfu": "torch.utils.flop_counter.FlopCounterMode over one step ÷ p50 step time ÷ "
+               "peak from redline/data/peak_flops.json",
+    }
+    if w.device.type == "cuda":
+        src["device_span"] = ("torch.cuda.Event pairs (first device work → step end), "
+                              "read with query(); upper bound of busy time")
+        src["memory"] = "torch.cuda.max_memory_allocated / max_memory_reserved"
+        src["h2d_copy"] = "host time inside Tensor.to/.cuda from CPU to device"
+        if w.nvml is not None:
+            src["nvml"] = "nvidia-ml-py (NVML) sampled every " f"{w.config.sample_interval_s:g} s"
+    return src
+
+
+def build_report(w: Watch, command: list[str] | None = None, status: str | None = None,
+                 status_detail: str | None = None) -> Report:
+    m = build_measurements(w)
+    if status is None:
+        status = "completed" if w.steps else "no_steps"
+    return Report(
+        schema=SCHEMA_VERSION,
+        redline_version=__version__,
+        torch_version=torch.__version__,
+        created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        command=command,
+        status=status,
+        status_detail=status_detail,
+        measurements=m,
+        findings=diagnose(m) if m.timing.steps_total else [],
+    )

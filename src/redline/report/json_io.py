@@ -1,0 +1,66 @@
+"""JSON form of the report: a plain dict (schema ``redline/report/schema.json``), written
+atomically so a crash or a full disk never leaves half a file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from redline.report.model import Report
+
+
+def _clean(v: Any) -> Any:
+    """NaN/inf are not JSON: an undefined number is unknown (None)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_clean(x) for x in v]
+    return v
+
+
+def to_dict(report: Report) -> dict[str, Any]:
+    d: dict[str, Any] = _clean(dataclasses.asdict(report))
+    return d
+
+
+def schema() -> dict[str, Any]:
+    s: dict[str, Any] = json.loads(
+        resources.files("redline").joinpath("report/schema.json").read_text())
+    return s
+
+
+def write_json(report: Report, path: str | os.PathLike[str]) -> Path:
+    """Write the report to ``path`` via a temporary file and an atomic rename.
+
+    Raises:
+        OSError: with the path in the message when the directory is missing or not writable,
+            or the disk is full; the destination is then left untouched.
+    """
+    dest = Path(path)
+    text = json.dumps(to_dict(report), indent=2, allow_nan=False, default=str)
+    directory = dest.parent if str(dest.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write the JSON report to {dest}: {e.strerror}") from e
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, f"cannot write the JSON report to {dest}: {e.strerror}") from e
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dest

@@ -1,0 +1,219 @@
+"""The report: every number redline shows, with its unit in its name and its source.
+
+Serialized by :func:`redline.report.json_io.to_dict` to JSON that validates against
+``redline/report/schema.json`` (schema id :data:`SCHEMA_VERSION`). Unknown values are ``None``
+and the report says why (``tier.missing``, ``mfu.reason``); they are never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from redline.measure.flops import MfuResult
+from redline.measure.nvml import NvmlSummary
+
+SCHEMA_VERSION = "redline.report/1"
+
+STATUSES = ("completed", "step_limit", "script_error", "interrupted", "no_steps")
+"""How the measured run ended."""
+
+
+@dataclass(slots=True)
+class DeviceInfo:
+    type: str
+    """'cuda', 'cpu', ..."""
+    name: str
+    count: int
+    compute_capability: str | None = None
+    total_memory_bytes: int | None = None
+
+
+@dataclass(slots=True)
+class EffectiveConfig:
+    """The training configuration redline saw (not what it recommends)."""
+
+    device: str
+    batch_size: int | None
+    """Samples per batch: the DataLoader's batch_size, else the leading dimension seen."""
+    num_workers: int | None
+    pin_memory: bool | None
+    prefetch_factor: int | None
+    persistent_workers: bool | None
+    precision: str | None
+    """'fp32', 'tf32', 'bf16-autocast', 'fp16-autocast', 'bf16', 'fp16'."""
+    torch_threads: int
+    """torch.get_num_threads() of the training process."""
+    data_source: str
+    """'DataLoader', 'wrapped iterable' or 'not seen'."""
+
+
+@dataclass(slots=True)
+class StepTiming:
+    step_source: str | None
+    """What delimited steps: 'optimizer', 'forward_backward', 'manual', or None (no step)."""
+    steps_total: int
+    steps_warmup: int
+    steps_excluded: int
+    """Steps slowed on purpose (FLOP counting) and left out of the statistics."""
+    steps_measured: int
+    step_time_p50_s: float | None
+    step_time_p95_s: float | None
+    step_time_mean_s: float | None
+    samples_per_step: float | None
+    throughput_samples_per_s: float | None
+    """Samples per second over the measured steps (sum of samples / sum of step time)."""
+    steps_per_s: float | None
+
+
+@dataclass(slots=True)
+class PhaseShare:
+    phase: str
+    """'data_wait', 'h2d_copy', 'forward', 'backward', 'optimizer' or 'other'."""
+    mean_s: float
+    """Mean host seconds per measured step, exclusive of nested phases."""
+    fraction: float
+    """Share of total measured step time, 0..1."""
+
+
+@dataclass(slots=True)
+class HostMetrics:
+    cpus_available: float
+    cpus_source: str
+    torch_threads: int
+    main_cpu_cores: float | None
+    """CPU seconds of the training process per wall second (all threads)."""
+    workers_cpu_cores: float | None
+    """CPU seconds of its child processes (DataLoader workers) per wall second."""
+    workers_seen: int
+    main_rss_peak_bytes: int | None
+    workers_rss_peak_bytes: int | None
+    read_bytes_per_s: float | None
+    """Storage reads (/proc/<pid>/io read_bytes) of process + workers, per second."""
+    read_chars_per_s: float | None
+    """read() syscall bytes (page-cache hits included) of process + workers, per second."""
+    data_fetch_cpu_fraction: float | None
+    """Process CPU seconds ÷ wall seconds inside data fetches (num_workers=0 only)."""
+    shm_total_bytes: int | None
+    shm_free_bytes: int | None
+    cpu_flags: list[str] = field(default_factory=list)
+    """Relevant CPU features (amx_bf16, avx512_bf16) when present."""
+
+
+@dataclass(slots=True)
+class H2DMetrics:
+    copies_per_step: float
+    bytes_per_step: float
+    pageable_fraction: float | None
+    """Share of copied bytes that came from pageable (not pinned) memory."""
+    host_s_per_step: float
+
+
+@dataclass(slots=True)
+class DeviceMetrics:
+    device_span_fraction: float | None
+    """Σ device span (CUDA events, first work → step end) ÷ Σ step time: an upper bound of
+    device-busy; None off CUDA."""
+    device_s_per_step: float | None
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    total_memory_bytes: int | None
+    nvml: NvmlSummary | None
+    sync_calls: int | None
+    """Synchronizing CUDA calls seen (set_sync_debug_mode; a lower bound), None off CUDA."""
+    sync_calls_per_step: float | None
+    sync_sites: list[dict[str, object]] = field(default_factory=list)
+    h2d: H2DMetrics | None = None
+
+
+@dataclass(slots=True)
+class LoaderReport:
+    batch_size: int | None
+    num_workers: int
+    pin_memory: bool
+    prefetch_factor: int | None
+    persistent_workers: bool
+    dataset_type: str
+    multiprocessing_context: str | None
+    iterators: int
+    worker_starts: int
+    worker_startup_mean_s: float | None
+    worker_startup_total_s: float
+    batch_bytes: int | None
+    python_containers: list[dict[str, object]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class PrecisionInfo:
+    effective: str | None
+    param_dtype: str | None
+    autocast_dtype: str | None
+    autocast_forward_fraction: float | None
+    """Share of outermost forwards that ran under autocast."""
+    float32_matmul_precision: str
+    tf32_matmul_allowed: bool
+
+
+@dataclass(slots=True)
+class MetricTier:
+    """Which metrics this run could have, and why not more."""
+
+    tier: str
+    """'cpu' | 'cuda-events' | 'cuda-events+nvml' | 'cuda-events+nvml+gpm'."""
+    have: list[str]
+    missing: list[dict[str, str]]
+    """[{'metric': ..., 'reason': ...}]"""
+
+
+@dataclass(slots=True)
+class Finding:
+    """One diagnosis (design §4 ids), with the numbers that triggered it."""
+
+    id: str
+    severity: str
+    """'high' | 'medium' | 'low'."""
+    title: str
+    evidence: dict[str, float | int | str | bool | None]
+    ceiling_speedup: float | None
+    """step_time ÷ (step_time − removable time), removable measured (design §3); None when
+    the removable time cannot be measured from this data (said in ``fix``/``title``)."""
+    fix: str
+
+
+@dataclass(slots=True)
+class Measurements:
+    """Everything measured, before diagnosis."""
+
+    device: DeviceInfo
+    config: EffectiveConfig
+    timing: StepTiming
+    breakdown: list[PhaseShare]
+    host: HostMetrics
+    device_metrics: DeviceMetrics
+    loaders: list[LoaderReport]
+    precision: PrecisionInfo
+    mfu: MfuResult
+    tier: MetricTier
+    counts: dict[str, int]
+    """Events seen: forward, backward, optimizer_step, batches, manual_step."""
+    root_modules: list[str]
+    sources: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+    def fraction(self, phase: str) -> float:
+        for p in self.breakdown:
+            if p.phase == phase:
+                return p.fraction
+        return 0.0
+
+
+@dataclass(slots=True)
+class Report:
+    schema: str
+    redline_version: str
+    torch_version: str
+    created_utc: str
+    command: list[str] | None
+    status: str
+    status_detail: str | None
+    measurements: Measurements
+    findings: list[Finding]

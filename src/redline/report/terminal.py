@@ -1,0 +1,100 @@
+"""Terminal rendering of a report (rich). Pure presentation: it computes nothing."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from redline.report.model import Report
+
+_SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
+
+
+def _ms(s: float | None) -> str:
+    return "unknown" if s is None else f"{s * 1e3:.2f} ms"
+
+
+def _pct(f: float | None) -> str:
+    return "unknown" if f is None else f"{f:.1%}"
+
+
+def _bar(f: float, width: int = 24) -> str:
+    n = round(max(0.0, min(1.0, f)) * width)
+    return "█" * n + "·" * (width - n)
+
+
+def render(report: Report, console: Console) -> None:
+    m = report.measurements
+    t = m.timing
+    console.rule(f"[bold]redline[/bold] · {report.status.replace('_', ' ')}")
+    if report.status_detail:
+        console.print(report.status_detail)
+    cfg = m.config
+    console.print(
+        f"device [bold]{m.device.name}[/bold] ({m.device.type}) · metric tier [bold]{m.tier.tier}"
+        f"[/bold] · steps {t.steps_measured} measured, {t.steps_warmup} warm-up, "
+        f"{t.steps_excluded} excluded · step = {t.step_source or 'none seen'}")
+    console.print(
+        f"config: batch {cfg.batch_size} · workers {cfg.num_workers} · pin_memory "
+        f"{cfg.pin_memory} · prefetch {cfg.prefetch_factor} · persistent {cfg.persistent_workers}"
+        f" · precision {cfg.precision} · torch threads {cfg.torch_threads} · data {cfg.data_source}")
+    tput = t.throughput_samples_per_s
+    mfu = m.mfu
+    mfu_s = f"{mfu.mfu:.1%}" if mfu.mfu is not None else f"unknown ({mfu.reason})"
+    console.print(
+        f"step p50 {_ms(t.step_time_p50_s)} · p95 {_ms(t.step_time_p95_s)} · throughput "
+        f"{'unknown' if tput is None else f'{tput:,.1f} samples/s'} · MFU {mfu_s}")
+    dm = m.device_metrics
+    if m.device.type == "cuda":
+        nv = dm.nvml
+        util = f"{nv.util_gpu_pct:.0f}%" if nv and nv.util_gpu_pct is not None else "unknown"
+        console.print(
+            f"device span {_pct(dm.device_span_fraction)} of step time (upper bound of busy) · "
+            f"NVML util {util} (duty cycle, not efficiency) · peak reserved "
+            f"{(dm.peak_reserved_bytes or 0) / 2**30:.2f} GiB"
+            + (f" · energy {nv.energy_j:.0f} J" if nv and nv.energy_j is not None else ""))
+    h = m.host
+    console.print(
+        f"host: {h.cpus_available:g} usable CPUs ({h.cpus_source}) · training process "
+        f"{'unknown' if h.main_cpu_cores is None else f'{h.main_cpu_cores:.2f}'} cores · workers "
+        f"{'unknown' if h.workers_cpu_cores is None else f'{h.workers_cpu_cores:.2f}'} cores")
+
+    if t.steps_total:
+        table = Table(title="Where each step's time goes (host clock)", title_justify="left")
+        table.add_column("phase")
+        table.add_column("ms/step", justify="right")
+        table.add_column("share", justify="right")
+        table.add_column("")
+        for p in m.breakdown:
+            table.add_row(p.phase, f"{p.mean_s * 1e3:.2f}", f"{p.fraction:.1%}", _bar(p.fraction))
+        console.print(table)
+
+    if report.findings:
+        ft = Table(title="Findings, largest possible gain first", title_justify="left",
+                   show_lines=True)
+        ft.add_column("#", justify="right")
+        ft.add_column("finding")
+        ft.add_column("ceiling", justify="right")
+        ft.add_column("what and how to fix")
+        for i, f in enumerate(report.findings, 1):
+            ceil = "unknown" if f.ceiling_speedup is None else f"≤ {f.ceiling_speedup:.2f}×"
+            body = Text()
+            body.append(f.title + "\n", style="bold")
+            body.append("fix: " + f.fix + "\n")
+            ev = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if v is not None)
+            body.append("evidence: " + ev, style="dim")
+            ft.add_row(str(i), Text(f"{f.id}\n{f.severity}", style=_SEV_STYLE.get(f.severity, "")),
+                       ceil, body)
+        console.print(ft)
+    elif t.steps_total:
+        console.print("[green]No finding:[/green] nothing this data supports points at a "
+                      "bottleneck outside the model's own compute.")
+    for miss in m.tier.missing:
+        console.print(f"[dim]not measured: {miss['metric']} — {miss['reason']}[/dim]")
+    for note in m.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+
+
+def print_report(report: Report, console: Console | None = None) -> None:
+    render(report, console or Console(stderr=False))

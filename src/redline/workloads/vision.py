@@ -1,0 +1,162 @@
+"""``vision``: a small CNN on synthetic JPEGs decoded and augmented per sample with Pillow.
+
+The JPEGs are made once, in memory (no download); every ``__getitem__`` decodes one, takes a
+random resized crop, maybe flips it and normalizes it, which is real CPU preprocessing of the
+kind an ImageNet loader does. The defaults are deliberately naive (num_workers=0, small batch,
+fp32), as found in many scripts.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from redline.workloads.base import Workload
+
+MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+
+
+@dataclass(kw_only=True, slots=True)
+class VisionConfig:
+    """Knobs of the vision workload; the defaults are the naive configuration."""
+
+    num_images: int = 128
+    """Distinct JPEGs encoded at start-up."""
+    length: int = 2048
+    """Samples per epoch (indices wrap over the distinct images)."""
+    stored_size: tuple[int, int] = (320, 240)
+    """Width, height of the stored JPEGs."""
+    crop: int = 96
+    """Side of the random resized crop fed to the model."""
+    quality: int = 90
+    batch_size: int = 16
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    lr: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_images < 1 or self.length < 1:
+            raise ValueError("num_images and length must be >= 1")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+
+
+def _make_jpeg(rng: np.random.Generator, w: int, h: int, quality: int) -> bytes:
+    # Smooth gradients + blobs + mild noise: compresses like a photo (tens of KiB), not like noise.
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.zeros((h, w, 3), np.float32)
+    for c in range(3):
+        fx, fy = (float(v) for v in rng.uniform(0.005, 0.05, 2))
+        ph = float(rng.uniform(0, 6.28))
+        img[..., c] = 127 + 100 * np.sin(xx * fx + yy * fy + ph)
+    for _ in range(6):
+        cx, cy, r = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(10, 60)
+        mask = (xx - cx) ** 2 + (yy - cy) ** 2 < r * r
+        img[mask] = rng.uniform(0, 255, 3)
+    img += rng.normal(0, 6, img.shape)
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+class SyntheticJpegDataset(Dataset[tuple[torch.Tensor, int]]):
+    """In-memory JPEGs, decoded and augmented on every access.
+
+    The encoded bytes live in one numpy buffer with offsets, not a list of ``bytes``, so forked
+    DataLoader workers share its pages instead of copying them (pytorch#13246).
+    """
+
+    def __init__(self, cfg: VisionConfig) -> None:
+        rng = np.random.default_rng(cfg.seed)
+        blobs = [_make_jpeg(rng, *cfg.stored_size, cfg.quality) for _ in range(cfg.num_images)]
+        self.offsets = np.cumsum([0] + [len(b) for b in blobs])
+        self.data = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+        self.length = cfg.length
+        self.crop = cfg.crop
+        self.num_images = cfg.num_images
+
+    def __len__(self) -> int:
+        return self.length
+
+    def jpeg(self, i: int) -> bytes:
+        k = i % self.num_images
+        return self.data[self.offsets[k]:self.offsets[k + 1]].tobytes()
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        img = Image.open(io.BytesIO(self.jpeg(i))).convert("RGB")
+        img = random_resized_crop(img, self.crop)
+        if random.random() < 0.5:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        x = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
+        x = x.view(self.crop, self.crop, 3).permute(2, 0, 1).float().div_(255)
+        return (x - MEAN) / STD, i % 10
+
+
+def random_resized_crop(img: Image.Image, size: int, area: tuple[float, float] = (0.35, 1.0),
+                        ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Image.Image:
+    """torchvision-style RandomResizedCrop with Pillow only."""
+    w, h = img.size
+    for _ in range(10):
+        a = random.uniform(*area) * w * h
+        r = math.exp(random.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        cw, ch = round(math.sqrt(a * r)), round(math.sqrt(a / r))
+        if 0 < cw <= w and 0 < ch <= h:
+            x0, y0 = random.randint(0, w - cw), random.randint(0, h - ch)
+            return img.resize((size, size), Image.Resampling.BILINEAR,
+                              box=(x0, y0, x0 + cw, y0 + ch))
+    return img.resize((size, size), Image.Resampling.BILINEAR)
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+
+        def block(i: int, o: int) -> nn.Sequential:
+            return nn.Sequential(nn.Conv2d(i, o, 3, stride=2, padding=1, bias=False),
+                                 nn.BatchNorm2d(o), nn.ReLU(inplace=True))
+
+        self.features = nn.Sequential(block(3, 32), block(32, 64), block(64, 128))
+        self.head = nn.Linear(128, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.features(x).mean(dim=(2, 3)))
+        return out
+
+
+def _loss(model: nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
+    x, y = batch
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    loss: torch.Tensor = nn.functional.cross_entropy(model(x), y)
+    return loss
+
+
+def build_vision(cfg: VisionConfig | None = None, device: torch.device | None = None) -> Workload:
+    cfg = cfg or VisionConfig()
+    device = device or torch.device("cpu")
+    torch.manual_seed(cfg.seed)
+    ds = SyntheticJpegDataset(cfg)
+    kw: dict[str, Any] = {}
+    if cfg.num_workers > 0:
+        kw = {"persistent_workers": cfg.persistent_workers}
+        if cfg.prefetch_factor is not None:
+            kw["prefetch_factor"] = cfg.prefetch_factor
+    loader = DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
+                        num_workers=cfg.num_workers, pin_memory=cfg.pin_memory, **kw)
+    model = SmallCNN().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    return Workload("vision", model, loader, opt, _loss, device)
