@@ -9,6 +9,7 @@ from redline.diagnose.thresholds import (
     CPU_BOUND_MIN_FRACTION,
     DATA_WAIT_MIN_FRACTION,
     H2D_MIN_FRACTION,
+    SECONDARY_MIN_SHARE,
 )
 from redline.report.model import Finding, Measurements
 
@@ -26,7 +27,7 @@ def _cpu_share(m: Measurements) -> tuple[float | None, str]:
     if nw == 0:
         f = h.data_fetch_cpu_fraction
         return (None if f is None else min(1.0, f),
-                "process CPU time ÷ wall time inside the fetches (num_workers=0)")
+                "main-thread CPU time ÷ wall time inside the fetches (num_workers=0)")
     if h.workers_cpu_cores is None:
         return None, "worker CPU time unavailable"
     capacity = min(float(nw), h.cpus_available)
@@ -81,7 +82,7 @@ def data_findings(m: Measurements) -> list[Finding]:
     dominant = "cpu_preprocessing" if cpu_share >= CPU_BOUND_MIN_FRACTION else "storage_fetch"
     for fid, share in parts:
         removable = f * share
-        if fid != dominant and removable < DATA_WAIT_MIN_FRACTION:
+        if fid != dominant and (share < SECONDARY_MIN_SHARE or removable < DATA_WAIT_MIN_FRACTION):
             continue
         ev = {k: evidence[k] for k in ("cpu_share_of_wait", "cpu_share_basis", "main_cpu_cores",
                                        "workers_cpu_cores", "read_mb_per_s")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from redline.diagnose.finding import ceiling_speedup
 from redline.diagnose.thresholds import (
+    MIN_COMPUTE_FRACTION,
     SMALL_BATCH_MAX_BUSY,
     SMALL_BATCH_MAX_MEMORY_FRACTION,
 )
@@ -77,6 +78,8 @@ def no_mixed_precision(m: Measurements) -> list[Finding]:
         return []
     low = "bf16" if (m.device.type == "cpu" or _cc(m) >= 8.0) else "fp16"
     comp = _compute_fraction(m)
+    if comp is None or comp < MIN_COMPUTE_FRACTION:
+        return []  # compute is not where the time goes: precision is not the lever yet
     ratio = _peak_ratio(m, eff, low) if on_cuda else None
     ceiling = None
     if comp is not None and ratio is not None:
@@ -100,6 +103,8 @@ def fp32_matmul_on_tensor_cores(m: Measurements) -> list[Finding]:
     if m.device.type != "cuda" or _cc(m) < 8.0 or m.precision.effective != "fp32":
         return []
     comp = _compute_fraction(m)
+    if comp is None or comp < MIN_COMPUTE_FRACTION:
+        return []
     ratio = _peak_ratio(m, "fp32", "tf32")
     ceiling = ceiling_speedup(comp * (1.0 - ratio)) if comp is not None and ratio else None
     return [Finding(

@@ -71,6 +71,12 @@ class CudaStepTimer:
             idx, s, e = self._pending.popleft()
             self.device_s[idx] = s.elapsed_time(e) / 1e3
 
+    def reset(self) -> None:
+        """Forget every step (the steps were re-numbered)."""
+        self._pending.clear()
+        self.device_s.clear()
+        self._start = None
+
     def drain(self) -> None:
         """Wait for the remaining events (only at watch exit, outside the user's loop)."""
         while self._pending:

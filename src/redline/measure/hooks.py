@@ -148,7 +148,7 @@ class Instrumentation:
         def dl_next(it: Any) -> Any:
             if threading.get_ident() != tid:
                 return orig_next(it)
-            c0 = time.process_time()
+            c0 = time.thread_time()
             t0 = clock()
             tracker.enter("data_wait", t0)
             try:
@@ -156,7 +156,7 @@ class Instrumentation:
             finally:
                 t1 = clock()
                 tracker.exit("data_wait", t1)
-            tracker.add_batch(time.process_time() - c0, batch_samples(batch))
+            tracker.add_batch(time.thread_time() - c0, batch_samples(batch))
             first = inst._iter_info.pop(it, None)
             if first is not None:
                 info, startup = first
@@ -175,7 +175,7 @@ class Instrumentation:
         tracker, clock = self.tracker, self._clock
         it = iter(iterable)
         while True:
-            c0 = time.process_time()
+            c0 = time.thread_time()
             t0 = clock()
             tracker.enter("data_wait", t0)
             try:
@@ -184,7 +184,7 @@ class Instrumentation:
                 tracker.exit("data_wait", clock())
                 return
             tracker.exit("data_wait", clock())
-            tracker.add_batch(time.process_time() - c0, batch_samples(item))
+            tracker.add_batch(time.thread_time() - c0, batch_samples(item))
             yield item
 
     # -- modules ---------------------------------------------------------------------------
@@ -237,9 +237,15 @@ class Instrumentation:
             h.remove()
         self._global_handles = []
 
+    @property
+    def discovering(self) -> bool:
+        """True while global module hooks are still looking for the root modules."""
+        return bool(self._global_handles)
+
     def switch_to_roots(self) -> None:
-        """Replace global module hooks with hooks on the root modules seen so far."""
-        if not self._global_handles or self._stack is None:
+        """Replace global module hooks with hooks on the root modules seen so far (no-op
+        until a root module has been seen)."""
+        if not self._global_handles or self._stack is None or not len(self._roots):
             return
         self._remove_global()
         self._depth = 0
@@ -297,11 +303,18 @@ class Instrumentation:
     def _scan_for_optimizers(self) -> None:
         """Once: were optimizers built before the watch began? Then they delimit steps."""
         self._gc_scanned = True
+        # Only an optimizer that holds parameters of the modules being trained counts: a stray
+        # optimizer elsewhere in the process must not change how this loop's steps are cut.
+        trained = {id(p) for m in self._roots for p in m.parameters()}
+        if not trained:
+            return
         with warnings.catch_warnings():
             # isinstance() on some lazily-deprecated torch objects warns; not the user's concern.
             warnings.simplefilter("ignore")
             for obj in gc.get_objects():
-                if isinstance(obj, torch.optim.Optimizer):
+                if isinstance(obj, torch.optim.Optimizer) and any(
+                    id(p) in trained for g in obj.param_groups for p in g["params"]
+                ):
                     self.tracker.optimizers_known = True
                     return
 

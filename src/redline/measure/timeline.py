@@ -32,7 +32,8 @@ class StepRecord:
     phase_s: dict[str, float]
     """Exclusive host seconds per phase in :data:`PHASES` (nested phases are not double counted)."""
     data_cpu_s: float = 0.0
-    """Process CPU seconds spent inside data fetches of this step (main process only)."""
+    """CPU seconds of the training thread inside data fetches of this step (``time.thread_time``:
+    intra-op threads spinning after a matmul are not fetch work)."""
     samples: int | None = None
     """Samples in the batches fetched during this step, when the batch size could be read."""
     batches: int = 0
@@ -96,15 +97,19 @@ class StepTracker:
         clock (Callable[[], float]): monotonic clock in seconds.
         on_close (Callable[[StepRecord, bool], None]): called for each closed step with
             ``exact=True`` when it closed at the current instant (not retroactively).
+        on_reset (Callable[[], None]): called when steps already closed are withdrawn (the loop
+            began marking its own steps with ``Watch.step()``).
     """
 
     def __init__(
         self,
         clock: Callable[[], float],
         on_close: Callable[[StepRecord, bool], None] | None = None,
+        on_reset: Callable[[], None] | None = None,
     ) -> None:
         self._clock = clock
         self._on_close = on_close
+        self._on_reset = on_reset
         self.steps: list[StepRecord] = []
         self.source: str | None = None
         """How steps are delimited: one of :data:`STEP_SOURCES`, or None before the first step."""
@@ -192,12 +197,28 @@ class StepTracker:
 
     def manual_step(self, t: float) -> None:
         self.counts["manual_step"] += 1
+        acc = self._acc
         if not self.manual:
             self.manual = True
             self._stepped = set()
             self._snap = None
+            if self.steps:
+                # Steps cut automatically before the loop's first own mark were guesses: fold
+                # them into this first marked step, and let the owner restart its bookkeeping.
+                first = self.steps[0]
+                for rec in self.steps:
+                    for k, v in rec.phase_s.items():
+                        acc.phase_s[k] += v
+                    acc.data_cpu_s += rec.data_cpu_s
+                    acc.batches += rec.batches
+                    if rec.samples is not None:
+                        acc.samples = (acc.samples or 0) + rec.samples
+                self._start = first.start_s
+                self.steps.clear()
+                if self._on_reset is not None:
+                    self._on_reset()
         self.source = "manual"
-        self._close(t, self._acc, exact=True)
+        self._close(t, acc, exact=True)
         self._acc = _Acc()
 
     def finish(self, t: float) -> None:

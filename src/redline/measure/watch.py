@@ -54,7 +54,7 @@ class Watch:
         self._stack: ExitStack | None = None
         self._state = "warmup"
         self._measured = 0
-        self.tracker = StepTracker(time.perf_counter, self._on_close)
+        self.tracker = StepTracker(time.perf_counter, self._on_close, self._on_reset)
         self.inst: Instrumentation | None = None
         self.flops = FlopWindow()
         self.cpu = CpuSampler(self.config.sample_interval_s)
@@ -165,12 +165,30 @@ class Watch:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self._state = "measuring"
-        if self.inst is not None:
-            self.inst.switch_to_roots()
+
+    def _on_reset(self) -> None:
+        """Closed steps were folded into one (first ``step()`` call): start warm-up again."""
+        if self.flops.active:
+            self.flops.stop()
+            self.flops.flops = None
+        if self.cuda_timer is not None:
+            self.cuda_timer.reset()
+        self._state = "warmup"
+        self._measured = 0
+        self.window_start = None
+        if self.config.warmup_steps == 0 and not self.config.count_flops:
+            self._begin_window()
 
     def _on_close(self, rec: StepRecord, exact: bool) -> None:
         if self.cuda_timer is not None:
             self.cuda_timer.step_ends(rec.index)
+        inst = self.inst
+        if exact and inst is not None and inst.discovering and (
+            self._state != "warmup" or rec.index + 1 >= self.config.warmup_steps
+        ):
+            # A whole step has run: its outermost modules are known, so the per-submodule
+            # global hooks (slow path for every module call) give way to hooks on the roots.
+            inst.switch_to_roots()
         state = self._state
         if state == "warmup":
             rec.kind = "warmup"

@@ -92,7 +92,8 @@ class HostMetrics:
     read_chars_per_s: float | None
     """read() syscall bytes (page-cache hits included) of process + workers, per second."""
     data_fetch_cpu_fraction: float | None
-    """Process CPU seconds ÷ wall seconds inside data fetches (num_workers=0 only)."""
+    """Training-thread CPU seconds ÷ wall seconds inside data fetches (meaningful for
+    num_workers=0, where the fetch runs in that thread)."""
     shm_total_bytes: int | None
     shm_free_bytes: int | None
     cpu_flags: list[str] = field(default_factory=list)

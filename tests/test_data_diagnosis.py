@@ -1,0 +1,114 @@
+"""Data starvation is found, split right (storage vs CPU), and not raised on compute-bound runs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import redline
+from redline.workloads.vision import SyntheticJpegDataset, VisionConfig
+
+
+class SleepyDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Every fetch waits 3 ms without using the CPU, like a read from slow storage."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(0.003)
+        return torch.full((3, 8, 8), float(i % 7)), torch.tensor(i % 10)
+
+
+class TinyNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+class DecodeNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * 48 * 48, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+def _run(loader: DataLoader, model: nn.Module, steps: int = 14) -> redline.Report:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with redline.watch(warmup_steps=2, count_flops=False) as w:
+        it = iter(loader)
+        for _ in range(steps):
+            x, y = next(it)
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return w.report(show=False)
+
+
+def _ids(rep: redline.Report) -> set[str]:
+    return {f.id for f in rep.findings}
+
+
+def _decode_dataset() -> SyntheticJpegDataset:
+    return SyntheticJpegDataset(VisionConfig(num_images=16, length=10_000, crop=48))
+
+
+def test_sleeping_fetch_is_storage_fetch_in_process() -> None:
+    rep = _run(DataLoader(SleepyDataset(), batch_size=8), TinyNet())
+    ids = _ids(rep)
+    assert "data_starvation" in ids
+    assert "storage_fetch" in ids and "cpu_preprocessing" not in ids
+    ds = next(f for f in rep.findings if f.id == "data_starvation")
+    assert float(ds.evidence["data_wait_fraction"]) > 0.5  # type: ignore[arg-type]
+    assert ds.ceiling_speedup is not None and ds.ceiling_speedup > 2
+
+
+def test_decoding_fetch_is_cpu_preprocessing_in_process() -> None:
+    rep = _run(DataLoader(_decode_dataset(), batch_size=8), DecodeNet())
+    ids = _ids(rep)
+    assert "data_starvation" in ids
+    assert "cpu_preprocessing" in ids and "storage_fetch" not in ids
+    fix = next(f for f in rep.findings if f.id == "data_starvation").fix
+    assert "num_workers=" in fix
+
+
+@pytest.mark.slow
+def test_sleeping_workers_are_storage_fetch() -> None:
+    loader = DataLoader(SleepyDataset(), batch_size=16, num_workers=2)
+    rep = _run(loader, TinyNet(), steps=12)
+    assert rep.measurements.config.num_workers == 2
+    ids = _ids(rep)
+    assert {"data_starvation", "storage_fetch"} <= ids
+    assert "cpu_preprocessing" not in ids
+
+
+@pytest.mark.slow
+def test_decoding_workers_are_cpu_preprocessing() -> None:
+    loader = DataLoader(_decode_dataset(), batch_size=16, num_workers=2)
+    rep = _run(loader, DecodeNet(), steps=12)
+    ids = _ids(rep)
+    assert {"data_starvation", "cpu_preprocessing"} <= ids
+    h = rep.measurements.host
+    assert h.workers_cpu_cores is not None and h.workers_cpu_cores > 0.5
+
+
+def test_compute_bound_run_is_not_flagged() -> None:
+    torch.manual_seed(0)
+    ds = TensorDataset(torch.randn(4096, 1024), torch.randint(0, 10, (4096,)))
+    model = nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
+                          nn.Linear(2048, 10))
+    rep = _run(DataLoader(ds, batch_size=32), model, steps=10)
+    ids = _ids(rep)
+    assert not ids & {"data_starvation", "cpu_preprocessing", "storage_fetch"}
+    assert rep.measurements.fraction("data_wait") < 0.05
+    assert rep.measurements.fraction("forward") + rep.measurements.fraction("backward") > 0.5

@@ -1,0 +1,265 @@
+"""Exact step counts for every loop shape the watch must understand (issue 2, item 2)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import redline
+from redline.measure.timeline import StepTracker
+
+N = 7  # iterations of each loop
+
+
+def _data(n: int = 64, d: int = 8) -> TensorDataset:
+    return TensorDataset(torch.randn(n, d), torch.randn(n, 1))
+
+
+def _watch() -> redline.Watch:
+    return redline.watch(warmup_steps=0, count_flops=False)
+
+
+def test_plain_loop_with_dataloader() -> None:
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(_data(N * 4), batch_size=4)
+    with _watch() as w:
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert len(w.steps) == N
+    assert w.tracker.source == "optimizer"
+    assert all(s.batches == 1 and s.samples == 4 for s in w.steps)
+    assert all(s.phase_s["forward"] > 0 and s.phase_s["backward"] > 0 for s in w.steps)
+
+
+def test_no_dataloader_hand_sliced_tensors() -> None:
+    x, y = torch.randn(N * 5, 8), torch.randn(N * 5, 1)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.Adam(model.parameters())
+    with _watch() as w:
+        for i in range(N):
+            xb, yb = x[i * 5:(i + 1) * 5], y[i * 5:(i + 1) * 5]
+            opt.zero_grad()
+            nn.functional.mse_loss(model(xb), yb).backward()
+            opt.step()
+    assert len(w.steps) == N
+    assert all(s.batches == 0 for s in w.steps)
+
+
+def test_no_optimizer_manual_sgd() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    data = _data(N * 4)
+    with _watch() as w:
+        for i in range(N):
+            xb, yb = data[i * 4:(i + 1) * 4]
+            loss = nn.functional.mse_loss(model(xb), yb)
+            model.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.data -= 0.01 * p.grad
+    assert len(w.steps) == N
+    assert w.tracker.source == "forward_backward"
+
+
+def test_no_optimizer_autograd_grad() -> None:
+    w_ = torch.randn(8, 1, requires_grad=True)
+    x = torch.randn(32, 8)
+    with _watch() as w:
+        for _ in range(N):
+            loss = (x @ w_).pow(2).mean()
+            (g,) = torch.autograd.grad(loss, [w_])
+            with torch.no_grad():
+                w_ -= 0.1 * g
+    assert len(w.steps) == N
+
+
+def test_two_optimizers_per_iteration_gan() -> None:
+    g_net, d_net = nn.Linear(4, 8), nn.Linear(8, 1)
+    opt_g = torch.optim.Adam(g_net.parameters())
+    opt_d = torch.optim.Adam(d_net.parameters())
+    real = torch.randn(N * 4, 8)
+    with _watch() as w:
+        for i in range(N):
+            z = torch.randn(4, 4)
+            fake = g_net(z)
+            d_loss = d_net(real[i * 4:(i + 1) * 4]).mean() - d_net(fake.detach()).mean()
+            opt_d.zero_grad()
+            d_loss.backward()
+            opt_d.step()
+            g_loss = d_net(g_net(z)).mean()
+            opt_g.zero_grad()
+            g_loss.backward()
+            opt_g.step()
+    assert len(w.steps) == N
+    # The first step closed retroactively at G's step: nothing of iteration 2 leaked into it.
+    fwd = [s.phase_s["forward"] for s in w.steps]
+    assert all(f > 0 for f in fwd)
+    assert w.tracker.counts["optimizer_step"] == 2 * N
+
+
+def test_closure_optimizer_lbfgs() -> None:
+    model = nn.Linear(8, 1)
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=5)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    calls = 0
+
+    def closure() -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with _watch() as w:
+        for _ in range(N):
+            opt.step(closure)
+    assert calls > N  # LBFGS evaluated the closure several times per step
+    assert len(w.steps) == N
+    # forward/backward inside the closure are timed as such, not as optimizer time
+    assert all(s.phase_s["backward"] > 0 for s in w.steps)
+
+
+def test_gradient_accumulation() -> None:
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(_data(N * 4 * 4), batch_size=4)
+    with _watch() as w:
+        for i, (x, y) in enumerate(loader):
+            (nn.functional.mse_loss(model(x), y) / 4).backward()
+            if (i + 1) % 4 == 0:
+                opt.step()
+                opt.zero_grad()
+    assert len(w.steps) == N
+    assert all(s.batches == 4 and s.samples == 16 for s in w.steps)
+    assert w.tracker.counts["backward"] == 4 * N
+
+
+def test_optimizer_created_inside_watch_with_accumulation() -> None:
+    """The optimizer is built inside the block: backward must not close steps before it steps."""
+    model = nn.Linear(8, 1)
+    with _watch() as w:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(N):
+            for _ in range(3):
+                nn.functional.mse_loss(model(torch.randn(4, 8)), torch.randn(4, 1)).backward()
+            opt.step()
+            opt.zero_grad()
+    assert len(w.steps) == N
+
+
+def test_manual_steps() -> None:
+    model = nn.Linear(8, 1)
+    with _watch() as w:
+        for _ in range(N):
+            model(torch.randn(2, 8)).sum().backward()
+            model(torch.randn(2, 8)).sum().backward()
+            w.step()
+    assert len(w.steps) == N
+    assert w.tracker.source == "manual"
+
+
+def test_wrap_times_any_iterable() -> None:
+    import time
+
+    def slow_batches():
+        for _ in range(N):
+            time.sleep(0.01)
+            yield torch.randn(4, 8)
+
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with _watch() as w:
+        for xb in w.wrap(slow_batches()):
+            model(xb).sum().backward()
+            opt.step()
+    assert len(w.steps) == N
+    # steps after the first include one full 10 ms fetch
+    assert all(s.phase_s["data_wait"] >= 0.009 for s in w.steps[1:])
+
+
+def test_warmup_and_flop_step_are_excluded() -> None:
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with redline.watch(warmup_steps=2) as w:
+        for _ in range(10):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+    kinds = [s.kind for s in w.steps]
+    assert kinds == ["warmup", "warmup", "excluded"] + ["measured"] * 7
+    # Linear(8→1), batch 4: forward 2·4·8·1, backward 2× that (grad input not needed: 1×)
+    assert w.flops.flops is not None and w.flops.flops > 0
+
+
+def test_hooks_removed_on_exit() -> None:
+    import torch.nn.modules.module as mm
+    import torch.optim.optimizer as oo
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    before = (DataLoader.__iter__, _BaseDataLoaderIter.__next__, torch.autograd.backward,
+              torch.autograd.grad, torch.optim.Optimizer.__init__, len(mm._global_forward_hooks),
+              len(mm._global_forward_pre_hooks), len(oo._global_optimizer_post_hooks),
+              len(oo._global_optimizer_pre_hooks))
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with redline.watch(warmup_steps=1, count_flops=False):
+        for _ in range(4):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+    after = (DataLoader.__iter__, _BaseDataLoaderIter.__next__, torch.autograd.backward,
+             torch.autograd.grad, torch.optim.Optimizer.__init__, len(mm._global_forward_hooks),
+             len(mm._global_forward_pre_hooks), len(oo._global_optimizer_post_hooks),
+             len(oo._global_optimizer_pre_hooks))
+    assert before == after
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert "to" not in vars(torch.Tensor)
+
+
+def test_hooks_removed_when_loop_raises() -> None:
+    import torch.nn.modules.module as mm
+
+    model = nn.Linear(8, 1)
+    try:
+        with redline.watch(warmup_steps=0, count_flops=False):
+            model(torch.randn(2, 8))
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert not mm._global_forward_hooks and not mm._global_forward_pre_hooks
+    assert torch.autograd.backward.__module__ == "torch.autograd"
+
+
+def test_tracker_exclusive_phases() -> None:
+    t = [0.0]
+    tr = StepTracker(lambda: t[0])
+    tr.enter("optimizer", 0.0)
+    tr.enter("forward", 1.0)
+    tr.exit("forward", 3.0)
+    tr.enter("backward", 3.0)
+    tr.exit("backward", 6.0)
+    tr.exit("optimizer", 7.0)
+    tr.on_optimizer_step(1, 7.0)
+    tr.finish(8.0)
+    (s,) = tr.steps
+    assert s.phase_s["forward"] == 2.0
+    assert s.phase_s["backward"] == 3.0
+    assert s.phase_s["optimizer"] == 2.0  # 7 s inclusive minus 5 s nested
+    assert s.step_s == 7.0 and s.other_s == 0.0
+
+
+def test_tracker_wgan_style_uneven_cycle() -> None:
+    """D steps 3× per G step: each D step closes one step once the cycle repeats."""
+    tr = StepTracker(lambda: 0.0)
+    t = 0.0
+    for _ in range(4):
+        for opt in (1, 1, 1, 2):
+            t += 1
+            tr.on_optimizer_step(opt, t)
+    tr.finish(t + 1)
+    assert sum(1 for _ in tr.steps) >= 4
+    assert tr.steps[-1].end_s == t
