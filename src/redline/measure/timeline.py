@@ -123,6 +123,7 @@ class StepTracker:
         self._cycle: frozenset[int] | None = None
         self._snap: _Acc | None = None
         self._snap_t = 0.0
+        self._closed: list[tuple[StepRecord, bool]] = []
         self.counts: dict[str, int] = {
             "forward": 0,
             "backward": 0,
@@ -171,6 +172,7 @@ class StepTracker:
         self.source = "forward_backward"
         self._close(t, self._acc, exact=True)
         self._acc = _Acc()
+        self._emit()
 
     def on_optimizer_step(self, opt_id: int, t: float) -> None:
         self.counts["optimizer_step"] += 1
@@ -194,6 +196,7 @@ class StepTracker:
             self._acc = _Acc()
             self._stepped = set()
             self._snap = None
+        self._emit()
 
     def manual_step(self, t: float) -> None:
         self.counts["manual_step"] += 1
@@ -220,6 +223,7 @@ class StepTracker:
         self.source = "manual"
         self._close(t, acc, exact=True)
         self._acc = _Acc()
+        self._emit()
 
     def finish(self, t: float) -> None:
         """Close a step still pending at exit (optimizer mode before the cycle was learnt)."""
@@ -228,6 +232,7 @@ class StepTracker:
             self._snap = None
             self._stepped = set()
         self._stack.clear()
+        self._emit()
 
     def _close(self, t: float, acc: _Acc, *, exact: bool) -> None:
         rec = StepRecord(
@@ -241,5 +246,12 @@ class StepTracker:
         )
         self._start = t
         self.steps.append(rec)
-        if self._on_close is not None:
-            self._on_close(rec, exact)
+        self._closed.append((rec, exact))
+
+    def _emit(self) -> None:
+        """Run the close callbacks once the tracker's state is consistent: a callback may raise
+        (e.g. to stop a run after N steps) and must not leave a step half-closed."""
+        while self._closed:
+            rec, exact = self._closed.pop(0)
+            if self._on_close is not None:
+                self._on_close(rec, exact)

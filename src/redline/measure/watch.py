@@ -107,6 +107,7 @@ class Watch:
         """Remove every hook and collect the last readings (idempotent)."""
         if self._stack is None:
             return
+        stack, self._stack = self._stack, None  # from here on, no step may stop the run
         self.exit_error = error
         t = time.perf_counter()
         self.flops.stop()
@@ -121,7 +122,6 @@ class Watch:
             self.cpu_window = self.cpu.window()
             if self.nvml is not None:
                 self.nvml_summary = self.nvml.summary()
-        stack, self._stack = self._stack, None
         stack.close()
 
     def _start_nvml(self, stack: ExitStack) -> None:
@@ -207,7 +207,8 @@ class Watch:
             rec.kind = "measured"
             self._measured += 1
             limit = self.config.max_steps
-            if limit is not None and self._measured >= limit and self._on_limit is not None:
+            if (limit is not None and self._measured == limit and self._on_limit is not None
+                    and self._stack is not None):
                 self._on_limit()
 
     # -- results ---------------------------------------------------------------------------

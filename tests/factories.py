@@ -1,0 +1,78 @@
+"""Synthetic measurements for rule tests (each test changes only what its rule reads)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from redline.measure.flops import MfuResult
+from redline.report.model import (
+    DeviceInfo,
+    DeviceMetrics,
+    EffectiveConfig,
+    H2DMetrics,
+    HostMetrics,
+    LoaderReport,
+    Measurements,
+    MetricTier,
+    PhaseShare,
+    PrecisionInfo,
+    StepTiming,
+)
+
+
+def breakdown(**fractions: float) -> list[PhaseShare]:
+    step = 0.1
+    fr = {"data_wait": 0.0, "h2d_copy": 0.0, "forward": 0.3, "backward": 0.5, "optimizer": 0.1}
+    fr.update(fractions)
+    fr["other"] = max(0.0, 1.0 - sum(fr.values()))
+    return [PhaseShare(k, v * step, v) for k, v in fr.items()]
+
+
+def loader(**kw: Any) -> LoaderReport:
+    base = LoaderReport(batch_size=32, num_workers=0, pin_memory=False, prefetch_factor=None,
+                        persistent_workers=False, dataset_type="DS",
+                        multiprocessing_context=None, iterators=1, worker_starts=0,
+                        worker_startup_mean_s=None, worker_startup_total_s=0.0,
+                        batch_bytes=32 * 3 * 224 * 224 * 4)
+    return replace(base, **kw)
+
+
+def measurements(*, device: str = "cpu", phases: dict[str, float] | None = None,
+                 host: dict[str, Any] | None = None, dev: dict[str, Any] | None = None,
+                 loaders: list[LoaderReport] | None = None, precision: str = "fp32",
+                 cc: str | None = None, name: str = "x86_64", steps: int = 20,
+                 **config: Any) -> Measurements:
+    loaders = loaders if loaders is not None else [loader()]
+    li = loaders[0] if loaders else None
+    h = HostMetrics(cpus_available=2.0, cpus_source="test", torch_threads=2,
+                    main_cpu_cores=1.0, workers_cpu_cores=0.0, workers_seen=0,
+                    main_rss_peak_bytes=1, workers_rss_peak_bytes=0, read_bytes_per_s=0.0,
+                    read_chars_per_s=0.0, data_fetch_cpu_fraction=None,
+                    shm_total_bytes=64 * 2**20, shm_free_bytes=64 * 2**20)
+    h = replace(h, **(host or {}))
+    dm = DeviceMetrics(None, None, None, None, None, None, None, None)
+    if device == "cuda":
+        dm = DeviceMetrics(0.9, 0.09, 2**30, 2**31, 80 * 2**30, None, 0, 0.0)
+    dm = replace(dm, **(dev or {}))
+    cfg = EffectiveConfig(device=device, batch_size=li.batch_size if li else 32,
+                          num_workers=li.num_workers if li else None,
+                          pin_memory=li.pin_memory if li else None,
+                          prefetch_factor=li.prefetch_factor if li else None,
+                          persistent_workers=li.persistent_workers if li else None,
+                          precision=precision, torch_threads=h.torch_threads,
+                          data_source="DataLoader")
+    cfg = replace(cfg, **config)
+    return Measurements(
+        device=DeviceInfo(device, name, 1, cc, 80 * 2**30 if device == "cuda" else None),
+        config=cfg,
+        timing=StepTiming("optimizer", steps + 4, 3, 1, steps, 0.1, 0.12, 0.1, 32.0, 320.0, 10.0),
+        breakdown=breakdown(**(phases or {})),
+        host=h, device_metrics=dm, loaders=loaders,
+        precision=PrecisionInfo(precision, "fp32", None, 0.0, "highest", False),
+        mfu=MfuResult(None, None, None, None, None, None, "test"),
+        tier=MetricTier("cpu", [], []), counts={}, root_modules=["Net"], sources={},
+    )
+
+
+__all__ = ["H2DMetrics", "breakdown", "loader", "measurements"]

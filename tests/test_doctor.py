@@ -1,0 +1,147 @@
+"""`redline doctor` end to end, in subprocesses as a user runs it (issue 2, items 3 and 9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from redline.report.json_io import schema
+
+HERE = Path(__file__).parent
+SCRIPTS = HERE / "scripts"
+pytestmark = pytest.mark.slow
+
+
+def doctor(*args: str, cwd: Path = SCRIPTS, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "redline.cli.main", "doctor", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "120"})
+
+
+def load(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    jsonschema.validate(data, schema())
+    return data
+
+
+def test_runs_unmodified_script_with_its_args_and_output(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = doctor("--steps", "100", "--warmup", "2", "--json", str(out), "--",
+               "python", "train_ok.py", "--epochs", "2")
+    assert p.returncode == 0, p.stderr
+    assert "argv=['--epochs', '2'] name=__main__" in p.stdout
+    assert "trained 32 steps" in p.stdout  # ran to its own end: fewer steps than --steps
+    data = load(out)
+    assert data["status"] == "completed"
+    t = data["measurements"]["timing"]
+    assert t["steps_total"] == 32 and t["steps_warmup"] == 2 and t["steps_excluded"] == 1
+    assert t["steps_measured"] == 29
+    assert data["measurements"]["config"]["batch_size"] == 16
+    assert "Where each step's time goes" in p.stderr
+
+
+def test_exit_code_is_preserved(tmp_path: Path) -> None:
+    p = doctor("--json", str(tmp_path / "r.json"), "--", "python", "train_ok.py",
+               "--epochs", "1", "--exit-code", "3")
+    assert p.returncode == 3
+    assert load(tmp_path / "r.json")["status"] == "script_error"
+
+
+def test_stops_after_n_measured_steps(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = doctor("--steps", "5", "--warmup", "2", "--json", str(out), "--",
+               "python", "train_ok.py", "--epochs", "50")
+    assert p.returncode == 0, p.stderr
+    assert "trained" not in p.stdout  # stopped before the script's own end
+    data = load(out)
+    assert data["status"] == "step_limit"
+    assert data["measurements"]["timing"]["steps_measured"] == 5
+
+
+def test_python_dash_m_module(tmp_path: Path) -> None:
+    p = doctor("--steps", "3", "--warmup", "1", "--", "python", "-m", "pkg_mod.train",
+               cwd=SCRIPTS)
+    assert p.returncode == 0, p.stderr
+    assert "step_limit" in p.stderr.replace(" ", "_") or "step limit" in p.stderr
+
+
+def test_crashing_script_still_reports_and_writes(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = doctor("--steps", "50", "--warmup", "2", "--json", str(out), "--",
+               "python", "train_crash.py")
+    assert p.returncode == 1
+    assert "ValueError: loss went NaN at step 12" in p.stderr
+    assert "train_crash.py" in p.stderr and "runpy" not in p.stderr
+    data = load(out)
+    assert data["status"] == "script_error"
+    assert "ValueError" in data["status_detail"]
+    assert data["measurements"]["timing"]["steps_total"] == 12
+
+
+def test_script_that_never_steps(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = doctor("--json", str(out), "--", "python", "never_steps.py")
+    assert p.returncode == 0
+    assert "inference done" in p.stdout
+    data = load(out)
+    assert data["status"] == "no_steps"
+    detail = data["status_detail"]
+    assert "0 optimizer steps, 0 backward calls, 5 forward calls" in detail
+    assert "w.step()" in detail
+    assert "without a training step" in p.stderr
+
+
+def test_missing_script_is_a_clear_usage_error(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = doctor("--json", str(out), "--", "python", "trian.py")
+    assert p.returncode == 2
+    assert "script not found: 'trian.py'" in p.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("steps", ["0", "-3", "x"])
+def test_bad_steps_value(steps: str) -> None:
+    p = doctor("--steps", steps, "--", "python", "train_ok.py")
+    assert p.returncode == 2
+    assert "--steps must be" in p.stderr
+
+
+def test_not_a_python_command() -> None:
+    p = doctor("--", "bash", "train.sh")
+    assert p.returncode == 2
+    assert "expected `redline doctor -- python train.py" in p.stderr
+
+
+def test_unwritable_json_dir_fails_before_running(tmp_path: Path) -> None:
+    p = doctor("--json", str(tmp_path / "nope" / "r.json"), "--", "python", "train_ok.py")
+    assert p.returncode == 2
+    assert "does not exist" in p.stderr
+    assert "trained" not in p.stdout
+
+
+def test_ctrl_c_reports_steps_so_far(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "100000", "--warmup",
+         "2", "--json", str(out), "--", "python", "slow_forever.py"],
+        cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if "READY" in proc.stdout.readline():
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    data = load(out)
+    assert data["status"] == "interrupted"
+    assert data["measurements"]["timing"]["steps_total"] >= 12
+    assert "interrupted" in err

@@ -1,0 +1,181 @@
+"""Each finding rule fires on the numbers it is meant for, and stays silent otherwise."""
+
+from __future__ import annotations
+
+import pytest
+from factories import H2DMetrics, loader, measurements
+
+from redline.diagnose import CATALOGUE, ceiling_speedup, diagnose
+from redline.diagnose.data import suggested_workers
+
+
+def ids(m) -> list[str]:
+    return [f.id for f in diagnose(m)]
+
+
+def get(m, fid):
+    return next(f for f in diagnose(m) if f.id == fid)
+
+
+def test_ceiling_speedup_is_amdahl() -> None:
+    assert ceiling_speedup(0.5) == pytest.approx(2.0)
+    assert ceiling_speedup(0.0) == 1.0
+    assert ceiling_speedup(0.75) == pytest.approx(4.0)
+    assert ceiling_speedup(1.0) is None
+
+
+def test_every_finding_id_is_in_the_catalogue() -> None:
+    m = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
+                     host={"data_fetch_cpu_fraction": 0.5})
+    assert set(ids(m)) <= set(CATALOGUE)
+
+
+def test_data_starvation_in_process_cpu_bound() -> None:
+    m = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
+                     host={"data_fetch_cpu_fraction": 0.95})
+    f = get(m, "data_starvation")
+    assert f.severity == "high"
+    assert f.ceiling_speedup == pytest.approx(1 / 0.4)
+    assert "num_workers=1" in f.fix  # 2 CPUs − 1
+    assert "cpu_preprocessing" in ids(m) and "storage_fetch" not in ids(m)
+    assert get(m, "cpu_preprocessing").ceiling_speedup == pytest.approx(1 / (1 - 0.6 * 0.95))
+
+
+def test_data_split_reports_both_sides_when_mixed() -> None:
+    m = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
+                     host={"data_fetch_cpu_fraction": 0.4})
+    assert {"storage_fetch", "cpu_preprocessing"} <= set(ids(m))
+    assert ids(m)[0] == "data_starvation"  # the whole wait ranks above either part
+
+
+def test_data_starvation_with_saturated_workers_says_more_workers_wont_help() -> None:
+    m = measurements(phases={"data_wait": 0.5, "forward": 0.2, "backward": 0.2},
+                     host={"workers_cpu_cores": 1.9, "main_cpu_cores": 0.3},
+                     loaders=[loader(num_workers=2, prefetch_factor=2)], torch_threads=1)
+    f = get(m, "data_starvation")
+    assert "saturated" in f.fix
+    assert get(m, "cpu_preprocessing").evidence["workers_cpu_cores"] == 1.9
+
+
+def test_small_data_wait_is_not_starvation() -> None:
+    m = measurements(phases={"data_wait": 0.03}, host={"data_fetch_cpu_fraction": 1.0})
+    assert "data_starvation" not in ids(m)
+
+
+def test_suggested_workers() -> None:
+    assert suggested_workers(2) == 1
+    assert suggested_workers(16) == 15
+    assert suggested_workers(16, local_world_size=8) == 1
+    assert suggested_workers(1) == 1
+
+
+def test_thread_oversubscription() -> None:
+    m = measurements(host={"workers_cpu_cores": 1.5, "torch_threads": 2},
+                     loaders=[loader(num_workers=2, prefetch_factor=2)])
+    f = get(m, "thread_oversubscription")
+    assert "torch.set_num_threads(1)" in f.fix
+    assert f.ceiling_speedup is None
+    ok = measurements(host={"workers_cpu_cores": 1.5, "torch_threads": 1, "cpus_available": 4.0},
+                      loaders=[loader(num_workers=2, prefetch_factor=2)])
+    assert "thread_oversubscription" not in ids(ok)
+
+
+def test_shm_too_small() -> None:
+    batch = 32 * 3 * 224 * 224 * 4  # 18.4 MiB
+    m = measurements(host={"shm_free_bytes": 64 * 2**20},
+                     loaders=[loader(num_workers=4, prefetch_factor=2, batch_bytes=batch)])
+    f = get(m, "shm_too_small")
+    assert f.severity == "high"
+    assert f.evidence["needed_mib"] == pytest.approx(4 * 2 * batch / 2**20, rel=1e-3)
+    roomy = measurements(host={"shm_free_bytes": 8 * 2**30},
+                         loaders=[loader(num_workers=4, prefetch_factor=2, batch_bytes=batch)])
+    assert "shm_too_small" not in ids(roomy)
+
+
+def test_copy_on_access_dataset() -> None:
+    big = {"path": "dataset.paths", "type": "list", "items": 1_000_000, "est_bytes": 150 * 2**20}
+    m = measurements(loaders=[loader(num_workers=8, prefetch_factor=2, python_containers=[big])])
+    f = get(m, "copy_on_access_dataset")
+    assert f.evidence["projected_copies_mib"] == pytest.approx(8 * 150)
+    assert f.severity == "high"
+    no_workers = measurements(loaders=[loader(num_workers=0, python_containers=[big])])
+    assert "copy_on_access_dataset" not in ids(no_workers)
+
+
+def test_worker_respawn() -> None:
+    li = loader(num_workers=4, prefetch_factor=2, worker_starts=3, iterators=3,
+                worker_startup_mean_s=1.0, worker_startup_total_s=3.0)
+    m = measurements(loaders=[li])
+    f = get(m, "worker_respawn")
+    # 2 removable restarts of 1 s against 24 steps × 0.1 s of wall
+    assert f.evidence["share_of_wall"] == pytest.approx(2.0 / (2.4 + 2.0), rel=1e-3)
+    assert "persistent_workers=True" in f.fix
+    assert "worker_respawn" not in ids(measurements(loaders=[
+        loader(num_workers=4, persistent_workers=True, worker_starts=1, iterators=3,
+               worker_startup_mean_s=1.0, worker_startup_total_s=1.0)]))
+
+
+def test_h2d_copy() -> None:
+    h2d = H2DMetrics(copies_per_step=2, bytes_per_step=20e6, pageable_fraction=1.0,
+                     host_s_per_step=0.02)
+    m = measurements(device="cuda", cc="9.0", name="NVIDIA H100 80GB HBM3",
+                     phases={"h2d_copy": 0.2}, dev={"h2d": h2d}, precision="bf16-autocast")
+    f = get(m, "h2d_copy")
+    assert f.ceiling_speedup == pytest.approx(1.25)
+    assert "pin_memory=True" in f.fix and "non_blocking=True" in f.fix
+
+
+def test_host_sync() -> None:
+    m = measurements(device="cuda", cc="9.0", precision="bf16-autocast",
+                     dev={"sync_calls": 40, "sync_calls_per_step": 2.0,
+                          "sync_sites": [{"site": "train.py:42", "count": 40}]})
+    f = get(m, "host_sync")
+    assert "train.py:42" in f.fix
+    assert f.ceiling_speedup is None
+
+
+def test_small_batch() -> None:
+    m = measurements(device="cuda", cc="9.0", precision="bf16-autocast",
+                     dev={"device_span_fraction": 0.4, "peak_reserved_bytes": 8 * 2**30})
+    f = get(m, "small_batch")
+    assert f.ceiling_speedup == pytest.approx(1 / 0.4)
+    full = measurements(device="cuda", cc="9.0", precision="bf16-autocast",
+                        dev={"device_span_fraction": 0.4, "peak_reserved_bytes": 70 * 2**30})
+    assert "small_batch" not in ids(full)
+
+
+def test_no_mixed_precision_and_tf32_on_hopper() -> None:
+    m = measurements(device="cuda", cc="9.0", name="NVIDIA H100 80GB HBM3", precision="fp32",
+                     dev={"device_span_fraction": 0.9})
+    f = get(m, "no_mixed_precision")
+    # compute 90 % at fp32 67 TF vs bf16 989.5 TF → ceiling 1 / (1 − 0.9·(1 − 67/989.5))
+    assert f.ceiling_speedup == pytest.approx(1 / (1 - 0.9 * (1 - 67 / 989.5)))
+    assert "bfloat16" in f.fix
+    t = get(m, "fp32_matmul_on_tensor_cores")
+    assert t.ceiling_speedup == pytest.approx(1 / (1 - 0.9 * (1 - 67 / 494.5)))
+    assert "set_float32_matmul_precision('high')" in t.fix
+
+
+def test_no_mixed_precision_on_volta_suggests_fp16_scaler_and_no_tf32() -> None:
+    m = measurements(device="cuda", cc="7.0", name="Tesla V100-SXM2-16GB", precision="fp32",
+                     dev={"device_span_fraction": 0.9})
+    assert "GradScaler" in get(m, "no_mixed_precision").fix
+    assert "fp32_matmul_on_tensor_cores" not in ids(m)
+
+
+def test_already_mixed_precision_is_quiet() -> None:
+    m = measurements(device="cuda", cc="9.0", name="NVIDIA H100 80GB HBM3",
+                     precision="bf16-autocast", dev={"device_span_fraction": 0.95})
+    assert not {"no_mixed_precision", "fp32_matmul_on_tensor_cores"} & set(ids(m))
+
+
+def test_findings_ranked_by_ceiling() -> None:
+    h2d = H2DMetrics(copies_per_step=2, bytes_per_step=20e6, pageable_fraction=1.0,
+                     host_s_per_step=0.01)
+    m = measurements(device="cuda", cc="9.0", name="NVIDIA H100 80GB HBM3",
+                     phases={"data_wait": 0.5, "h2d_copy": 0.1, "forward": 0.1, "backward": 0.1},
+                     host={"data_fetch_cpu_fraction": 0.9}, dev={"h2d": h2d})
+    ceilings = [f.ceiling_speedup for f in diagnose(m)]
+    known = [c for c in ceilings if c is not None]
+    assert known == sorted(known, reverse=True)
+    assert ceilings.index(None) > len(known) - 1 if None in ceilings else True
