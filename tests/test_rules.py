@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from factories import H2DMetrics, loader, measurements
 
+from factories import H2DMetrics, loader, measurements
 from redline.diagnose import CATALOGUE, ceiling_speedup, diagnose
 from redline.diagnose.data import suggested_workers
 

@@ -1,0 +1,46 @@
+"""The built-in workloads train for real and the demo reports on them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from redline.demo import run_demo
+from redline.workloads import LMConfig, VisionConfig, build_lm, build_vision, train
+
+
+def test_vision_workload_decodes_and_learns_shapes() -> None:
+    w = build_vision(VisionConfig(num_images=4, length=32, batch_size=8, crop=32))
+    x, y = next(iter(w.loader))
+    assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32
+    assert y.shape == (8,)
+    loss = train(w, 3)
+    assert loss == loss and loss > 0  # finite
+
+
+def test_lm_workload_loss_decreases() -> None:
+    w = build_lm(LMConfig(sequences=64, seq_len=32, batch_size=8, lr=3e-3))
+    first = train(w, 1)
+    last = train(w, 30)
+    assert last < first
+
+
+def test_bad_config_is_rejected() -> None:
+    with pytest.raises(ValueError, match="divisible"):
+        LMConfig(d_model=100, n_heads=3)
+    with pytest.raises(ValueError, match="batch_size"):
+        VisionConfig(batch_size=0)
+
+
+def test_demo_vision_finds_the_data_bottleneck() -> None:
+    rep = run_demo("vision", steps=6, show=False)
+    ids = {f.id for f in rep.findings}
+    assert "data_starvation" in ids and "cpu_preprocessing" in ids
+    assert rep.measurements.timing.steps_measured == 6
+    assert rep.measurements.config.num_workers == 0
+
+
+def test_demo_lm_runs() -> None:
+    rep = run_demo("lm", steps=4, show=False)
+    assert rep.measurements.timing.steps_measured == 4
+    assert rep.measurements.mfu.flops_per_step and rep.measurements.mfu.flops_per_step > 0

@@ -1,0 +1,163 @@
+"""GPU-side logic exercised on CPU through stand-ins (design §5): CUDA events are replaced by
+fake events with a controllable clock, NVML by a fake ``pynvml`` module, and host→device copies
+by copies to the ``meta`` device. The real CUDA paths run in benchmarks/gpu_check.py."""
+
+from __future__ import annotations
+
+import types
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from redline.measure.cuda import SYNC_WARNING, CudaStepTimer, SyncCounter
+from redline.measure.hooks import Instrumentation
+from redline.measure.nvml import NvmlSampler
+from redline.measure.timeline import StepTracker
+
+
+class FakeEvent:
+    """An event whose device timestamp is set when the fake device 'reaches' it."""
+
+    clock = 0.0
+    done_until = 0.0  # the fake device has executed everything recorded before this time
+
+    def __init__(self) -> None:
+        self.t: float | None = None
+
+    def record(self) -> None:
+        self.t = FakeEvent.clock
+
+    def query(self) -> bool:
+        return self.t is not None and self.t <= FakeEvent.done_until
+
+    def synchronize(self) -> None:
+        FakeEvent.done_until = max(FakeEvent.done_until, self.t or 0.0)
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.t is not None and end.t is not None
+        return (end.t - self.t) * 1e3  # ms, like torch.cuda.Event
+
+
+def test_cuda_timer_never_blocks_and_resolves_lazily() -> None:
+    FakeEvent.clock, FakeEvent.done_until = 0.0, 0.0
+    timer = CudaStepTimer(FakeEvent)
+    for i in range(3):
+        FakeEvent.clock = i * 1.0 + 0.2
+        timer.work_begins()
+        FakeEvent.clock = i * 1.0 + 0.2 + 0.5
+        timer.work_begins()  # a second forward in the same step records nothing new
+        timer.step_ends(i)
+    assert timer.device_s == {}  # the device has not finished anything yet: nothing waited
+    FakeEvent.done_until = 1.8
+    timer.poll()
+    assert timer.device_s == pytest.approx({0: 0.5, 1: 0.5})
+    timer.drain()  # at exit only
+    assert timer.device_s[2] == pytest.approx(0.5)
+
+
+def test_step_without_device_work_has_no_device_time() -> None:
+    timer = CudaStepTimer(FakeEvent)
+    timer.step_ends(0)
+    timer.drain()
+    assert timer.device_s == {}
+
+
+class FakeNvml(types.SimpleNamespace):
+    NVML_CLOCK_SM = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.energy_mj = 1_000_000
+        self.inited = False
+
+    def nvmlInit(self) -> None:
+        self.inited = True
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
+        return f"gpu{i}"
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: str) -> int:
+        self.energy_mj += 5_000  # 5 J per reading
+        return self.energy_mj
+
+    def nvmlDeviceGetUtilizationRates(self, h: str) -> Any:
+        return types.SimpleNamespace(gpu=80, memory=30)
+
+    def nvmlDeviceGetPowerUsage(self, h: str) -> int:
+        return 250_000  # mW
+
+    def nvmlDeviceGetClockInfo(self, h: str, kind: int) -> int:
+        return 1980
+
+    def nvmlDeviceGetMemoryInfo(self, h: str) -> Any:
+        return types.SimpleNamespace(used=10 * 2**30)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: str) -> int:
+        return 0x4 | 0x1
+
+
+def test_nvml_sampler_summary_from_fake_driver() -> None:
+    nv = FakeNvml()
+    s = NvmlSampler(0, 0.05, nv)  # type: ignore[arg-type]
+    assert nv.inited
+    s.mark()
+    s.sample()
+    s.sample()
+    out = s.summary()
+    assert out.util_gpu_pct == 80 and out.util_memory_pct == 30
+    assert out.power_w == 250.0
+    assert out.memory_used_peak_bytes == 10 * 2**30
+    assert out.clock_event_reasons == ["gpu_idle", "sw_power_cap"]
+    assert out.energy_j == 5.0  # one counter delta between mark() and summary()
+    assert out.gpm_sm_active_pct is None and "GPM" in (out.gpm_reason or "")
+
+
+def test_sync_counter_counts_sync_warnings_and_forwards_others() -> None:
+    seen: list[str] = []
+    c = SyncCounter()
+    c._prev_show = lambda msg, *a, **k: seen.append(str(msg))
+    c._show(UserWarning(f"xyz {SYNC_WARNING}"), UserWarning, "f.py", 1)
+    c._show(UserWarning("something else"), UserWarning, "f.py", 2)
+    assert c.count == 1 and sum(c.sites.values()) == 1
+    assert seen == ["something else"]
+
+
+def test_host_to_device_copies_are_timed() -> None:
+    """Copies to a non-CPU device (here 'meta', standing in for CUDA) are seen and timed;
+    CPU→CPU casts through .to() are not counted as copies."""
+    tracker = StepTracker(lambda: 0.0)
+    inst = Instrumentation(tracker, "meta")
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        inst.install(stack)
+        x = torch.randn(64, 64)
+        x.to("meta")
+        x.to(torch.float64)  # cast on CPU: not a copy
+        x.to("meta", non_blocking=True)
+    assert inst.h2d.copies == 2
+    assert inst.h2d.bytes == 2 * 64 * 64 * 4
+    assert inst.h2d.pageable_bytes == inst.h2d.bytes  # nothing was pinned
+    assert "to" not in vars(torch.Tensor)
+
+
+def test_autocast_is_seen_on_forward() -> None:
+    import redline
+
+    model = nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with redline.watch(warmup_steps=1, count_flops=False) as w:
+            for _ in range(5):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model(torch.randn(4, 8)).float().sum()
+                loss.backward()
+                opt.step()
+    rep = w.report(show=False)
+    assert rep.measurements.precision.effective == "bf16-autocast"
+    assert rep.measurements.precision.autocast_forward_fraction == 1.0
+    assert "no_mixed_precision" not in {f.id for f in rep.findings}
