@@ -97,9 +97,10 @@ class Instrumentation:
         self._gc_scanned = False
         self.loaders: list[LoaderInfo] = []
         self._loader_by_id: dict[int, LoaderInfo] = {}
-        self._iter_info: weakref.WeakKeyDictionary[Any, tuple[LoaderInfo, float | None]] = (
-            weakref.WeakKeyDictionary()
-        )
+        # New iterators waiting for their first batch: id → (iterator ref, loader, start-up s).
+        # A plain dict checked for emptiness first: the steady-state next() pays one truth test.
+        self._iter_info: dict[int, tuple[weakref.ref[Any], LoaderInfo, float | None]] = {}
+        self._backward_depth = 0
         self.h2d = H2DStats()
         self.precision = PrecisionSeen(autocast=Counter(), param_dtypes=Counter())
         self.wrapped_iterables = 0
@@ -142,7 +143,7 @@ class Instrumentation:
             info.iterators += 1
             if spawns:
                 info.worker_starts += 1
-            inst._iter_info[it] = (info, (t1 - t0) if spawns else None)
+            inst._iter_info[id(it)] = (weakref.ref(it), info, (t1 - t0) if spawns else None)
             return it
 
         def dl_next(it: Any) -> Any:
@@ -157,9 +158,9 @@ class Instrumentation:
                 t1 = clock()
                 tracker.exit("data_wait", t1)
             tracker.add_batch(time.thread_time() - c0, batch_samples(batch))
-            first = inst._iter_info.pop(it, None)
-            if first is not None:
-                info, startup = first
+            first = inst._iter_info.pop(id(it), None) if inst._iter_info else None
+            if first is not None and first[0]() is it:
+                _, info, startup = first
                 if startup is not None:
                     info.startup_s.append(startup + (t1 - t0))
                 if info.batch_bytes is None:
@@ -286,12 +287,14 @@ class Instrumentation:
                 return orig(*args, **kwargs)
             # A backward inside a forward (gradient penalty) or inside another backward is
             # part of that phase, not the end of a step.
-            nested = self._depth > 0 or tracker.in_phase("backward")
+            nested = self._depth > 0 or self._backward_depth > 0
+            self._backward_depth += 1
             tracker.enter("backward", clock())
             try:
                 return orig(*args, **kwargs)
             finally:
                 t = clock()
+                self._backward_depth -= 1
                 tracker.exit("backward", t)
                 if not nested:
                     if not tracker.optimizers_known and not self._gc_scanned:

@@ -189,14 +189,16 @@ class StepTracker:
             self._acc = rest
             self._stepped = set()
         self._stepped.add(opt_id)
-        self._snap = self._acc.copy()
-        self._snap_t = t
         if self._cycle is not None and self._stepped >= self._cycle:
             self._close(t, self._acc, exact=True)
             self._acc = _Acc()
             self._stepped = set()
             self._snap = None
-        self._emit()
+        else:  # the step may end here: keep what it held at this instant
+            self._snap = self._acc.copy()
+            self._snap_t = t
+        if self._closed:
+            self._emit()
 
     def manual_step(self, t: float) -> None:
         self.counts["manual_step"] += 1

@@ -1,0 +1,181 @@
+"""One prepared check of every CUDA path redline has; prints one table.
+
+Run on a CUDA machine (a few minutes at most):  python benchmarks/gpu_check.py
+Without CUDA it says so and exits with status 2 (nothing here can be simulated).
+
+Rows: CUDA-event step timing vs synchronized wall clock, the no-sync guarantee of the step
+timer, NVML sampler readings, allocator memory stats, peak-FLOPs lookup and MFU for this card,
+host-sync counting, pinned vs pageable host→device copies, a real CUDA OOM, and a whole
+`redline.watch` over a GPU training loop (tier, device span, findings).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+import redline
+from redline.measure.cuda import CudaStepTimer, SyncCounter
+from redline.measure.nvml import NvmlSampler, import_pynvml
+from redline.measure.peaks import find_device, peak_flops
+
+Row = tuple[str, str, str]
+
+
+def check(name: str, fn: Callable[[], tuple[bool, str]]) -> Row:
+    try:
+        ok, detail = fn()
+        return name, "ok" if ok else "FAIL", detail
+    except Exception as e:  # a check that crashes is a failed row, not a crashed script
+        return name, "ERROR", f"{type(e).__name__}: {e}"[:160]
+
+
+def events_vs_wall() -> tuple[bool, str]:
+    a = torch.randn(4096, 4096, device="cuda")
+    timer = CudaStepTimer()
+    torch.cuda.synchronize()
+    walls = []
+    for i in range(10):
+        t = time.perf_counter()
+        timer.work_begins()
+        for _ in range(20):
+            a = (a @ a).clamp_(-1, 1)
+        timer.step_ends(i)
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t)
+    timer.drain()
+    dev = [timer.device_s[i] for i in range(10)]
+    ratio = sum(dev) / sum(walls)
+    return 0.8 < ratio <= 1.02, f"event span / synced wall = {ratio:.3f} (10 steps)"
+
+
+def timer_adds_no_sync() -> tuple[bool, str]:
+    a = torch.randn(8192, 8192, device="cuda")
+    torch.cuda.synchronize()
+    timer = CudaStepTimer()
+    t = time.perf_counter()
+    timer.work_begins()
+    for _ in range(10):
+        a = a @ a
+    timer.step_ends(0)
+    host = time.perf_counter() - t
+    torch.cuda.synchronize()
+    gpu = time.perf_counter() - t
+    return host < 0.5 * gpu, f"host returned after {host * 1e3:.2f} ms, device took {gpu * 1e3:.1f} ms"
+
+
+def nvml() -> tuple[bool, str]:
+    nv, reason = import_pynvml()
+    if nv is None:
+        return False, reason or "no NVML"
+    s = NvmlSampler(torch.cuda.current_device(), 0.1, nv)
+    s.start()
+    s.mark()
+    a = torch.randn(8192, 8192, device="cuda")
+    t = time.time()
+    while time.time() - t < 2.0:
+        a = (a @ a).clamp_(-1, 1)
+    torch.cuda.synchronize()
+    s.stop()
+    r = s.summary()
+    ok = r.util_gpu_pct is not None and r.util_gpu_pct > 50 and (r.energy_j or 0) > 0
+    return ok, (f"util {r.util_gpu_pct:.0f}% power {r.power_w:.0f} W energy {r.energy_j:.0f} J "
+                f"clocks {r.sm_clock_mhz:.0f} MHz reasons {r.clock_event_reasons} "
+                f"GPM sm {r.gpm_sm_active_pct} ({r.gpm_reason})")
+
+
+def memory() -> tuple[bool, str]:
+    torch.cuda.reset_peak_memory_stats()
+    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    peak = torch.cuda.max_memory_allocated()
+    del x
+    return peak >= 256 * 2**20, f"peak allocated {peak / 2**20:.0f} MiB after a 256 MiB tensor"
+
+
+def mfu_lookup() -> tuple[bool, str]:
+    name = torch.cuda.get_device_name()
+    e = find_device(name)
+    p = peak_flops(name, "bf16")
+    return e is not None and p is not None, f"{name!r} → {e.name if e else None}, bf16 peak {p}"
+
+
+def sync_count() -> tuple[bool, str]:
+    x = torch.randn(1000, device="cuda")
+    with SyncCounter() as c:
+        for _ in range(3):
+            x.sum().item()
+    return c.count >= 3, f"{c.count} syncs counted for 3 .item() calls; sites {dict(c.sites)}"
+
+
+def copies() -> tuple[bool, str]:
+    host = torch.randn(64, 3, 224, 224)
+    pinned = host.pin_memory()
+    out = []
+    for name, src in (("pageable", host), ("pinned", pinned)):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(10):
+            src.to("cuda", non_blocking=True)
+        host_s = (time.perf_counter() - t) / 10
+        torch.cuda.synchronize()
+        out.append(f"{name} host {host_s * 1e3:.2f} ms/copy")
+    return True, "; ".join(out)
+
+
+def real_oom() -> tuple[bool, str]:
+    free, _ = torch.cuda.mem_get_info()
+    try:
+        torch.empty(int(free * 2), dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as e:
+        return True, f"torch.OutOfMemoryError: {str(e).splitlines()[0][:90]}"
+    return False, "no OOM raised"
+
+
+def watch_gpu_loop() -> tuple[bool, str]:
+    model = nn.Sequential(nn.Linear(2048, 4096), nn.GELU(), nn.Linear(4096, 2048)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    data = [torch.randn(256, 2048) for _ in range(8)]
+    with redline.watch(warmup_steps=3) as w:
+        for i in range(40):
+            x = data[i % 8].to("cuda")
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if i % 10 == 0:
+                loss.item()
+    rep = w.report(show=False)
+    m = rep.measurements
+    return (m.timing.steps_measured == 36 and m.device_metrics.device_span_fraction is not None,
+            f"tier {m.tier.tier}; span {m.device_metrics.device_span_fraction:.2f}; "
+            f"MFU {m.mfu.mfu}; syncs {m.device_metrics.sync_calls}; "
+            f"findings {[f.id for f in rep.findings]}")
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device (torch.cuda.is_available() is False); run this on a "
+              "GPU machine.")
+        return 2
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, "
+          f"CC {'.'.join(map(str, torch.cuda.get_device_capability()))}")
+    rows = [check(n, f) for n, f in [
+        ("events vs wall clock", events_vs_wall), ("step timer adds no sync", timer_adds_no_sync),
+        ("NVML sampler", nvml), ("allocator memory stats", memory),
+        ("peak FLOPs lookup", mfu_lookup), ("host-sync counter", sync_count),
+        ("pinned vs pageable H2D", copies), ("real CUDA OOM", real_oom),
+        ("watch over a GPU loop", watch_gpu_loop)]]
+    w = max(len(r[0]) for r in rows)
+    print(f"| {'check':<{w}} | result | detail |")
+    print(f"|{'-' * (w + 2)}|--------|--------|")
+    for name, res, detail in rows:
+        print(f"| {name:<{w}} | {res:<6} | {detail} |")
+    return 0 if all(r[1] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
