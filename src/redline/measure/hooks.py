@@ -204,32 +204,30 @@ class Instrumentation:
     def _root_exit(self) -> None:
         self.tracker.exit("forward", self._clock())
 
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if threading.get_ident() != self._tid:
+            return
+        self._depth += 1
+        if self._depth == 1:
+            if self._global_handles and module not in self._roots:  # still discovering
+                self._roots[module] = None
+                param = next(module.parameters(), None)
+                if param is not None:
+                    assert self.precision.param_dtypes is not None
+                    self.precision.param_dtypes[_short_dtype(param.dtype)] += 1
+            self._root_enter(module)
+
+    def _post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        if threading.get_ident() != self._tid:
+            return
+        self._depth -= 1
+        if self._depth == 0:
+            self._root_exit()
+
     def _install_modules_global(self, stack: ExitStack) -> None:
-        tid = self._tid
-
-        def pre(module: torch.nn.Module, args: Any) -> None:
-            if threading.get_ident() != tid:
-                return
-            self._depth += 1
-            if self._depth == 1:
-                if module not in self._roots:
-                    self._roots[module] = None
-                    param = next(module.parameters(), None)
-                    if param is not None:
-                        assert self.precision.param_dtypes is not None
-                        self.precision.param_dtypes[_short_dtype(param.dtype)] += 1
-                self._root_enter(module)
-
-        def post(module: torch.nn.Module, args: Any, out: Any) -> None:
-            if threading.get_ident() != tid:
-                return
-            self._depth -= 1
-            if self._depth == 0:
-                self._root_exit()
-
         self._global_handles = [
-            nn_module.register_module_forward_pre_hook(pre),
-            nn_module.register_module_forward_hook(post, always_call=True),
+            nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._post, always_call=True),
         ]
         stack.callback(self._remove_global)
 
@@ -244,31 +242,15 @@ class Instrumentation:
         return bool(self._global_handles)
 
     def switch_to_roots(self) -> None:
-        """Replace global module hooks with hooks on the root modules seen so far (no-op
-        until a root module has been seen)."""
+        """Replace global module hooks with the same hooks on the root modules seen so far
+        (no-op until a root module has been seen)."""
         if not self._global_handles or self._stack is None or not len(self._roots):
             return
         self._remove_global()
         self._depth = 0
-        tid = self._tid
-
-        def pre(module: torch.nn.Module, args: Any) -> None:
-            if threading.get_ident() != tid:
-                return
-            self._depth += 1
-            if self._depth == 1:
-                self._root_enter(module)
-
-        def post(module: torch.nn.Module, args: Any, out: Any) -> None:
-            if threading.get_ident() != tid:
-                return
-            self._depth -= 1
-            if self._depth == 0:
-                self._root_exit()
-
         for m in list(self._roots.keys()):
-            self._stack.callback(m.register_forward_pre_hook(pre).remove)
-            self._stack.callback(m.register_forward_hook(post, always_call=True).remove)
+            self._stack.callback(m.register_forward_pre_hook(self._pre).remove)
+            self._stack.callback(m.register_forward_hook(self._post, always_call=True).remove)
 
     @property
     def root_modules(self) -> list[str]:
