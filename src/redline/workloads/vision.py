@@ -95,7 +95,8 @@ class SyntheticJpegDataset(Dataset[tuple[torch.Tensor, int]]):
 
     def jpeg(self, i: int) -> bytes:
         k = i % self.num_images
-        return self.data[self.offsets[k]:self.offsets[k + 1]].tobytes()
+        blob: bytes = self.data[self.offsets[k]:self.offsets[k + 1]].tobytes()
+        return blob
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         img = Image.open(io.BytesIO(self.jpeg(i))).convert("RGB")
