@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 PHASES: tuple[str, ...] = ("data_wait", "h2d_copy", "forward", "backward", "optimizer")
 """Timed phases, in the order the systematic path treats them. Time in none of them is 'other'."""
@@ -52,13 +53,6 @@ class StepRecord:
     def other_s(self) -> float:
         """Step time in no timed phase (loss/logging/zero_grad/python overhead)."""
         return max(0.0, self.step_s - sum(self.phase_s.values()))
-
-
-@dataclass(slots=True)
-class _Frame:
-    phase: str
-    start: float
-    child: float = 0.0
 
 
 @dataclass(slots=True)
@@ -116,7 +110,7 @@ class StepTracker:
         self.optimizers_known = False
         """True once any optimizer exists: backward no longer closes steps."""
         self.manual = False
-        self._stack: list[_Frame] = []
+        self._stack: list[list[Any]] = []
         self._acc = _Acc()
         self._start = clock()
         self._stepped: set[int] = set()
@@ -135,26 +129,28 @@ class StepTracker:
 
     # -- phases ---------------------------------------------------------------------------
     def enter(self, phase: str, t: float) -> None:
-        self._stack.append(_Frame(phase, t))
+        # Frames are [phase, start, nested seconds] lists: this runs several times per step
+        # and a list is the cheapest mutable record in CPython.
+        self._stack.append([phase, t, 0.0])
 
     def exit(self, phase: str, t: float) -> float:
         """Close the innermost frame of ``phase``; returns its inclusive duration."""
         stack = self._stack
         # A phase can be left open when user code raised inside it (e.g. an optimizer step
         # that failed before its post-hook): drop such stale frames instead of mis-nesting.
-        while stack and stack[-1].phase != phase:
+        while stack and stack[-1][0] != phase:
             stack.pop()
         if not stack:
             return 0.0
-        frame = stack.pop()
-        dur = t - frame.start
-        self._acc.phase_s[phase] += dur - frame.child
+        _, start, child = stack.pop()
+        dur: float = t - start
+        self._acc.phase_s[phase] += dur - child
         if stack:
-            stack[-1].child += dur
+            stack[-1][2] += dur
         return dur
 
     def in_phase(self, phase: str) -> bool:
-        return any(f.phase == phase for f in self._stack)
+        return any(f[0] == phase for f in self._stack)
 
     def add_batch(self, cpu_s: float, samples: int | None) -> None:
         acc = self._acc
