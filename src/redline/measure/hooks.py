@@ -146,18 +146,21 @@ class Instrumentation:
             inst._iter_info[id(it)] = (weakref.ref(it), info, (t1 - t0) if spawns else None)
             return it
 
+        get_ident, thread_time = threading.get_ident, time.thread_time
+        enter, exit_, add_batch = tracker.enter, tracker.exit, tracker.add_batch
+
         def dl_next(it: Any) -> Any:
-            if threading.get_ident() != tid:
+            if get_ident() != tid:
                 return orig_next(it)
-            c0 = time.thread_time()
+            c0 = thread_time()
             t0 = clock()
-            tracker.enter("data_wait", t0)
+            enter("data_wait", t0)
             try:
                 batch = orig_next(it)
             finally:
                 t1 = clock()
-                tracker.exit("data_wait", t1)
-            tracker.add_batch(time.thread_time() - c0, batch_samples(batch))
+                exit_("data_wait", t1)
+            add_batch(thread_time() - c0, batch_samples(batch))
             first = inst._iter_info.pop(id(it), None) if inst._iter_info else None
             if first is not None and first[0]() is it:
                 _, info, startup = first
@@ -248,9 +251,49 @@ class Instrumentation:
             return
         self._remove_global()
         self._depth = 0
+        pre, post = self._lean_hooks()
         for m in list(self._roots.keys()):
-            self._stack.callback(m.register_forward_pre_hook(self._pre).remove)
-            self._stack.callback(m.register_forward_hook(self._post, always_call=True).remove)
+            self._stack.callback(m.register_forward_pre_hook(pre).remove)
+            # always_call=False keeps torch's cheaper hook path; a forward that raises leaves
+            # the depth counter high, so it is reset at every step end (steps end outside any
+            # forward).
+            self._stack.callback(m.register_forward_hook(post).remove)
+
+    def step_closed(self) -> None:
+        """Called at each step end: no forward can be in flight then."""
+        self._depth = 0
+
+    def _lean_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
+        """Root hooks for the steady state, with their lookups bound once (they run on every
+        outermost forward, and each µs here is a µs per step)."""
+        get_ident, tid, clock = threading.get_ident, self._tid, self._clock
+        tracker, counts, prec = self.tracker, self.tracker.counts, self.precision
+        autocast_on, dev, on_work = torch.is_autocast_enabled, self.device_type, self._on_work
+        enter, exit_ = tracker.enter, tracker.exit
+        autocast = prec.autocast
+        assert autocast is not None
+
+        def pre(module: torch.nn.Module, args: Any) -> None:
+            if get_ident() != tid:
+                return
+            self._depth += 1
+            if self._depth == 1:
+                enter("forward", clock())
+                counts["forward"] += 1
+                prec.forwards += 1
+                if autocast_on(dev):
+                    autocast[_short_dtype(torch.get_autocast_dtype(dev))] += 1
+                if on_work is not None:
+                    on_work()
+
+        def post(module: torch.nn.Module, args: Any, out: Any) -> None:
+            if get_ident() != tid:
+                return
+            self._depth -= 1
+            if self._depth == 0:
+                exit_("forward", clock())
+
+        return pre, post
 
     @property
     def root_modules(self) -> list[str]:
@@ -307,15 +350,18 @@ class Instrumentation:
     def _install_optim(self, stack: ExitStack) -> None:
         tracker, clock, tid = self.tracker, self._clock, self._tid
 
+        get_ident, enter, exit_ = threading.get_ident, tracker.enter, tracker.exit
+        on_step = tracker.on_optimizer_step
+
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            if threading.get_ident() == tid:
-                tracker.enter("optimizer", clock())
+            if get_ident() == tid:
+                enter("optimizer", clock())
 
         def post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            if threading.get_ident() == tid:
+            if get_ident() == tid:
                 t = clock()
-                tracker.exit("optimizer", t)
-                tracker.on_optimizer_step(id(opt), t)
+                exit_("optimizer", t)
+                on_step(id(opt), t)
 
         stack.callback(optim_module.register_optimizer_step_pre_hook(pre).remove)
         stack.callback(optim_module.register_optimizer_step_post_hook(post).remove)

@@ -183,6 +183,8 @@ class Watch:
         if self.cuda_timer is not None:
             self.cuda_timer.step_ends(rec.index)
         inst = self.inst
+        if inst is not None:
+            inst.step_closed()
         if exact and inst is not None and inst.discovering and (
             self._state != "warmup" or rec.index + 1 >= self.config.warmup_steps
         ):
