@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import redline
-from redline.measure.timeline import StepTracker
+from redline.measure.timeline import BACKWARD, FORWARD, OPTIMIZER, StepTracker
 
 N = 7  # iterations of each loop
 
@@ -237,12 +237,12 @@ def test_hooks_removed_when_loop_raises() -> None:
 def test_tracker_exclusive_phases() -> None:
     t = [0.0]
     tr = StepTracker(lambda: t[0])
-    tr.enter("optimizer", 0.0)
-    tr.enter("forward", 1.0)
-    tr.exit("forward", 3.0)
-    tr.enter("backward", 3.0)
-    tr.exit("backward", 6.0)
-    tr.exit("optimizer", 7.0)
+    tr.enter(OPTIMIZER, 0.0)
+    tr.enter(FORWARD, 1.0)
+    tr.exit(FORWARD, 3.0)
+    tr.enter(BACKWARD, 3.0)
+    tr.exit(BACKWARD, 6.0)
+    tr.exit(OPTIMIZER, 7.0)
     tr.on_optimizer_step(1, 7.0)
     tr.finish(8.0)
     (s,) = tr.steps

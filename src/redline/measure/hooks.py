@@ -27,7 +27,14 @@ from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from redline.measure.loader import LoaderInfo, batch_nbytes, batch_samples, loader_info
-from redline.measure.timeline import StepTracker
+from redline.measure.timeline import (
+    BACKWARD,
+    DATA_WAIT,
+    FORWARD,
+    H2D_COPY,
+    OPTIMIZER,
+    StepTracker,
+)
 
 T = TypeVar("T")
 
@@ -134,12 +141,12 @@ class Instrumentation:
                 not info.persistent_workers or getattr(loader, "_iterator", None) is None
             )
             t0 = clock()
-            tracker.enter("data_wait", t0)
+            tracker.enter(DATA_WAIT, t0)
             try:
                 it = orig_iter(loader)
             finally:
                 t1 = clock()
-                tracker.exit("data_wait", t1)
+                tracker.exit(DATA_WAIT, t1)
             info.iterators += 1
             if spawns:
                 info.worker_starts += 1
@@ -154,12 +161,12 @@ class Instrumentation:
                 return orig_next(it)
             c0 = thread_time()
             t0 = clock()
-            enter("data_wait", t0)
+            enter(DATA_WAIT, t0)
             try:
                 batch = orig_next(it)
             finally:
                 t1 = clock()
-                exit_("data_wait", t1)
+                exit_(DATA_WAIT, t1)
             add_batch(thread_time() - c0, batch_samples(batch))
             first = inst._iter_info.pop(id(it), None) if inst._iter_info else None
             if first is not None and first[0]() is it:
@@ -181,20 +188,20 @@ class Instrumentation:
         while True:
             c0 = time.thread_time()
             t0 = clock()
-            tracker.enter("data_wait", t0)
+            tracker.enter(DATA_WAIT, t0)
             try:
                 item = next(it)
             except StopIteration:
-                tracker.exit("data_wait", clock())
+                tracker.exit(DATA_WAIT, clock())
                 return
-            tracker.exit("data_wait", clock())
+            tracker.exit(DATA_WAIT, clock())
             tracker.add_batch(time.thread_time() - c0, batch_samples(item))
             yield item
 
     # -- modules ---------------------------------------------------------------------------
     def _root_enter(self, module: torch.nn.Module) -> None:
         t = self._clock()
-        self.tracker.enter("forward", t)
+        self.tracker.enter(FORWARD, t)
         self.tracker.counts["forward"] += 1
         p = self.precision
         p.forwards += 1
@@ -205,7 +212,7 @@ class Instrumentation:
             self._on_work()
 
     def _root_exit(self) -> None:
-        self.tracker.exit("forward", self._clock())
+        self.tracker.exit(FORWARD, self._clock())
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         if threading.get_ident() != self._tid:
@@ -278,7 +285,7 @@ class Instrumentation:
                 return
             self._depth += 1
             if self._depth == 1:
-                enter("forward", clock())
+                enter(FORWARD, clock())
                 counts["forward"] += 1
                 prec.forwards += 1
                 if autocast_on(dev):
@@ -291,7 +298,7 @@ class Instrumentation:
                 return
             self._depth -= 1
             if self._depth == 0:
-                exit_("forward", clock())
+                exit_(FORWARD, clock())
 
         return pre, post
 
@@ -314,13 +321,13 @@ class Instrumentation:
             # part of that phase, not the end of a step.
             nested = self._depth > 0 or self._backward_depth > 0
             self._backward_depth += 1
-            tracker.enter("backward", clock())
+            tracker.enter(BACKWARD, clock())
             try:
                 return orig(*args, **kwargs)
             finally:
                 t = clock()
                 self._backward_depth -= 1
-                tracker.exit("backward", t)
+                tracker.exit(BACKWARD, t)
                 if not nested:
                     if not tracker.optimizers_known and not self._gc_scanned:
                         self._scan_for_optimizers()
@@ -355,12 +362,12 @@ class Instrumentation:
 
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             if get_ident() == tid:
-                enter("optimizer", clock())
+                enter(OPTIMIZER, clock())
 
         def post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             if get_ident() == tid:
                 t = clock()
-                exit_("optimizer", t)
+                exit_(OPTIMIZER, t)
                 on_step(id(opt), t)
 
         stack.callback(optim_module.register_optimizer_step_pre_hook(pre).remove)
@@ -393,8 +400,8 @@ class Instrumentation:
             if isinstance(out, torch.Tensor) and out.device.type != "cpu":
                 # Recorded after the fact (nothing nests inside a copy), so CPU→CPU casts
                 # through .to() never count as copy time.
-                tracker.enter("h2d_copy", t0)
-                tracker.exit("h2d_copy", t1)
+                tracker.enter(H2D_COPY, t0)
+                tracker.exit(H2D_COPY, t1)
                 n = t.numel() * t.element_size()
                 stats.copies += 1
                 stats.bytes += n

@@ -17,6 +17,10 @@ from typing import Any
 PHASES: tuple[str, ...] = ("data_wait", "h2d_copy", "forward", "backward", "optimizer")
 """Timed phases, in the order the systematic path treats them. Time in none of them is 'other'."""
 
+# Phase ids: the hooks pass these ints (a list index is the cheapest accumulator in CPython;
+# this code runs several times per training step).
+DATA_WAIT, H2D_COPY, FORWARD, BACKWARD, OPTIMIZER = range(len(PHASES))
+
 STEP_SOURCES: tuple[str, ...] = ("optimizer", "forward_backward", "manual")
 
 
@@ -30,8 +34,8 @@ class StepRecord:
     """Host time the step began (end of the previous step, or watch entry)."""
     end_s: float
     """Host time the step ended (the optimizer step / backward / mark that closed it)."""
-    phase_s: dict[str, float]
-    """Exclusive host seconds per phase in :data:`PHASES` (nested phases are not double counted)."""
+    phases: list[float]
+    """Exclusive host seconds per phase, indexed like :data:`PHASES`."""
     data_cpu_s: float = 0.0
     """CPU seconds of the training thread inside data fetches of this step (``time.thread_time``:
     intra-op threads spinning after a matmul are not fetch work)."""
@@ -45,6 +49,11 @@ class StepRecord:
     """Device seconds from the first device work of the step to its end (CUDA events), if known."""
 
     @property
+    def phase_s(self) -> dict[str, float]:
+        """Exclusive host seconds per phase name (nested phases are not double counted)."""
+        return dict(zip(PHASES, self.phases, strict=True))
+
+    @property
     def step_s(self) -> float:
         """Wall time of the step (design §3 'step time')."""
         return self.end_s - self.start_s
@@ -52,27 +61,27 @@ class StepRecord:
     @property
     def other_s(self) -> float:
         """Step time in no timed phase (loss/logging/zero_grad/python overhead)."""
-        return max(0.0, self.step_s - sum(self.phase_s.values()))
+        return max(0.0, self.step_s - sum(self.phases))
 
 
 @dataclass(slots=True)
 class _Acc:
-    """Accumulators of the step in progress (copied cheaply at optimizer steps)."""
+    """Accumulators of the step in progress."""
 
-    phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    phases: list[float] = field(default_factory=lambda: [0.0] * len(PHASES))
     data_cpu_s: float = 0.0
     samples: int | None = None
     batches: int = 0
 
     def copy(self) -> _Acc:
-        return _Acc(dict(self.phase_s), self.data_cpu_s, self.samples, self.batches)
+        return _Acc(self.phases[:], self.data_cpu_s, self.samples, self.batches)
 
     def minus(self, other: _Acc) -> _Acc:
         samples = None
         if self.samples is not None:
             samples = self.samples - (other.samples or 0)
         return _Acc(
-            {k: v - other.phase_s[k] for k, v in self.phase_s.items()},
+            [a - b for a, b in zip(self.phases, other.phases, strict=True)],
             self.data_cpu_s - other.data_cpu_s,
             samples,
             self.batches - other.batches,
@@ -128,12 +137,12 @@ class StepTracker:
         """How often each event was seen (for the 'never stepped' message)."""
 
     # -- phases ---------------------------------------------------------------------------
-    def enter(self, phase: str, t: float) -> None:
+    def enter(self, phase: int, t: float) -> None:
         # Frames are [phase, start, nested seconds] lists: this runs several times per step
         # and a list is the cheapest mutable record in CPython.
         self._stack.append([phase, t, 0.0])
 
-    def exit(self, phase: str, t: float) -> float:
+    def exit(self, phase: int, t: float) -> float:
         """Close the innermost frame of ``phase``; returns its inclusive duration."""
         stack = self._stack
         # A phase can be left open when user code raised inside it (e.g. an optimizer step
@@ -144,12 +153,12 @@ class StepTracker:
             return 0.0
         _, start, child = stack.pop()
         dur: float = t - start
-        self._acc.phase_s[phase] += dur - child
+        self._acc.phases[phase] += dur - child
         if stack:
             stack[-1][2] += dur
         return dur
 
-    def in_phase(self, phase: str) -> bool:
+    def in_phase(self, phase: int) -> bool:
         return any(f[0] == phase for f in self._stack)
 
     def add_batch(self, cpu_s: float, samples: int | None) -> None:
@@ -208,8 +217,8 @@ class StepTracker:
                 # them into this first marked step, and let the owner restart its bookkeeping.
                 first = self.steps[0]
                 for rec in self.steps:
-                    for k, v in rec.phase_s.items():
-                        acc.phase_s[k] += v
+                    for k, v in enumerate(rec.phases):
+                        acc.phases[k] += v
                     acc.data_cpu_s += rec.data_cpu_s
                     acc.batches += rec.batches
                     if rec.samples is not None:
@@ -237,7 +246,7 @@ class StepTracker:
             index=len(self.steps),
             start_s=self._start,
             end_s=t,
-            phase_s=acc.phase_s,
+            phases=acc.phases,
             data_cpu_s=acc.data_cpu_s,
             samples=acc.samples,
             batches=acc.batches,
@@ -249,7 +258,7 @@ class StepTracker:
     def _emit(self) -> None:
         """Run the close callbacks once the tracker's state is consistent: a callback may raise
         (e.g. to stop a run after N steps) and must not leave a step half-closed."""
-        while self._closed:
-            rec, exact = self._closed.pop(0)
-            if self._on_close is not None:
+        closed, self._closed = self._closed, []
+        if self._on_close is not None:
+            for rec, exact in closed:
                 self._on_close(rec, exact)

@@ -14,7 +14,7 @@ from redline.diagnose.engine import diagnose
 from redline.measure.flops import compute_mfu
 from redline.measure.peaks import peak_flops
 from redline.measure.system import cpu_budget, cpu_flags, shm_info
-from redline.measure.timeline import PHASES, StepRecord
+from redline.measure.timeline import DATA_WAIT, PHASES, StepRecord
 from redline.report.model import (
     SCHEMA_VERSION,
     DeviceInfo,
@@ -79,7 +79,8 @@ def _breakdown(steps: list[StepRecord]) -> list[PhaseShare]:
     total = sum(s.step_s for s in steps)
     out = []
     for ph in (*PHASES, "other"):
-        v = sum(s.other_s for s in steps) if ph == "other" else sum(s.phase_s[ph] for s in steps)
+        v = (sum(s.other_s for s in steps) if ph == "other"
+             else sum(s.phases[PHASES.index(ph)] for s in steps))
         out.append(PhaseShare(ph, v / n if n else 0.0, v / total if total > 0 else 0.0))
     return out
 
@@ -133,7 +134,7 @@ def build_measurements(w: Watch) -> Measurements:
     shm = shm_info()
     win = w.cpu_window
     flags = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})
-    data_wait = sum(s.phase_s["data_wait"] for s in steps)
+    data_wait = sum(s.phases[DATA_WAIT] for s in steps)
     data_cpu = sum(s.data_cpu_s for s in steps)
     host = HostMetrics(
         cpus_available=budget.cpus,
