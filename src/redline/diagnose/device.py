@@ -39,7 +39,8 @@ def host_sync(m: Measurements) -> list[Finding]:
         None,
         f"Remove host reads of device values from the loop ({sites}): .item(), .cpu(), "
         "print(tensor), bool(tensor), nonzero(); accumulate metrics on the device and read them "
-        "every N steps. Their cost is not measurable without a trace: run redline doctor --trace.")]
+        "every N steps. Their cost is not measurable without a kernel-level trace "
+        "(torch.profiler with CUDA activities).")]
 
 
 def small_batch(m: Measurements) -> list[Finding]:
@@ -95,8 +96,9 @@ def no_mixed_precision(m: Measurements) -> list[Finding]:
          f"peak_{eff}_over_{low}": None if ratio is None else round(ratio, 4),
          "compute_capability": m.device.compute_capability},
         ceiling,
-        f"Run forward and loss under {amp}; keep the optimizer in fp32. redline tune checks "
-        "loss and gradient norms against fp32 before keeping it.")]
+        f"Run forward and loss under {amp}; keep the optimizer in fp32. Compare loss and "
+        "gradient norm with an fp32 run from the same weights for a few hundred steps before "
+        "keeping it.")]
 
 
 def fp32_matmul_on_tensor_cores(m: Measurements) -> list[Finding]:

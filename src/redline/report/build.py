@@ -276,7 +276,8 @@ def _tier(w: Watch) -> MetricTier:
                             "reason": (nv.gpm_reason if nv and nv.gpm_reason
                                        else "no GPM sample in the window")})
     missing.append({"metric": "exact device-busy time, per-kernel breakdown",
-                    "reason": "needs a profiler trace (redline trace / doctor --trace)"})
+                    "reason": "needs a kernel-level trace (torch.profiler with CUDA activities); "
+                              "always-on mode does not record one"})
     return MetricTier(tier, have, missing)
 
 
