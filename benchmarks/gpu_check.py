@@ -135,6 +135,26 @@ def real_oom() -> tuple[bool, str]:
     return False, "no OOM raised"
 
 
+def prefetcher() -> tuple[bool, str]:
+    from redline.data import DevicePrefetcher
+
+    imgs = [torch.randint(0, 256, (64, 3, 224, 224), dtype=torch.uint8) for _ in range(8)]
+    batches = [(x, torch.arange(64)) for x in imgs]
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    pf = DevicePrefetcher(batches, "cuda", mean=mean, std=std)
+    w = torch.randn(3 * 224 * 224, 10, device="cuda")
+    ok = True
+    for (x, y), host in zip(pf, imgs, strict=True):
+        _ = x.flatten(1) @ w  # compute while the next copy runs
+        ref = ((host.cuda().float() / 255 - torch.tensor(mean, device="cuda").view(1, 3, 1, 1))
+               / torch.tensor(std, device="cuda").view(1, 3, 1, 1))
+        ok &= bool(torch.allclose(x, ref, atol=1e-5)) and y.is_cuda
+    torch.cuda.synchronize()
+    s = pf.stats
+    return ok, (f"{s.batches} batches, {s.bytes_copied / 2**20:.0f} MiB, copy {s.copy_s * 1e3:.1f} ms "
+                f"({s.resolved} resolved), ready when requested {s.hidden_fraction}")
+
+
 def watch_gpu_loop() -> tuple[bool, str]:
     model = nn.Sequential(nn.Linear(2048, 4096), nn.GELU(), nn.Linear(4096, 2048)).cuda()
     opt = torch.optim.AdamW(model.parameters())
@@ -167,7 +187,8 @@ def main() -> int:
         ("events vs wall clock", events_vs_wall), ("step timer adds no sync", timer_adds_no_sync),
         ("NVML sampler", nvml), ("allocator memory stats", memory),
         ("peak FLOPs lookup", mfu_lookup), ("host-sync counter", sync_count),
-        ("pinned vs pageable H2D", copies), ("real CUDA OOM", real_oom),
+        ("pinned vs pageable H2D", copies), ("DevicePrefetcher", prefetcher),
+        ("real CUDA OOM", real_oom),
         ("watch over a GPU loop", watch_gpu_loop)]]
     w = max(len(r[0]) for r in rows)
     print(f"| {'check':<{w}} | result | detail |")

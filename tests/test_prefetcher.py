@@ -1,0 +1,77 @@
+"""DevicePrefetcher on CPU: a correct pass-through for every batch structure; normalization
+gives the same numbers as doing it by hand. (The CUDA stream path runs in gpu_check.py.)"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import redline  # noqa: F401  (the package imports cleanly with the data subpackage)
+from redline.data import DevicePrefetcher, map_tensors
+
+Pair = namedtuple("Pair", "x y")
+
+
+@dataclass
+class Batch:
+    image: torch.Tensor
+    meta: dict
+    name: str = "b"
+
+
+def test_structures_are_preserved() -> None:
+    batches = [
+        (torch.ones(2, 3), torch.zeros(2)),
+        [torch.ones(1), {"k": torch.arange(3)}],
+        {"a": torch.ones(2), "b": [torch.zeros(1), "text"]},
+        Pair(torch.ones(2), torch.zeros(2)),
+        Batch(torch.ones(2, 3, 4, 4), {"id": torch.arange(2)}),
+    ]
+    out = list(DevicePrefetcher(batches, "cpu"))
+    assert len(out) == len(batches)
+    for a, b in zip(batches, out, strict=True):
+        assert type(a) is type(b)
+    assert isinstance(out[3], Pair) and torch.equal(out[3].x, batches[3].x)
+    assert isinstance(out[4], Batch) and out[4].name == "b"
+    assert torch.equal(out[4].meta["id"], torch.arange(2))
+    assert out[2]["b"][1] == "text"
+
+
+def test_uint8_normalization_matches_manual() -> None:
+    imgs = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    labels = torch.arange(4)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    (x, y), = list(DevicePrefetcher([(imgs, labels)], "cpu", mean=mean, std=std))
+    want = (imgs.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(
+        1, 3, 1, 1)
+    assert x.dtype == torch.float32
+    assert torch.allclose(x, want, atol=1e-6)
+    assert torch.equal(y, labels)  # integer labels are not images: untouched
+
+
+def test_with_a_dataloader_every_epoch() -> None:
+    ds = TensorDataset(torch.arange(10).float().view(10, 1))
+    pf = DevicePrefetcher(DataLoader(ds, batch_size=4), "cpu")
+    assert len(pf) == 3
+    for _ in range(2):
+        got = torch.cat([b[0] for b in pf])
+        assert torch.equal(got.view(-1), torch.arange(10).float())
+    assert pf.stats.batches == 6
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="both mean and std"):
+        DevicePrefetcher([], "cpu", mean=(0.5,))
+    with pytest.raises(ValueError, match="must not contain 0"):
+        DevicePrefetcher([], "cpu", mean=(0.5,), std=(0.0,))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            DevicePrefetcher([], "cuda")
+
+
+def test_map_tensors_leaves_non_tensors() -> None:
+    assert map_tensors({"a": 1, "b": "s"}, lambda t: t * 2) == {"a": 1, "b": "s"}
