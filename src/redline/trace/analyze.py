@@ -1,0 +1,89 @@
+"""Facade: analyse one or more rank traces and collect the results."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redline.trace.breakdown import (
+    Temporal,
+    comm_comp_overlap_pct,
+    idle_by_stream,
+    kernel_types,
+    temporal,
+)
+from redline.trace.load import RankTrace, TraceError, load_trace, trace_files
+from redline.trace.select import filter_iterations
+
+
+@dataclass(slots=True)
+class RankAnalysis:
+    rank: int
+    path: str
+    device_name: str | None
+    device_events: int
+    temporal: Temporal | None
+    idle_by_stream: dict[int, dict[str, float]]
+    kernel_types_us: dict[str, float]
+    comm_comp_overlap_pct: float | None
+
+    @property
+    def idle_sum_over_streams(self) -> dict[str, float]:
+        out: Counter[str] = Counter()
+        for cats in self.idle_by_stream.values():
+            out.update(cats)
+        return {k: out.get(k, 0.0) for k in ("host_wait", "kernel_wait", "other")}
+
+
+@dataclass(slots=True)
+class TraceAnalysis:
+    """Results for a set of rank traces (one job)."""
+
+    ranks: list[RankAnalysis]
+    hta_compat: bool
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def kernel_types_us(self) -> dict[str, float]:
+        """Kernel-type breakdown summed over ranks (as HTA reports it)."""
+        out: Counter[str] = Counter()
+        for r in self.ranks:
+            out.update(r.kernel_types_us)
+        return dict(out)
+
+
+def analyze_rank(t: RankTrace, hta_compat: bool = False) -> RankAnalysis:
+    events = filter_iterations(t)
+    device = [e for e in events if e.stream != -1]
+    return RankAnalysis(
+        rank=t.rank, path=t.path, device_name=t.device_name, device_events=len(device),
+        temporal=temporal(device),
+        idle_by_stream=idle_by_stream(events, hta_compat=hta_compat),
+        kernel_types_us=dict(kernel_types(device)),
+        comm_comp_overlap_pct=comm_comp_overlap_pct(device),
+    )
+
+
+def analyze_paths(paths: list[str | Path], hta_compat: bool = False) -> TraceAnalysis:
+    """Analyse trace files (or folders of per-rank files).
+
+    Raises:
+        TraceError: a file is missing, unreadable or malformed; two files claim the same rank.
+    """
+    files = trace_files(paths)
+    traces = [load_trace(f, hta_compat=hta_compat) for f in files]
+    seen: dict[int, str] = {}
+    for t in traces:
+        if t.rank in seen:
+            raise TraceError(f"{t.path} and {seen[t.rank]} both say they are rank {t.rank}; "
+                             "analyse one job's traces at a time")
+        seen[t.rank] = t.path
+    result = TraceAnalysis([analyze_rank(t, hta_compat) for t in sorted(traces,
+                                                                         key=lambda t: t.rank)],
+                           hta_compat)
+    for r in result.ranks:
+        if r.temporal is None:
+            result.warnings.append(f"{r.path}: no GPU events (kernels, memcpy, memset) in the "
+                                   "trace: was it recorded with ProfilerActivity.CUDA on a GPU?")
+    return result

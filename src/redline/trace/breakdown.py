@@ -1,0 +1,152 @@
+"""Temporal, idle-time and kernel-type breakdowns and communication/computation overlap.
+
+Definitions follow Holistic Trace Analysis (HTA, ``hta/analyzers/breakdown_analysis.py``) and are
+checked against its 0.5.0 numbers on real traces (tests/test_trace_parity.py):
+
+* temporal: within the window from the first device event's start to the last one's end (all
+  streams merged), idle = window − union of device events; compute = union of COMPUTATION
+  events; non-compute = the rest.
+* idle breakdown, per stream: the gap before each event is *host wait* when its launch began
+  after the previous event ended (the host was late), *kernel wait* when shorter than
+  ``kernel_wait_us`` (back-to-back launch latency), else *other*.
+* kernel types: the union of each type's events, split where types overlap.
+* overlap: share of communication time during which computation runs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from redline.trace.load import Event
+from redline.trace.select import (
+    COMMUNICATION,
+    COMPUTATION,
+    KERNEL_TYPES,
+    kernel_type,
+    runtime_launch_ts,
+)
+
+Interval = tuple[float, float]
+
+KERNEL_WAIT_US = 30.0
+"""HTA's ``consecutive_kernel_delay`` default. Documented as 30 ns, applied in trace units (µs)
+by HTA; kept in µs for parity (gpu_metrics_anchors.md §7)."""
+
+
+def merge(intervals: list[Interval]) -> list[Interval]:
+    """Union of intervals, sorted and non-overlapping."""
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1][1] = e
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def total(intervals: list[Interval]) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def intersection(a: list[Interval], b: list[Interval]) -> float:
+    """Total length of the intersection of two merged interval lists."""
+    i = j = 0
+    inter = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            inter += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return inter
+
+
+@dataclass(slots=True)
+class Temporal:
+    """Temporal breakdown of one rank, µs."""
+
+    window_us: float
+    idle_us: float
+    compute_us: float
+    non_compute_us: float
+
+    def pct(self, part: float) -> float:
+        return 100.0 * part / self.window_us if self.window_us else 0.0
+
+
+def temporal(device: list[Event]) -> Temporal | None:
+    if not device:
+        return None
+    busy = merge([(e.ts, e.end) for e in device])
+    window = busy[-1][1] - busy[0][0]
+    idle = window - total(busy)
+    compute = total(merge([(e.ts, e.end) for e in device if kernel_type(e) == COMPUTATION]))
+    return Temporal(window, idle, compute, window - idle - compute)
+
+
+def kernel_types(device: list[Event]) -> dict[str, float]:
+    """µs per kernel type and per overlap of types ('COMPUTATION overlapping COMMUNICATION')."""
+    points: list[tuple[float, int]] = []
+    for bit, kt in enumerate(KERNEL_TYPES):
+        for s, e in merge([(x.ts, x.end) for x in device if kernel_type(x) == kt]):
+            points.append((s, 1 << bit))
+            points.append((e, -(1 << bit)))
+    points.sort(key=lambda p: p[0])
+    out: dict[str, float] = defaultdict(float)
+    running = 0
+    for k, (t, delta) in enumerate(points):
+        running += delta
+        if running > 0 and k + 1 < len(points):
+            label = " overlapping ".join(n for b, n in enumerate(KERNEL_TYPES) if running & (1 << b))
+            out[label] += points[k + 1][0] - t
+    return dict(out)
+
+
+IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
+
+
+def idle_by_stream(events: list[Event], kernel_wait_us: float = KERNEL_WAIT_US,
+                   hta_compat: bool = False) -> dict[int, dict[str, float]]:
+    """Idle time per stream split into host wait / kernel wait / other (µs).
+
+    Device-side synchronization events are left out (HTA 0.5.0 does the same here). HTA measures
+    each gap from the end of the *previous* event, which goes negative when events on a stream
+    overlap; redline measures from the latest end so far, unless ``hta_compat``.
+    """
+    launch = runtime_launch_ts(events)
+    by_stream: dict[int, list[Event]] = defaultdict(list)
+    for e in events:
+        if e.stream != -1 and e.cat != "cuda_sync":
+            by_stream[e.stream].append(e)
+    out: dict[int, dict[str, float]] = {}
+    for stream, evs in sorted(by_stream.items()):
+        evs.sort(key=lambda e: e.ts)
+        res: dict[str, float] = {c: 0.0 for c in IDLE_CATEGORIES}
+        prev_end = evs[0].end
+        for e in evs[1:]:
+            gap = e.ts - prev_end
+            if not hta_compat and gap < 0:
+                gap = 0.0
+            launched = launch.get(e.corr)
+            if launched is not None and launched > prev_end:
+                res["host_wait"] += gap
+            elif gap < kernel_wait_us:
+                res["kernel_wait"] += gap
+            else:
+                res["other"] += gap
+            prev_end = e.end if hta_compat else max(prev_end, e.end)
+        out[stream] = res
+    return out
+
+
+def comm_comp_overlap_pct(device: list[Event]) -> float | None:
+    """% of communication time overlapped by computation; None without communication."""
+    comm = merge([(e.ts, e.end) for e in device if kernel_type(e) == COMMUNICATION])
+    if not comm:
+        return None
+    comp = merge([(e.ts, e.end) for e in device if kernel_type(e) == COMPUTATION])
+    return 100.0 * intersection(comm, comp) / total(comm)

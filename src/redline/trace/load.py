@@ -1,0 +1,210 @@
+"""Read Kineto (Chrome-trace JSON) files into compact per-rank event lists.
+
+Robust to what real traces contain: gzip or plain JSON; float nanosecond-resolution
+timestamps; ROCm (``hip*``) runtime names; runtime events whose ``stream`` is a string
+(``'0x0'`` in ROCm traces); missing ``distributedInfo`` (rank from the file name, else 0, with a
+warning). A truncated or malformed file raises :class:`TraceError` naming the file and where
+it broke.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
+"""Event categories that run on the device (Kineto names them the same for CUDA and ROCm)."""
+
+RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+"""Host-side runtime calls (cudaLaunchKernel, hipLaunchKernel, cudaStreamSynchronize, ...)."""
+
+KEPT_CATEGORIES = GPU_CATEGORIES | RUNTIME_CATEGORIES
+"""Events the analyses read (plus ProfilerStep annotations, kept by name)."""
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read: the message names the file and where it broke."""
+
+
+@dataclass(slots=True)
+class Event:
+    """One complete ('X') event, times in microseconds (the trace's unit)."""
+
+    name: str
+    cat: str
+    ts: float
+    end: float
+    stream: int
+    """Device stream for device events; -1 for host events."""
+    corr: int
+    """Correlation id linking a runtime call to the device work it launched; -1 if none."""
+    pid: Any = None
+    tid: Any = None
+
+    @property
+    def dur(self) -> float:
+        return self.end - self.ts
+
+
+@dataclass(slots=True)
+class RankTrace:
+    """The events of one rank's trace file."""
+
+    path: str
+    rank: int
+    events: list[Event]
+    device_name: str | None
+    float_timestamps: bool
+    """True when the file has fractional (nanosecond-resolution) timestamps."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gpu_events(self) -> list[Event]:
+        return [e for e in self.events if e.stream != -1]
+
+
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read the file ({e.strerror})") from e
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            raise TraceError(f"{path}: the gzip stream is corrupt or truncated ({e}); "
+                             "re-copy the trace or re-record it") from e
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass  # re-parse with the stdlib for its line/column error message
+    else:
+        if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+            got = type(doc).__name__ if not isinstance(doc, dict) else f"keys {sorted(doc)[:6]}"
+            raise TraceError(f"{path}: expected a Chrome-trace object with a 'traceEvents' list "
+                             f"(torch.profiler / Kineto JSON), got {got}")
+        return doc
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as e:
+        hint = (" (the file ends early: truncated?)" if e.pos >= len(raw) - 2
+                else "")
+        raise TraceError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno} "
+                         f"(byte {e.pos} of {len(raw)}): {e.msg}{hint}") from e
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not a text JSON file ({e.reason} at byte {e.start})") from e
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        got = type(doc).__name__ if not isinstance(doc, dict) else f"keys {sorted(doc)[:6]}"
+        raise TraceError(f"{path}: expected a Chrome-trace object with a 'traceEvents' list "
+                         f"(torch.profiler / Kineto JSON), got {got}")
+    return doc
+
+
+def _as_int(v: Any, default: int = -1) -> int:
+    if isinstance(v, bool):
+        return default
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v, 0)  # '0x0' in ROCm traces
+        except ValueError:
+            return default
+    return default
+
+
+def _rank_of(path: Path, doc: dict[str, Any]) -> int:
+    info = doc.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return int(info["rank"])
+    m = _RANK_IN_NAME.search(path.name)
+    rank = int(m.group(1)) if m else 0
+    warnings.warn(f"{path.name}: no distributedInfo.rank in the trace; using rank {rank} "
+                  f"({'from the file name' if m else 'default'})", stacklevel=3)
+    return rank
+
+
+def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
+    """Read one trace file.
+
+    Args:
+        path: a ``.json`` or ``.json.gz`` Kineto trace.
+        hta_compat: round times as Holistic Trace Analysis 0.5.0 does when any timestamp is
+            fractional — start up (ceil), end down (floor) — which shortens every event by up to
+            2 µs (HTA's workaround for pytorch#122425). Off by default: redline keeps the exact
+            times (see docs/trace-parity.md for what this changes).
+    """
+    p = Path(path)
+    doc = _read_json(p)
+    kept: list[tuple[int, dict[str, Any]]] = []
+    kept_cats = KEPT_CATEGORIES
+    for i, e in enumerate(doc["traceEvents"]):
+        try:
+            cat = e.get("cat")
+        except AttributeError:
+            raise TraceError(f"{p}: traceEvents[{i}] is {type(e).__name__}, expected an "
+                             "object") from None
+        if (cat in kept_cats or str(e.get("name", "")).startswith("ProfilerStep")) and (
+                e.get("ph") == "X"):
+            kept.append((i, e))  # cpu_op & co. are most events and no analysis here reads them
+    # HTA rounds when the ts column is float, i.e. when the file has fractional timestamps.
+    floaty = any(isinstance(e.get("ts"), float) and not e["ts"].is_integer() for _, e in kept)
+    rounding = hta_compat and floaty
+    ceil, floor = math.ceil, math.floor
+    events: list[Event] = []
+    for i, e in kept:
+        cat = e["cat"]
+        ts, dur = e.get("ts"), e.get("dur")
+        if cat is None or dur is None or ts is None:
+            continue
+        try:
+            ts_f = float(ts)
+            end_f = ts_f + float(dur)
+        except (TypeError, ValueError) as err:
+            raise TraceError(f"{p}: traceEvents[{i}] ({e.get('name')!r}) has a non-numeric "
+                             f"ts/dur: {ts!r}/{dur!r}") from err
+        if rounding:
+            ts_f, end_f = float(ceil(ts_f)), float(floor(end_f))
+        args = e.get("args") or {}
+        events.append(Event(
+            name=str(e.get("name", "")), cat=str(cat), ts=ts_f, end=end_f,
+            stream=_as_int(args.get("stream"), -1) if cat in GPU_CATEGORIES else -1,
+            corr=_as_int(args.get("correlation"), -1), pid=e.get("pid"), tid=e.get("tid"),
+        ))
+    props = doc.get("deviceProperties")
+    device = None
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        device = props[0].get("name")
+    meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+    return RankTrace(str(p), _rank_of(p, doc), events, device, floaty, meta)
+
+
+def trace_files(paths: list[str | Path]) -> list[Path]:
+    """Expand folders into their ``*.json`` / ``*.json.gz`` files (one per rank)."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted([*p.glob("*.json"), *p.glob("*.json.gz")])
+            if not found:
+                raise TraceError(f"{p}: folder holds no *.json or *.json.gz trace")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise TraceError(f"{p}: no such file or folder")
+    return out
