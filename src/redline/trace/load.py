@@ -99,8 +99,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(raw)
     except json.JSONDecodeError as e:
-        hint = (" (the file ends early: truncated?)" if e.pos >= len(raw) - 2
-                else "")
+        # A cut-off file fails at (or in a string running to) its very end.
+        truncated = e.pos >= len(raw) - 2 or e.msg.startswith("Unterminated")
+        hint = " (the file ends early: truncated?)" if truncated else ""
         raise TraceError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno} "
                          f"(byte {e.pos} of {len(raw)}): {e.msg}{hint}") from e
     except UnicodeDecodeError as e:
