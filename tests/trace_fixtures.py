@@ -40,8 +40,12 @@ def synthetic_events(offset: float = 0.0) -> list[dict[str, Any]]:
 
 
 def write_trace(path: Path, events: list[dict[str, Any]] | None = None, rank: int | None = 0,
-                gz: bool = True, device: str = "NVIDIA H100 80GB HBM3") -> Path:
-    doc: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": [{"name": device}],
+                gz: bool = True, device: str = "NVIDIA H100 80GB HBM3",
+                cc: tuple[int, int] | None = (9, 0)) -> Path:
+    props: dict[str, Any] = {"name": device}
+    if cc is not None:
+        props.update(computeMajor=cc[0], computeMinor=cc[1])
+    doc: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": [props],
                            "traceEvents": events if events is not None else synthetic_events()}
     if rank is not None:
         doc["distributedInfo"] = {"rank": rank, "world_size": 1}

@@ -50,6 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not count FLOPs (MFU is then unknown)")
     d.add_argument("cmd", nargs=argparse.REMAINDER, help="-- python train.py [args]")
 
+    t = sub.add_parser("trace", help="analyse PyTorch profiler (Kineto) traces",
+                       description="Where GPU time goes and why the GPU idles, from "
+                       "torch.profiler traces: one file, or a folder of per-rank files "
+                       "(.json or .json.gz).")
+    t.add_argument("paths", nargs="+", metavar="PATH")
+    t.add_argument("--json", metavar="PATH", help="also write the analysis as JSON to PATH")
+    t.add_argument("--hta-compat", action="store_true",
+                   help="round fractional timestamps as Holistic Trace Analysis does "
+                   "(to compare numbers with it)")
+
     m = sub.add_parser("demo", help="run a built-in naive workload under redline and report",
                        description="Train a built-in workload (no download) with its naive "
                        "defaults under redline.watch and print the report.")
@@ -78,6 +88,34 @@ def _doctor(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _trace(args: argparse.Namespace) -> int:
+    import json
+    import warnings
+
+    from rich.console import Console
+
+    from redline.report.json_io import write_text_atomic
+    from redline.trace import TraceError, analyze_paths
+    from redline.trace.render import render, to_dict
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            analysis = analyze_paths(args.paths, hta_compat=args.hta_compat)
+        analysis.warnings[:0] = [str(w.message) for w in caught]
+    except TraceError as e:
+        print(f"redline trace: error: {e}", file=sys.stderr)
+        return 2
+    render(analysis, Console())
+    if args.json:
+        try:
+            write_text_atomic(json.dumps(to_dict(analysis), indent=1, default=str), args.json)
+        except OSError as e:
+            print(f"redline trace: error: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from redline.demo import run_demo
 
@@ -93,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "doctor":
         return _doctor(args)
+    if args.command == "trace":
+        return _trace(args)
     return _demo(args)
 
 

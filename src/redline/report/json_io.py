@@ -44,13 +44,19 @@ def write_json(report: Report, path: str | os.PathLike[str]) -> Path:
         OSError: with the path in the message when the directory is missing or not writable,
             or the disk is full; the destination is then left untouched.
     """
+    return write_text_atomic(json.dumps(to_dict(report), indent=2, allow_nan=False, default=str),
+                             path)
+
+
+def write_text_atomic(text: str, path: str | os.PathLike[str]) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename, so
+    a crash or a full disk leaves either the old file or the whole new one."""
     dest = Path(path)
-    text = json.dumps(to_dict(report), indent=2, allow_nan=False, default=str)
     directory = dest.parent if str(dest.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=directory)
     except OSError as e:
-        raise OSError(e.errno, f"cannot write the JSON report to {dest}: {e.strerror}") from e
+        raise OSError(e.errno, f"cannot write {dest}: {e.strerror}") from e
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -59,7 +65,7 @@ def write_json(report: Report, path: str | os.PathLike[str]) -> Path:
         os.replace(tmp, dest)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
-        raise OSError(e.errno, f"cannot write the JSON report to {dest}: {e.strerror}") from e
+        raise OSError(e.errno, f"cannot write {dest}: {e.strerror}") from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from redline.report.model import Report
+from redline.report.model import Finding, Report
 
 _SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 
@@ -22,6 +22,26 @@ def _pct(f: float | None) -> str:
 def _bar(f: float, width: int = 24) -> str:
     n = round(max(0.0, min(1.0, f)) * width)
     return "█" * n + "·" * (width - n)
+
+
+def render_findings(findings: list[Finding], console: Console) -> None:
+    """The ranked findings table (shared by the step report and the trace report)."""
+    ft = Table(title="Findings, largest possible gain first", title_justify="left",
+               show_lines=True)
+    ft.add_column("#", justify="right")
+    ft.add_column("finding")
+    ft.add_column("ceiling", justify="right")
+    ft.add_column("what and how to fix")
+    for i, f in enumerate(findings, 1):
+        ceil = "unknown" if f.ceiling_speedup is None else f"≤ {f.ceiling_speedup:.2f}×"
+        body = Text()
+        body.append(f.title + "\n", style="bold")
+        body.append("fix: " + f.fix + "\n")
+        ev = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if v is not None)
+        body.append("evidence: " + ev, style="dim")
+        ft.add_row(str(i), Text(f"{f.id}\n{f.severity}", style=_SEV_STYLE.get(f.severity, "")),
+                   ceil, body)
+    console.print(ft)
 
 
 def render(report: Report, console: Console) -> None:
@@ -71,22 +91,7 @@ def render(report: Report, console: Console) -> None:
         console.print(table)
 
     if report.findings:
-        ft = Table(title="Findings, largest possible gain first", title_justify="left",
-                   show_lines=True)
-        ft.add_column("#", justify="right")
-        ft.add_column("finding")
-        ft.add_column("ceiling", justify="right")
-        ft.add_column("what and how to fix")
-        for i, f in enumerate(report.findings, 1):
-            ceil = "unknown" if f.ceiling_speedup is None else f"≤ {f.ceiling_speedup:.2f}×"
-            body = Text()
-            body.append(f.title + "\n", style="bold")
-            body.append("fix: " + f.fix + "\n")
-            ev = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if v is not None)
-            body.append("evidence: " + ev, style="dim")
-            ft.add_row(str(i), Text(f"{f.id}\n{f.severity}", style=_SEV_STYLE.get(f.severity, "")),
-                       ceil, body)
-        console.print(ft)
+        render_findings(report.findings, console)
     elif t.steps_total:
         console.print("[green]No finding:[/green] nothing this data supports points at a "
                       "bottleneck outside the model's own compute.")

@@ -6,6 +6,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from redline.diagnose.engine import rank as rank_findings
+from redline.diagnose.finding import ceiling_speedup, severity_for
+from redline.report.model import Finding
 from redline.trace.breakdown import (
     Temporal,
     comm_comp_overlap_pct,
@@ -13,8 +16,21 @@ from redline.trace.breakdown import (
     kernel_types,
     temporal,
 )
+from redline.trace.findings import trace_findings
+from redline.trace.kernels import (
+    CopyStat,
+    KernelStat,
+    LaunchStats,
+    Straggler,
+    SyncStat,
+    copy_stats,
+    host_syncs,
+    launch_stats,
+    stragglers,
+    top_kernels,
+)
 from redline.trace.load import RankTrace, TraceError, load_trace, trace_files
-from redline.trace.select import filter_iterations
+from redline.trace.select import COMMUNICATION, filter_iterations, kernel_type
 
 
 @dataclass(slots=True)
@@ -27,6 +43,12 @@ class RankAnalysis:
     idle_by_stream: dict[int, dict[str, float]]
     kernel_types_us: dict[str, float]
     comm_comp_overlap_pct: float | None
+    top_kernels: list[KernelStat] = field(default_factory=list)
+    launches: LaunchStats | None = None
+    copies: list[CopyStat] = field(default_factory=list)
+    syncs: list[SyncStat] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    compute_capability: float | None = None
 
     @property
     def idle_sum_over_streams(self) -> dict[str, float]:
@@ -43,6 +65,9 @@ class TraceAnalysis:
     ranks: list[RankAnalysis]
     hta_compat: bool
     warnings: list[str] = field(default_factory=list)
+    stragglers: list[Straggler] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    """Job-level findings (straggler) plus every rank's, ranked by ceiling speedup."""
 
     @property
     def kernel_types_us(self) -> dict[str, float]:
@@ -56,13 +81,24 @@ class TraceAnalysis:
 def analyze_rank(t: RankTrace, hta_compat: bool = False) -> RankAnalysis:
     events = filter_iterations(t)
     device = [e for e in events if e.stream != -1]
-    return RankAnalysis(
+    r = RankAnalysis(
         rank=t.rank, path=t.path, device_name=t.device_name, device_events=len(device),
         temporal=temporal(device),
         idle_by_stream=idle_by_stream(events, hta_compat=hta_compat),
         kernel_types_us=dict(kernel_types(device)),
         comm_comp_overlap_pct=comm_comp_overlap_pct(device),
+        top_kernels=top_kernels(device), launches=launch_stats(events),
+        copies=copy_stats(device), syncs=host_syncs(events),
+        compute_capability=t.compute_capability,
     )
+    if r.temporal is not None and r.launches is not None:
+        r.findings = trace_findings(device, r.temporal, r.idle_sum_over_streams, r.launches,
+                                    r.copies, r.syncs, t.compute_capability)
+    return r
+
+
+STRAGGLER_MIN_SKEW = 0.05
+"""A rank that arrives late at collectives by ≥ 5 % of the window is reported."""
 
 
 def analyze_paths(paths: list[str | Path], hta_compat: bool = False) -> TraceAnalysis:
@@ -79,9 +115,30 @@ def analyze_paths(paths: list[str | Path], hta_compat: bool = False) -> TraceAna
             raise TraceError(f"{t.path} and {seen[t.rank]} both say they are rank {t.rank}; "
                              "analyse one job's traces at a time")
         seen[t.rank] = t.path
-    result = TraceAnalysis([analyze_rank(t, hta_compat) for t in sorted(traces,
-                                                                         key=lambda t: t.rank)],
-                           hta_compat)
+    ordered = sorted(traces, key=lambda t: t.rank)
+    result = TraceAnalysis([analyze_rank(t, hta_compat) for t in ordered], hta_compat)
+    comm = {t.rank: [e for e in filter_iterations(t)
+                     if e.stream != -1 and kernel_type(e) == COMMUNICATION] for t in ordered}
+    result.stragglers = stragglers(comm)
+    findings = [f for r in result.ranks for f in r.findings]
+    if result.stragglers:
+        worst = max(result.stragglers, key=lambda s: s.mean_lateness_us)
+        window = max((r.temporal.window_us for r in result.ranks if r.temporal), default=0.0)
+        late_total = worst.mean_lateness_us * worst.collectives
+        share = late_total / window if window else 0.0
+        if share >= STRAGGLER_MIN_SKEW:
+            findings.append(Finding(
+                "straggler", severity_for(share),
+                f"Rank {worst.rank} arrives last at {worst.last_arrivals} of "
+                f"{worst.collectives} collectives, {worst.mean_lateness_us:.0f} µs late on average",
+                {"rank": worst.rank, "last_arrivals": worst.last_arrivals,
+                 "collectives": worst.collectives,
+                 "mean_lateness_us": round(worst.mean_lateness_us, 1),
+                 "share_of_window": round(share, 4)},
+                ceiling_speedup(share),
+                f"Find what rank {worst.rank} does more of (data loading, a slower GPU or host, "
+                "uneven batches or sequence lengths); every other rank waits for it."))
+    result.findings = rank_findings(findings)
     for r in result.ranks:
         if r.temporal is None:
             result.warnings.append(f"{r.path}: no GPU events (kernels, memcpy, memset) in the "

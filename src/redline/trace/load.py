@@ -49,6 +49,8 @@ class Event:
     """Correlation id linking a runtime call to the device work it launched; -1 if none."""
     pid: Any = None
     tid: Any = None
+    nbytes: int = -1
+    """Bytes moved (memcpy / memset events), -1 when not recorded."""
 
     @property
     def dur(self) -> float:
@@ -66,6 +68,8 @@ class RankTrace:
     float_timestamps: bool
     """True when the file has fractional (nanosecond-resolution) timestamps."""
     metadata: dict[str, Any] = field(default_factory=dict)
+    compute_capability: float | None = None
+    """From deviceProperties (CUDA traces); None when the trace does not say."""
 
     @property
     def gpu_events(self) -> list[Event]:
@@ -185,13 +189,16 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
             name=str(e.get("name", "")), cat=str(cat), ts=ts_f, end=end_f,
             stream=_as_int(args.get("stream"), -1) if cat in GPU_CATEGORIES else -1,
             corr=_as_int(args.get("correlation"), -1), pid=e.get("pid"), tid=e.get("tid"),
+            nbytes=_as_int(args.get("bytes"), -1),
         ))
     props = doc.get("deviceProperties")
-    device = None
+    device, cc = None, None
     if isinstance(props, list) and props and isinstance(props[0], dict):
         device = props[0].get("name")
+        if isinstance(props[0].get("computeMajor"), int):
+            cc = float(f"{props[0]['computeMajor']}.{props[0].get('computeMinor', 0)}")
     meta = {k: v for k, v in doc.items() if k != "traceEvents"}
-    return RankTrace(str(p), _rank_of(p, doc), events, device, floaty, meta)
+    return RankTrace(str(p), _rank_of(p, doc), events, device, floaty, meta, cc)
 
 
 def trace_files(paths: list[str | Path]) -> list[Path]:
