@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from trace_fixtures import _x, synthetic_events, write_trace
 
 from redline.trace import analyze_paths
+from trace_fixtures import _x, synthetic_events, write_trace
 
 
 def _ids(a) -> set[str]:
@@ -68,7 +68,7 @@ def test_host_sync_inventory_and_idle_after(tmp_path: Path) -> None:
 def test_unfused_attention_and_memory_bound(tmp_path: Path) -> None:
     ev = [_x("user_annotation", "ProfilerStep#1", 0, 1000)]
     t = 0
-    for i in range(20):  # bmm → softmax → bmm, then two elementwise kernels
+    for _i in range(20):  # bmm → softmax → bmm, then two elementwise kernels
         for name, dur in (("volta_sgemm_128x64_nn_bmm", 10), ("softmax_warp_forward", 30),
                           ("volta_sgemm_128x64_nn_bmm", 10),
                           ("void at::native::vectorized_elementwise_kernel", 20),
