@@ -153,14 +153,15 @@ def _print_script_traceback(e: BaseException) -> None:
 
 def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = 5,
                json_path: str | None = None, count_flops: bool = True,
-               device: str | None = None, show: bool = True) -> DoctorResult:
+               device: str | None = None, trace_dir: str | None = None,
+               show: bool = True) -> DoctorResult:
     """Run ``cmd`` under a watch and report. Raises :class:`DoctorError` on usage errors
     (before anything runs)."""
     target = parse_command(cmd)
     check_target(target)
     check_json_path(json_path)
     config = WatchConfig(warmup_steps=warmup, max_steps=steps, count_flops=count_flops,
-                         device=device)
+                         device=device, trace_dir=trace_dir)
 
     def stop() -> None:
         raise StopMeasurement

@@ -31,7 +31,16 @@ class WatchConfig:
     """On CUDA, count synchronizing calls with ``torch.cuda.set_sync_debug_mode('warn')``
     (process-global; restored on exit). Off on CPU, where there is nothing to sync."""
 
+    trace_dir: str | None = None
+    """Record a short torch.profiler trace (1 wait, 1 warm-up, ``trace_steps`` active steps,
+    all excluded from the statistics) into this folder and analyse it; None = no trace."""
+
+    trace_steps: int = 3
+    """Active (recorded) steps of the trace."""
+
     def __post_init__(self) -> None:
+        if self.trace_steps < 1:
+            raise ValueError(f"trace_steps must be >= 1, got {self.trace_steps}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.max_steps is not None and self.max_steps < 1:

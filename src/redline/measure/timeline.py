@@ -232,6 +232,11 @@ class StepTracker:
         self._acc = _Acc()
         self._emit()
 
+    def restart(self, t: float) -> None:
+        """Start the step in progress at ``t``: redline's own work between two steps (stopping
+        a profiler, a FLOP counter, taking sampler baselines) is not the next step's time."""
+        self._start = t
+
     def finish(self, t: float) -> None:
         """Close a step still pending at exit (optimizer mode before the cycle was learnt)."""
         if self._snap is not None and self._stepped and not self.manual:

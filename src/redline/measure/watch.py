@@ -25,6 +25,7 @@ from redline.measure.cuda import CudaMemory, CudaStepTimer, SyncCounter, read_me
 from redline.measure.flops import FlopWindow
 from redline.measure.hooks import Instrumentation
 from redline.measure.nvml import NvmlSampler, NvmlSummary, import_pynvml
+from redline.measure.profile import TraceCapture
 from redline.measure.timeline import StepRecord, StepTracker
 from redline.report.model import Report
 
@@ -57,6 +58,7 @@ class Watch:
         self.tracker = StepTracker(time.perf_counter, self._on_close, self._on_reset)
         self.inst: Instrumentation | None = None
         self.flops = FlopWindow()
+        self.capture: TraceCapture | None = None
         self.cpu = CpuSampler(self.config.sample_interval_s)
         self.cuda_timer: CudaStepTimer | None = None
         self.syncs: SyncCounter | None = None
@@ -111,6 +113,8 @@ class Watch:
         self.exit_error = error
         t = time.perf_counter()
         self.flops.stop()
+        if self.capture is not None and not self.capture.done:
+            self.capture.stop()  # the run ended inside the trace: keep what it recorded
         self.tracker.finish(t)
         self.t_exit = t
         if self.cuda_timer is not None:
@@ -165,6 +169,17 @@ class Watch:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self._state = "measuring"
+        self.tracker.restart(time.perf_counter())
+
+    def _after_flops(self) -> None:
+        """Next stage after warm-up and FLOP counting: the optional trace, then measuring."""
+        if self.config.trace_dir is not None and self.capture is None:
+            self.capture = TraceCapture(self.config.trace_dir, self.device.type,
+                                        active=self.config.trace_steps)
+            if self.capture.start():
+                self._state = "tracing"
+                return
+        self._begin_window()
 
     def _on_reset(self) -> None:
         """Closed steps were folded into one (first ``step()`` call): start warm-up again."""
@@ -197,14 +212,20 @@ class Watch:
             if exact and rec.index + 1 >= self.config.warmup_steps:
                 if self.config.count_flops and self.flops.flops is None:
                     self.flops.start()
-                    self._state = "flops" if self.flops.active else "warmup"
                     if self.flops.active:
+                        self._state = "flops"
                         return
-                self._begin_window()
+                self._after_flops()
         elif state == "flops":
             rec.kind = "excluded"
             self.flops.stop()
-            self._begin_window()
+            self._after_flops()
+        elif state == "tracing":
+            rec.kind = "excluded"
+            assert self.capture is not None
+            self.capture.step()
+            if self.capture.done:
+                self._begin_window()
         else:
             rec.kind = "measured"
             self._measured += 1

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from redline._version import __version__
-from redline.diagnose.engine import diagnose
+from redline.diagnose.engine import diagnose, rank
 from redline.measure.flops import compute_mfu
 from redline.measure.peaks import peak_flops
 from redline.measure.system import cpu_budget, cpu_flags, shm_info
@@ -20,6 +20,7 @@ from redline.report.model import (
     DeviceInfo,
     DeviceMetrics,
     EffectiveConfig,
+    Finding,
     H2DMetrics,
     HostMetrics,
     LoaderReport,
@@ -29,6 +30,7 @@ from redline.report.model import (
     PrecisionInfo,
     Report,
     StepTiming,
+    TraceSummary,
 )
 
 if TYPE_CHECKING:
@@ -309,6 +311,8 @@ def build_report(w: Watch, command: list[str] | None = None, status: str | None 
     m = build_measurements(w)
     if status is None:
         status = "completed" if w.steps else "no_steps"
+    findings = diagnose(m) if m.timing.steps_total else []
+    trace, trace_findings = _trace_summary(w)
     return Report(
         schema=SCHEMA_VERSION,
         redline_version=__version__,
@@ -318,5 +322,37 @@ def build_report(w: Watch, command: list[str] | None = None, status: str | None 
         status=status,
         status_detail=status_detail,
         measurements=m,
-        findings=diagnose(m) if m.timing.steps_total else [],
+        findings=rank([*findings, *trace_findings]),
+        trace=trace,
     )
+
+
+def _trace_summary(w: Watch) -> tuple[TraceSummary | None, list[Finding]]:
+    """Analyse the trace ``doctor --trace`` recorded, for the report and its findings."""
+    cap = w.capture
+    if cap is None:
+        return None, []
+    steps = sum(1 for s in w.steps if s.kind == "excluded") - (1 if w.flops.flops else 0)
+    if not cap.written:
+        note = cap.error or (f"the run ended before the trace's {cap.steps_needed} steps "
+                             "were recorded")
+        return TraceSummary(None, steps, 0, None, None, None, None, note), []
+    import warnings
+
+    from redline.trace import TraceError, analyze_paths
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # rank defaults to 0 for a single-process trace
+            a = analyze_paths([cap.path])
+    except TraceError as e:
+        return TraceSummary(str(cap.path), steps, 0, None, None, None, None, str(e)), []
+    (r,) = a.ranks
+    t = r.temporal
+    if t is None:
+        note = ("CPU-only trace (no CUDA activity was recorded): it shows host operators; "
+                "kernel-level analysis needs a GPU" if w.device.type != "cuda"
+                else "the trace holds no GPU events")
+        return TraceSummary(str(cap.path), steps, 0, None, None, None, None, note), []
+    return (TraceSummary(str(cap.path), steps, r.device_events, t.window_us, t.pct(t.idle_us),
+                         t.pct(t.compute_us), t.pct(t.non_compute_us), None), a.findings)

@@ -208,6 +208,23 @@ class Measurements:
 
 
 @dataclass(slots=True)
+class TraceSummary:
+    """The short profiler trace recorded by ``doctor --trace`` and what its analysis found."""
+
+    path: str | None
+    """Chrome-trace file (open it in Perfetto), None when none was written."""
+    steps: int
+    """Steps covered (wait + warm-up + active), excluded from the statistics."""
+    device_events: int
+    window_us: float | None
+    idle_pct: float | None
+    compute_pct: float | None
+    non_compute_pct: float | None
+    note: str | None
+    """Why kernel-level numbers are missing (CPU-only trace, profiler error), if they are."""
+
+
+@dataclass(slots=True)
 class Report:
     schema: str
     redline_version: str
@@ -218,3 +235,4 @@ class Report:
     status_detail: str | None
     measurements: Measurements
     findings: list[Finding]
+    trace: TraceSummary | None = None

@@ -95,6 +95,16 @@ def render(report: Report, console: Console) -> None:
     elif t.steps_total:
         console.print("[green]No finding:[/green] nothing this data supports points at a "
                       "bottleneck outside the model's own compute.")
+    tr = report.trace
+    if tr is not None:
+        if tr.idle_pct is not None:
+            console.print(
+                f"trace ({tr.steps} steps, {tr.device_events} device events): GPU idle "
+                f"{tr.idle_pct:.1f}% · compute {tr.compute_pct:.1f}% · non-compute "
+                f"{tr.non_compute_pct:.1f}% of the kernel window — {tr.path} (open in Perfetto)")
+        else:
+            console.print(f"trace: {tr.note}" + (f" — {tr.path} (open in Perfetto)"
+                                                 if tr.path else ""))
     for miss in m.tier.missing:
         console.print(f"[dim]not measured: {miss['metric']} — {miss['reason']}[/dim]")
     for note in m.notes:
