@@ -13,11 +13,11 @@ import jsonschema
 import pytest
 import torch
 from torch import nn
-from trace_fixtures import write_trace
 
 import redline
 from redline.measure.config import WatchConfig
 from redline.report.json_io import schema, to_dict
+from trace_fixtures import write_trace
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
