@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from redline.measure.flops import MfuResult
+from redline.measure.mfu import MfuResult
 from redline.report.model import (
     DeviceInfo,
     DeviceMetrics,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from redline.measure.flops import compute_mfu
+from redline.measure.mfu import compute_mfu
 from redline.measure.peaks import find_device, load_table, peak_flops
 
 REQUIRED = ["Tesla V100-SXM2-16GB", "Tesla T4", "NVIDIA A10G", "NVIDIA A100-SXM4-40GB",

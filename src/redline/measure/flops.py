@@ -1,4 +1,4 @@
-"""FLOPs of one training step, counted once with ``torch.utils.flop_counter``; and MFU.
+"""FLOPs of one training step, counted once with ``torch.utils.flop_counter``.
 
 MFU (PaLM, arXiv 2204.02311, Appendix B): model FLOPs per second ÷ the device's peak FLOP/s for
 the dtype in use. FlopCounterMode counts matmuls, convolutions and SDPA (2·m·n·k per GEMM) for
@@ -8,24 +8,7 @@ forward and backward; it does not discount causal attention and counts no recomp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch.utils.flop_counter import FlopCounterMode
-
-
-@dataclass(slots=True)
-class MfuResult:
-    """Model FLOPs utilization and how it was obtained."""
-
-    flops_per_step: float | None
-    achieved_flops_per_s: float | None
-    peak_flops_per_s: float | None
-    compute_dtype: str | None
-    mfu: float | None
-    """Fraction 0..1, or None when anything it needs is unknown (see ``reason``)."""
-    peak_source: str | None
-    reason: str | None
-    """Why MFU is unknown, if it is."""
 
 
 class FlopWindow:
@@ -61,36 +44,3 @@ class FlopWindow:
             self.flops = float(mode.get_total_flops())
         except Exception as e:
             self.error = f"FlopCounterMode failed: {type(e).__name__}: {e}"
-
-
-def compute_mfu(
-    flops_per_step: float | None,
-    step_time_s: float | None,
-    peak: tuple[float, str] | None,
-    compute_dtype: str | None,
-    unknown_reason: str | None = None,
-) -> MfuResult:
-    """MFU from counted FLOPs per step, the median step time and the peak-table lookup."""
-    achieved = None
-    if flops_per_step is not None and step_time_s:
-        achieved = flops_per_step / step_time_s
-    reason = unknown_reason
-    if flops_per_step is None and reason is None:
-        reason = "FLOPs per step were not counted"
-    elif flops_per_step == 0 and reason is None:
-        reason = "FlopCounterMode counted 0 FLOPs (no matmul/conv/attention ops in the step)"
-    elif peak is None and reason is None:
-        reason = "no peak-FLOPs entry for this device and dtype"
-    mfu = None
-    if achieved is not None and peak is not None and flops_per_step:
-        mfu = achieved / peak[0]
-        reason = None
-    return MfuResult(
-        flops_per_step=flops_per_step,
-        achieved_flops_per_s=achieved,
-        peak_flops_per_s=peak[0] if peak else None,
-        compute_dtype=compute_dtype,
-        mfu=mfu,
-        peak_source=peak[1] if peak else None,
-        reason=reason,
-    )

@@ -11,7 +11,7 @@ import torch
 
 from redline._version import __version__
 from redline.diagnose.engine import diagnose, rank
-from redline.measure.flops import compute_mfu
+from redline.measure.mfu import compute_mfu
 from redline.measure.peaks import peak_flops
 from redline.measure.system import cpu_budget, cpu_flags, shm_info
 from redline.measure.timeline import DATA_WAIT, PHASES, StepRecord

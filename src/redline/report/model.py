@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from redline.measure.flops import MfuResult
+from redline.measure.mfu import MfuResult
 from redline.measure.nvml import NvmlSummary
 
 SCHEMA_VERSION = "redline.report/1"
