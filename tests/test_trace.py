@@ -124,3 +124,19 @@ def test_gzip_of_garbage(tmp_path: Path) -> None:
     p.write_bytes(gzip.compress(b"\x00\x01 not json"))
     with pytest.raises(TraceError, match=r"g\.json\.gz: not"):
         load_trace(p)
+
+
+def test_streaming_parse_gives_the_same_answers(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import redline.trace.load as load
+
+    p = write_trace(tmp_path / "t.json.gz", rank=4)
+    whole = analyze_paths([p]).ranks[0]
+    monkeypatch.setattr(load, "STREAM_MIN_BYTES", 0)  # stream every file
+    streamed = analyze_paths([p]).ranks[0]
+    assert streamed.rank == 4  # metadata read from the head of the file
+    assert streamed.temporal == whole.temporal
+    assert streamed.kernel_types_us == whole.kernel_types_us
+    p.write_bytes(p.read_bytes()[:-60])
+    with pytest.raises(TraceError, match=r"t\.json\.gz: the trace breaks after event #\d+"):
+        load_trace(p)

@@ -15,6 +15,7 @@ import math
 import re
 import warnings
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,48 @@ def _read_json(path: Path) -> dict[str, Any]:
     return doc
 
 
+STREAM_MIN_BYTES = 64 * 2**20
+"""Files at least this big on disk are streamed event by event (ijson's C backend) instead of
+parsed whole, so memory follows the events kept, not the file size."""
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _stream_meta(path: Path, gz: bool) -> dict[str, Any]:
+    """The top-level keys written before 'traceEvents' (Kineto writes its metadata first)."""
+    opener = gzip.open if gz else open
+    with opener(path, "rb") as f:
+        head = f.read(4 * 2**20)
+    k = head.find(b'"traceEvents"')
+    if k < 0:
+        raise TraceError(f"{path}: no 'traceEvents' in the first 4 MiB: expected a Chrome-trace "
+                         "object (torch.profiler / Kineto JSON)")
+    try:
+        meta: dict[str, Any] = json.loads(head[:k] + b'"traceEvents": []}')
+    except json.JSONDecodeError:
+        return {}  # metadata we cannot read cheaply: rank from the file name
+    meta.pop("traceEvents", None)
+    return meta
+
+
+def _stream_events(path: Path, gz: bool) -> Iterator[Any]:
+    import ijson
+
+    opener = gzip.open if gz else open
+    n = 0
+    try:
+        with opener(path, "rb") as f:
+            for e in ijson.items(f, "traceEvents.item", use_float=True):
+                n += 1
+                yield e
+    except (ijson.JSONError, OSError, EOFError, zlib.error) as err:
+        raise TraceError(f"{path}: the trace breaks after event #{n} ({type(err).__name__}: "
+                         f"{err}); truncated or corrupt?") from err
+
+
 def _as_int(v: Any, default: int = -1) -> int:
     if isinstance(v, bool):
         return default
@@ -154,10 +197,21 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
             times (see docs/trace-parity.md for what this changes).
     """
     p = Path(path)
-    doc = _read_json(p)
+    try:
+        big = p.stat().st_size >= STREAM_MIN_BYTES
+    except OSError as err:
+        raise TraceError(f"{p}: cannot read the file ({err.strerror})") from err
+    raw_events: Iterable[Any]
+    if big:
+        gz = _is_gzip(p)
+        doc = _stream_meta(p, gz)
+        raw_events = _stream_events(p, gz)
+    else:
+        doc = _read_json(p)
+        raw_events = doc["traceEvents"]
     kept: list[tuple[int, dict[str, Any]]] = []
     kept_cats = KEPT_CATEGORIES
-    for i, e in enumerate(doc["traceEvents"]):
+    for i, e in enumerate(raw_events):
         try:
             cat = e.get("cat")
         except AttributeError:
@@ -170,6 +224,7 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
     floaty = any(isinstance(e.get("ts"), float) and not e["ts"].is_integer() for _, e in kept)
     rounding = hta_compat and floaty
     ceil, floor = math.ceil, math.floor
+    names: dict[str, str] = {}  # one string per distinct name: kernels repeat thousands of times
     events: list[Event] = []
     for i, e in kept:
         cat = e["cat"]
@@ -185,8 +240,9 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
         if rounding:
             ts_f, end_f = float(ceil(ts_f)), float(floor(end_f))
         args = e.get("args") or {}
+        name = str(e.get("name", ""))
         events.append(Event(
-            name=str(e.get("name", "")), cat=str(cat), ts=ts_f, end=end_f,
+            name=names.setdefault(name, name), cat=str(cat), ts=ts_f, end=end_f,
             stream=_as_int(args.get("stream"), -1) if cat in GPU_CATEGORIES else -1,
             corr=_as_int(args.get("correlation"), -1), pid=e.get("pid"), tid=e.get("tid"),
             nbytes=_as_int(args.get("bytes"), -1),
