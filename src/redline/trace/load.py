@@ -142,6 +142,14 @@ def _stream_meta(path: Path, gz: bool) -> dict[str, Any]:
     except json.JSONDecodeError:
         return {}  # metadata we cannot read cheaply: rank from the file name
     meta.pop("traceEvents", None)
+    if "distributedInfo" not in meta:
+        # Written after the events by some producers: one more pass, in ijson's C parser.
+        import ijson
+
+        with opener(path, "rb") as f:
+            info = next(ijson.items(f, "distributedInfo"), None)
+        if info is not None:
+            meta["distributedInfo"] = info
     return meta
 
 
