@@ -138,5 +138,12 @@ def test_streaming_parse_gives_the_same_answers(tmp_path: Path,
     assert streamed.temporal == whole.temporal
     assert streamed.kernel_types_us == whole.kernel_types_us
     p.write_bytes(p.read_bytes()[:-60])
-    with pytest.raises(TraceError, match=r"t\.json\.gz: the trace breaks after event #\d+"):
+    with pytest.raises(TraceError, match=r"t\.json\.gz: the (gzip stream|trace) is corrupt or "
+                                         r"truncated"):
         load_trace(p)
+    big = tmp_path / "big.json"  # plain JSON cut in the middle of the events
+    write_trace(big, gz=False, rank=2)
+    big.write_text(big.read_text()[:-300])
+    with pytest.raises(TraceError, match=r"big\.json: the trace (breaks after event #\d+|is "
+                                         r"corrupt or truncated)"):
+        load_trace(big)

@@ -131,8 +131,12 @@ def _is_gzip(path: Path) -> bool:
 def _stream_meta(path: Path, gz: bool) -> dict[str, Any]:
     """The top-level keys written before 'traceEvents' (Kineto writes its metadata first)."""
     opener = gzip.open if gz else open
-    with opener(path, "rb") as f:
-        head = f.read(4 * 2**20)
+    try:
+        with opener(path, "rb") as f:
+            head = f.read(4 * 2**20)
+    except (OSError, EOFError, zlib.error) as err:
+        raise TraceError(f"{path}: the gzip stream is corrupt or truncated ({err}); re-copy "
+                         "the trace or re-record it") from err
     k = head.find(b'"traceEvents"')
     if k < 0:
         raise TraceError(f"{path}: no 'traceEvents' in the first 4 MiB: expected a Chrome-trace "
@@ -146,8 +150,12 @@ def _stream_meta(path: Path, gz: bool) -> dict[str, Any]:
         # Written after the events by some producers: one more pass, in ijson's C parser.
         import ijson
 
-        with opener(path, "rb") as f:
-            info = next(ijson.items(f, "distributedInfo"), None)
+        try:
+            with opener(path, "rb") as f:
+                info = next(ijson.items(f, "distributedInfo"), None)
+        except (ijson.JSONError, OSError, EOFError, zlib.error) as err:
+            raise TraceError(f"{path}: the trace is corrupt or truncated ({type(err).__name__}: "
+                             f"{err})") from err
         if info is not None:
             meta["distributedInfo"] = info
     return meta
