@@ -11,6 +11,16 @@ from redline.trace.kernels import CopyStat, LaunchStats, SyncStat
 from redline.trace.load import Event
 from redline.trace.select import COMMUNICATION, COMPUTATION, kernel_type
 
+
+def _matches(pattern: re.Pattern[str], name: str, cache: dict[tuple[str, str], bool]) -> bool:
+    """``pattern.search(name)``, once per distinct name (names repeat thousands of times)."""
+    key = (pattern.pattern, name)
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = pattern.search(name) is not None
+    return hit
+
+
 MEMORY_BOUND = re.compile(
     r"elementwise|reduce_kernel|norm|softmax|CatArray|copy_kernel|fill_kernel|gather|scatter|"
     r"index_|dropout", re.IGNORECASE)
@@ -36,6 +46,13 @@ def trace_findings(device: list[Event], t: Temporal, idle_sum: dict[str, float],
                    compute_capability: float | None) -> list[Finding]:
     out: list[Finding] = []
     kernels = [e for e in device if e.cat == "kernel"]
+    seen: dict[tuple[str, str], bool] = {}
+
+    def memory_bound(e: Event) -> bool:
+        return _matches(MEMORY_BOUND, e.name, seen)
+
+    def gemm(e: Event) -> bool:
+        return _matches(GEMM, e.name, seen)
 
     # launch_bound: idle is mostly host wait and kernels are shorter than their launch.
     idle_total = sum(idle_sum.values())
@@ -57,12 +74,12 @@ def trace_findings(device: list[Event], t: Temporal, idle_sum: dict[str, float],
             "or a larger batch per kernel."))
 
     # memory_bound_kernels
-    mb = merge([(e.ts, e.end) for e in kernels if MEMORY_BOUND.search(e.name)])
+    mb = merge([(e.ts, e.end) for e in kernels if memory_bound(e)])
     mb_us = total(mb)
     comp_us = t.compute_us or 1.0
     if mb_us / comp_us >= 0.4 and _window_share(mb_us, t) >= SHARE_MIN:
         share = _window_share(mb_us, t)
-        names = sorted({e.name.split("<")[0][:60] for e in kernels if MEMORY_BOUND.search(e.name)})
+        names = sorted({e.name.split("<")[0][:60] for e in kernels if memory_bound(e)})
         out.append(Finding(
             "memory_bound_kernels", severity_for(share),
             f"Elementwise / reduction / normalization kernels take {mb_us / comp_us:.0%} of "
@@ -76,8 +93,8 @@ def trace_findings(device: list[Event], t: Temporal, idle_sum: dict[str, float],
 
     # fp32_matmul_on_tensor_cores
     if compute_capability is not None and compute_capability >= 8.0:
-        f32 = [e for e in kernels if GEMM.search(e.name) and FP32_GEMM.search(e.name)
-               and not LOW_PRECISION.search(e.name)]
+        f32 = [e for e in kernels if gemm(e) and _matches(FP32_GEMM, e.name, seen)
+               and not _matches(LOW_PRECISION, e.name, seen)]
         f32_us = total(merge([(e.ts, e.end) for e in f32]))
         share = _window_share(f32_us, t)
         if share >= SHARE_MIN:
@@ -98,7 +115,7 @@ def trace_findings(device: list[Event], t: Temporal, idle_sum: dict[str, float],
     hits: list[Event] = []
     for evs in by_stream.values():
         for a, b, c in zip(evs, evs[1:], evs[2:], strict=False):
-            if ("softmax" in b.name.lower() and GEMM.search(a.name) and GEMM.search(c.name)):
+            if "softmax" in b.name.lower() and gemm(a) and gemm(c):
                 hits.append(b)
     if hits:
         sm_us = sum(e.dur for e in hits)

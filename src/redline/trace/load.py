@@ -22,6 +22,15 @@ from typing import Any
 
 import orjson
 
+from redline.trace.kineto_fast import (
+    OPEN,
+    LayoutError,
+    is_kineto_head,
+    split_stream,
+    split_whole,
+)
+from redline.trace.select import NO_DEVICE_WORK
+
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
 """Event categories that run on the device (Kineto names them the same for CUDA and ROCm)."""
 
@@ -80,7 +89,8 @@ class RankTrace:
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_bytes(path: Path) -> bytes:
+    """The file's JSON text, gunzipped if needed."""
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -91,6 +101,10 @@ def _read_json(path: Path) -> dict[str, Any]:
         except (OSError, EOFError, zlib.error) as e:
             raise TraceError(f"{path}: the gzip stream is corrupt or truncated ({e}); "
                              "re-copy the trace or re-record it") from e
+    return raw
+
+
+def _parse_json(path: Path, raw: bytes) -> dict[str, Any]:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -161,6 +175,15 @@ def _stream_meta(path: Path, gz: bool) -> dict[str, Any]:
     return meta
 
 
+def _kineto_layout(path: Path, gz: bool) -> bool:
+    opener = gzip.open if gz else open
+    try:
+        with opener(path, "rb") as f:
+            return is_kineto_head(f.read(2**20))
+    except (OSError, EOFError, zlib.error):
+        return False  # the general reader reports what is wrong with the file
+
+
 def _stream_events(path: Path, gz: bool) -> Iterator[Any]:
     import ijson
 
@@ -168,16 +191,37 @@ def _stream_events(path: Path, gz: bool) -> Iterator[Any]:
     n = 0
     try:
         with opener(path, "rb") as f:
+            if is_kineto_head(f.read(len(OPEN) + 4 * 2**20)):
+                f.seek(0)
+                yield from split_stream(f, str(path))
+                return
+            f.seek(0)
             for e in ijson.items(f, "traceEvents.item", use_float=True):
                 n += 1
                 yield e
+    except LayoutError as err:
+        raise TraceError(f"{path}: {err}") from err
     except (ijson.JSONError, OSError, EOFError, zlib.error) as err:
         raise TraceError(f"{path}: the trace breaks after event #{n} ({type(err).__name__}: "
                          f"{err}); truncated or corrupt?") from err
 
 
+def _read_small(path: Path) -> tuple[dict[str, Any], Iterable[Any]]:
+    """(metadata, events) of a file small enough to hold: Kineto's layout through the fast
+    splitter, anything else (or anything odd) through a full JSON parse."""
+    raw = _read_bytes(path)
+    try:
+        meta, events = split_whole(raw)
+        return meta, list(events)
+    except LayoutError:
+        doc = _parse_json(path, raw)
+        return doc, doc["traceEvents"]
+
+
 def _as_int(v: Any, default: int = -1) -> int:
-    if isinstance(v, bool):
+    if type(v) is int:  # the common case, first (runs for every kept event)
+        return v
+    if v is None or isinstance(v, bool):
         return default
     if isinstance(v, int):
         return v
@@ -218,34 +262,35 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
     except OSError as err:
         raise TraceError(f"{p}: cannot read the file ({err.strerror})") from err
     raw_events: Iterable[Any]
-    if big:
-        gz = _is_gzip(p)
+    gz = _is_gzip(p)
+    if big or _kineto_layout(p, gz):
+        # Streamed: Kineto's own layout block by block at any size (memory follows the events
+        # kept), other layouts through ijson when big.
         doc = _stream_meta(p, gz)
         raw_events = _stream_events(p, gz)
     else:
-        doc = _read_json(p)
-        raw_events = doc["traceEvents"]
-    kept: list[tuple[int, dict[str, Any]]] = []
-    kept_cats = KEPT_CATEGORIES
+        doc, raw_events = _read_small(p)
+    # One pass, converting as we go: a streamed file is never held, and no raw event dict
+    # outlives its turn. cpu_op & co. (most events) are skipped unread beyond their category.
+    kept_cats, gpu_cats = KEPT_CATEGORIES, GPU_CATEGORIES
+    names: dict[str, str] = {}  # one string per distinct name: kernels repeat thousands of times
+    events: list[Event] = []
+    floaty = False
     for i, e in enumerate(raw_events):
         try:
             cat = e.get("cat")
         except AttributeError:
             raise TraceError(f"{p}: traceEvents[{i}] is {type(e).__name__}, expected an "
                              "object") from None
-        if (cat in kept_cats or str(e.get("name", "")).startswith("ProfilerStep")) and (
-                e.get("ph") == "X"):
-            kept.append((i, e))  # cpu_op & co. are most events and no analysis here reads them
-    # HTA rounds when the ts column is float, i.e. when the file has fractional timestamps.
-    floaty = any(isinstance(e.get("ts"), float) and not e["ts"].is_integer() for _, e in kept)
-    rounding = hta_compat and floaty
-    ceil, floor = math.ceil, math.floor
-    names: dict[str, str] = {}  # one string per distinct name: kernels repeat thousands of times
-    events: list[Event] = []
-    for i, e in kept:
-        cat = e["cat"]
+        if cat not in kept_cats:
+            if cat is None or not str(e.get("name", "")).startswith("ProfilerStep"):
+                continue
+        elif cat in RUNTIME_CATEGORIES and e.get("name") in NO_DEVICE_WORK:
+            continue
+        if e.get("ph") != "X":
+            continue
         ts, dur = e.get("ts"), e.get("dur")
-        if cat is None or dur is None or ts is None:
+        if dur is None or ts is None:
             continue
         try:
             ts_f = float(ts)
@@ -253,16 +298,20 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
         except (TypeError, ValueError) as err:
             raise TraceError(f"{p}: traceEvents[{i}] ({e.get('name')!r}) has a non-numeric "
                              f"ts/dur: {ts!r}/{dur!r}") from err
-        if rounding:
-            ts_f, end_f = float(ceil(ts_f)), float(floor(end_f))
+        if not floaty and isinstance(ts, float) and not ts.is_integer():
+            floaty = True
         args = e.get("args") or {}
         name = str(e.get("name", ""))
         events.append(Event(
             name=names.setdefault(name, name), cat=str(cat), ts=ts_f, end=end_f,
-            stream=_as_int(args.get("stream"), -1) if cat in GPU_CATEGORIES else -1,
+            stream=_as_int(args.get("stream"), -1) if cat in gpu_cats else -1,
             corr=_as_int(args.get("correlation"), -1), pid=e.get("pid"), tid=e.get("tid"),
             nbytes=_as_int(args.get("bytes"), -1),
         ))
+    if hta_compat and floaty:
+        # HTA rounds when the ts column is float, i.e. when the file has fractional timestamps.
+        for ev in events:
+            ev.ts, ev.end = float(math.ceil(ev.ts)), float(math.floor(ev.end))
     props = doc.get("deviceProperties")
     device, cc = None, None
     if isinstance(props, list) and props and isinstance(props[0], dict):
