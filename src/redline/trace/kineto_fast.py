@@ -1,14 +1,17 @@
 """A fast path for files in Kineto's own layout (what torch.profiler writes).
 
-Kineto writes one event per block, blocks separated by exactly ``"\\n  },\\n  {"``. A JSON string
-cannot hold a raw newline, so that separator never occurs inside a name: splitting on it yields
-each event's text. Events of the categories no analysis reads (cpu_op, flow arrows — most of a
-trace) are recognised by a byte search and never parsed. Other layouts (compact JSON, other
-producers) go through the general parsers in :mod:`redline.trace.load`.
+Kineto writes one event per block, blocks separated by exactly ``"\\n  },\\n  {"``, and starts
+each with ``"ph": ..., "cat": ..., "name": ...``. A JSON string cannot hold a raw newline, so
+that separator never occurs inside a name. Instead of parsing every event, a regular expression
+finds the few categories the analyses read (kernels, copies, syncs, runtime calls, ProfilerStep
+marks); only those blocks are cut out and parsed. cpu_op events and flow arrows — most of a
+trace — are never parsed. Other layouts (compact JSON, other producers) go through the general
+parsers in :mod:`redline.trace.load`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -18,12 +21,16 @@ from redline.trace.select import NO_DEVICE_WORK
 
 SEP = b"\n  },\n  {"
 OPEN = b'"traceEvents": [\n  {'
-SKIP_CATS = frozenset({b"cpu_op", b"ac2g", b"fwdbwd", b"python_function"})
-RUNTIME_CATS = frozenset({b"cuda_runtime", b"cuda_driver"})
-"""Categories no analysis reads; a ProfilerStep annotation is kept whatever its category."""
-
 BLOCK = 4 * 2**20
-"""Bytes decompressed and split at a time: peak memory beyond the kept events is ~2 blocks."""
+"""Bytes decompressed and scanned at a time: peak memory beyond the kept events is ~2 blocks."""
+
+_KEPT = re.compile(
+    rb'"cat": "(?:(kernel|gpu_mem(?:cpy|set)|cuda_sync)|(cuda_runtime|cuda_driver)", '
+    rb'"name": "([^"]*))')
+"""Starts with a literal so the regex engine skips ahead fast; runtime calls capture their
+name (API names never hold quotes) to drop those that do no device work."""
+_STEP = b'"name": "ProfilerStep#'
+_SKIP_RUNTIME = frozenset(n.encode() for n in NO_DEVICE_WORK)
 
 
 class Readable(Protocol):
@@ -35,7 +42,7 @@ class LayoutError(ValueError):
 
 
 def _find_close(buf: bytes) -> tuple[int, int] | None:
-    """(start, end) of the events array's closing ``\n  }\n]`` (Kineto indents the ']' by 0
+    """(start, end) of the events array's closing ``\\n  }\\n]`` (Kineto indents the ']' by 0
     or 2 spaces), searching from the end."""
     pos = len(buf)
     while True:
@@ -50,31 +57,35 @@ def _find_close(buf: bytes) -> tuple[int, int] | None:
         pos = j
 
 
-def _keep(chunk: bytes) -> bool:
-    # Kineto writes '"ph": "X", "cat": "<category>", "name": ...' at the start of each event.
-    i = chunk.find(b'"cat": "', 0, 96)
-    if i < 0:
-        return True  # unusual event: let the general filter decide
-    j = chunk.find(b'"', i + 8, i + 64)
-    cat = chunk[i + 8:j]
-    if cat in SKIP_CATS:
-        return b'"name": "ProfilerStep#' in chunk[:256]
-    if cat in RUNTIME_CATS:
-        k = chunk.find(b'"name": "', j, j + 32)
-        if k >= 0:
-            m = chunk.find(b'"', k + 9, k + 128)
-            return chunk[k + 9:m].decode() not in NO_DEVICE_WORK
-    return True
+def _starts(body: bytes) -> list[int]:
+    """Positions of the kept events' category (or ProfilerStep name) marks, in file order."""
+    pos = [m.start() for m in _KEPT.finditer(body)
+           if m.group(2) is None or m.group(3) not in _SKIP_RUNTIME]
+    k = body.find(_STEP)
+    if k >= 0:  # ProfilerStep marks (a handful per trace), whatever their category
+        while k >= 0:
+            pos.append(k)
+            k = body.find(_STEP, k + 1)
+        pos.sort()
+    return pos
 
 
-def _parse(chunks: list[bytes], first_index: int) -> Iterator[Any]:
+def _extract(body: bytes) -> Iterator[Any]:
+    """Parsed events of the kept kinds in ``body`` (whole blocks joined by SEP)."""
     loads = orjson.loads
-    for n, c in enumerate(chunks):
-        if _keep(c):
-            try:
-                yield loads(b"{" + c + b"}")
-            except orjson.JSONDecodeError as e:
-                raise LayoutError(f"event #{first_index + n} does not parse: {e}") from e
+    last = -1
+    for pos in _starts(body):
+        s = body.rfind(SEP, 0, pos)
+        s = 0 if s < 0 else s + len(SEP)
+        if s == last:
+            continue  # a second mark inside the same event (ProfilerStep in a kept category)
+        last = s
+        e = body.find(SEP, pos)
+        chunk = body[s:] if e < 0 else body[s:e]
+        try:
+            yield loads(b"{" + chunk + b"}")
+        except orjson.JSONDecodeError as err:
+            raise LayoutError(f"an event near byte {s} does not parse: {err}") from err
 
 
 def split_whole(text: bytes) -> tuple[dict[str, Any], Iterator[Any]]:
@@ -91,7 +102,7 @@ def split_whole(text: bytes) -> tuple[dict[str, Any], Iterator[Any]]:
     if not isinstance(meta, dict):
         raise LayoutError("top level is not an object")
     meta.pop("traceEvents", None)
-    return meta, _parse(text[k + len(OPEN):end].split(SEP), 0)
+    return meta, _extract(text[k + len(OPEN):end])
 
 
 def is_kineto_head(head: bytes) -> bool:
@@ -105,17 +116,16 @@ def split_stream(f: Readable, name: str) -> Iterator[Any]:
     if k < 0:
         raise LayoutError("not in Kineto's layout")
     buf = buf[k + len(OPEN):]
-    seen = 0
     while True:
-        parts = buf.split(SEP)
-        buf = parts.pop()  # the last block may be incomplete
-        yield from _parse(parts, seen)
-        seen += len(parts)
+        cut = buf.rfind(SEP)
+        if cut >= 0:  # everything before the last separator is whole events
+            yield from _extract(buf[:cut])
+            buf = buf[cut + len(SEP):]
         block = f.read(BLOCK)
         if not block:
             break
         buf += block
     close = _find_close(buf)
     if close is None:
-        raise LayoutError(f"the trace ends inside event #{seen}: truncated?")
-    yield from _parse([buf[:close[0]]], seen)
+        raise LayoutError("the trace ends inside an event: truncated?")
+    yield from _extract(buf[:close[0]])

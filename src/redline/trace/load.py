@@ -57,8 +57,6 @@ class Event:
     """Device stream for device events; -1 for host events."""
     corr: int
     """Correlation id linking a runtime call to the device work it launched; -1 if none."""
-    pid: Any = None
-    tid: Any = None
     nbytes: int = -1
     """Bytes moved (memcpy / memset events), -1 when not recorded."""
 
@@ -301,12 +299,17 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
         if not floaty and isinstance(ts, float) and not ts.is_integer():
             floaty = True
         args = e.get("args") or {}
-        name = str(e.get("name", ""))
-        events.append(Event(
-            name=names.setdefault(name, name), cat=str(cat), ts=ts_f, end=end_f,
-            stream=_as_int(args.get("stream"), -1) if cat in gpu_cats else -1,
-            corr=_as_int(args.get("correlation"), -1), pid=e.get("pid"), tid=e.get("tid"),
-            nbytes=_as_int(args.get("bytes"), -1),
+        name = e.get("name", "")
+        if type(name) is not str:
+            name = str(name)
+        stream = args.get("stream", -1) if cat in gpu_cats else -1
+        corr = args.get("correlation", -1)
+        nbytes = args.get("bytes", -1)
+        events.append(Event(  # positional, int fast paths: this runs once per kept event
+            names.setdefault(name, name), cat, ts_f, end_f,
+            stream if type(stream) is int else _as_int(stream),
+            corr if type(corr) is int else _as_int(corr),
+            nbytes if type(nbytes) is int else _as_int(nbytes),
         ))
     if hta_compat and floaty:
         # HTA rounds when the ts column is float, i.e. when the file has fractional timestamps.
