@@ -121,3 +121,20 @@ def test_cli_trace_terminal_and_json(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "redline.cli.main", "trace",
                           str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no such file or folder" in bad.stderr
+
+
+def test_cuda_graph_launch_counts_all_its_kernels(tmp_path: Path) -> None:
+    """One cudaGraphLaunch, one correlation id, several kernels replayed from the graph."""
+    ev = [_x("user_annotation", "ProfilerStep#1", 0, 500),
+          _x("user_annotation", "ProfilerStep#2", 500, 500),
+          _x("cuda_runtime", "cudaGraphLaunch", 10, 5, correlation=77)]
+    for k in range(4):
+        ev.append(_x("kernel", f"graph_kernel_{k}", 20 + 10 * k, 8, stream=7, correlation=77))
+    ev.append(_x("cuda_runtime", "cudaGraphLaunch", 600, 5, correlation=78))  # last step
+    ev.append(_x("kernel", "graph_kernel_0", 610, 8, stream=7, correlation=78))
+    (r,) = analyze_paths([write_trace(tmp_path / "g.json.gz", ev)]).ranks
+    assert r.device_events == 4  # the last step's replay is dropped
+    assert r.launches is not None and r.launches.launches == 4
+    t = r.temporal
+    assert t is not None and (t.window_us, t.idle_us) == (38, 6)  # gaps of 2 µs between kernels
+    assert r.idle_sum_over_streams["kernel_wait"] == 6  # launched long before: launch latency
