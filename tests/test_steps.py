@@ -217,6 +217,7 @@ def test_hooks_removed_on_exit() -> None:
              len(oo._global_optimizer_pre_hooks))
     assert before == after
     assert not model._forward_hooks and not model._forward_pre_hooks
+    assert "forward" not in vars(model)  # the timing wrapper is gone
     assert "to" not in vars(torch.Tensor)
 
 
