@@ -1,0 +1,232 @@
+"""DataLoader autotune: settings found by measuring the real loop, not by folklore.
+
+"4–8 workers per GPU" is a starting point (data_pipeline_anchors.md §5). This measures instead:
+it times the consumer with data ready (the device's consumption rate), then raises
+``num_workers`` (and ``prefetch_factor`` when the fetch waits rather than computes) while each
+step measurably helps, and stops as soon as the loop waits for data ≤ 2 % of the step, the
+usable CPUs are saturated, or /dev/shm / RAM would not hold more batches in flight.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import torch
+from torch.utils.data import DataLoader
+
+from redline.measure.loader import batch_nbytes, batch_samples
+from redline.measure.system import cpu_budget, shm_info
+
+WAIT_TARGET = 0.02
+"""Stop once data wait is ≤ 2 % of the step (issue 4)."""
+MIN_GAIN = 0.05
+"""A setting is kept only if it raises throughput by ≥ 5 % (below that it is noise here)."""
+SATURATED = 0.9
+"""CPUs count as saturated at ≥ 90 % of the usable cores busy (process + workers)."""
+SHM_SHARE = 0.5
+"""Batches in flight may use at most half of the free /dev/shm."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderSettings:
+    """The knobs autotune sets."""
+
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    """Batches in flight per worker (None with num_workers=0)."""
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    torch_threads: int = 1
+    """Intra-op threads of the training process while workers run."""
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        if self.num_workers > 0:
+            kw["prefetch_factor"] = self.prefetch_factor or 2
+            kw["persistent_workers"] = self.persistent_workers
+        return kw
+
+
+@dataclass(slots=True)
+class Trial:
+    settings: LoaderSettings
+    samples_per_s: float
+    data_wait_fraction: float
+    cpu_cores_busy: float
+    """Process + worker CPU seconds per wall second during the trial."""
+    seconds: float
+
+
+@dataclass(slots=True)
+class LoaderPlan:
+    """The chosen settings, every trial behind them, and why."""
+
+    settings: LoaderSettings
+    consume_s_per_batch: float
+    """Time the consumer needs per batch with data ready (the device's consumption rate)."""
+    trials: list[Trial] = field(default_factory=list)
+    reason: str = ""
+    tuning_s: float = 0.0
+
+    @property
+    def best(self) -> Trial:
+        return max(self.trials, key=lambda t: t.samples_per_s)
+
+
+def _proc_cpu(p: psutil.Process) -> float:
+    total = 0.0
+    try:
+        t = p.cpu_times()
+        total += t.user + t.system
+        for c in p.children(recursive=True):
+            try:
+                ct = c.cpu_times()
+                total += ct.user + ct.system
+            except psutil.Error:
+                pass
+    except psutil.Error:
+        pass
+    return total
+
+
+def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
+            consume: Callable[[Any], None], settings: LoaderSettings,
+            batches: int = 24, skip: int = 3) -> Trial:
+    """Throughput and data wait of one setting, in the real loop (first batches skipped:
+    worker start-up is a one-off with persistent workers)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(settings.torch_threads)
+    proc = psutil.Process()
+    t_start = time.perf_counter()
+    try:
+        loader = make_loader(settings)
+        it: Iterator[Any] = iter(loader)
+        for _ in range(skip):
+            consume(next(it))
+        wait = step = 0.0
+        samples = 0
+        c0, w0 = _proc_cpu(proc), time.perf_counter()
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            try:
+                b = next(it)
+            except StopIteration:
+                it = iter(loader)
+                b = next(it)
+            t1 = time.perf_counter()
+            consume(b)
+            t2 = time.perf_counter()
+            wait += t1 - t0
+            step += t2 - t0
+            samples += batch_samples(b) or 1
+        busy = (_proc_cpu(proc) - c0) / max(1e-9, time.perf_counter() - w0)
+        del it, loader
+    finally:
+        torch.set_num_threads(threads)
+    return Trial(settings, samples / step, wait / step, busy, time.perf_counter() - t_start)
+
+
+def consume_time(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
+                 consume: Callable[[Any], None], repeats: int = 5) -> tuple[float, Any]:
+    """(median time the consumer takes per batch with data ready, that batch)."""
+    batch = next(iter(make_loader(LoaderSettings())))
+    consume(batch)  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        consume(batch)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), batch
+
+
+def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
+                    consume: Callable[[Any], None], *, device: str = "cpu",
+                    batches_per_trial: int = 24, max_workers: int | None = None,
+                    cpus: float | None = None) -> LoaderPlan:
+    """Find DataLoader settings for this loop by measuring it.
+
+    Args:
+        make_loader: builds the user's DataLoader with the given settings (pass
+            ``**settings.loader_kwargs()`` to ``DataLoader``).
+        consume: one training step on a batch (or a stand-in with the device's speed).
+        device: where batches go; ``pin_memory`` is chosen only for CUDA.
+        batches_per_trial: batches timed per setting.
+        max_workers: upper bound (default: 2 × usable CPUs, enough for I/O-bound fetches).
+        cpus: usable CPUs (default: affinity ∩ cgroup quota).
+
+    Returns:
+        A :class:`LoaderPlan` with the settings, every trial and the reason in numbers.
+    """
+    t_begin = time.perf_counter()
+    budget = cpus if cpus is not None else cpu_budget().cpus
+    cap = max_workers if max_workers is not None else max(1, int(2 * budget))
+    pin = device.startswith("cuda") and torch.cuda.is_available()
+    consume_s, sample_batch = consume_time(make_loader, consume)
+    plan = LoaderPlan(LoaderSettings(torch_threads=max(1, int(budget))), consume_s)
+
+    first = measure(make_loader, consume, plan.settings, batches_per_trial)
+    plan.trials.append(first)
+    best = first
+    batch_bytes = batch_nbytes(sample_batch)
+    shm = shm_info()
+    ram = psutil.virtual_memory().available
+    reason = ""
+    if first.data_wait_fraction <= WAIT_TARGET:
+        reason = (f"data wait is already {first.data_wait_fraction:.1%} of the step in the "
+                  f"main process (≤ {WAIT_TARGET:.0%}): no workers needed")
+    workers = 1
+    prefetch = 2
+    while not reason:
+        if workers > cap:
+            reason = f"reached {cap} workers (2 × {budget:g} usable CPUs)"
+            break
+        in_flight = workers * prefetch * batch_bytes
+        if shm is not None and in_flight > SHM_SHARE * shm.free_bytes:
+            reason = (f"{workers} workers × prefetch {prefetch} × {batch_bytes / 2**20:.1f} MiB "
+                      f"batches would use over half of /dev/shm ({shm.free_bytes / 2**20:.0f} "
+                      "MiB free)")
+            break
+        if in_flight > 0.25 * ram:
+            reason = "batches in flight would use over a quarter of the free RAM"
+            break
+        s = LoaderSettings(num_workers=workers, prefetch_factor=prefetch, pin_memory=pin,
+                           persistent_workers=True,
+                           torch_threads=max(1, int(budget) - workers))
+        trial = measure(make_loader, consume, s, batches_per_trial)
+        plan.trials.append(trial)
+        gained = trial.samples_per_s >= best.samples_per_s * (1 + MIN_GAIN)
+        if gained:
+            best = trial
+        if best.data_wait_fraction <= WAIT_TARGET:
+            reason = (f"data wait fell to {best.data_wait_fraction:.1%} of the step "
+                      f"(≤ {WAIT_TARGET:.0%})")
+            break
+        if not gained:
+            io_bound = trial.cpu_cores_busy < 0.8 * budget
+            if io_bound and prefetch < 4 and workers <= cap:
+                prefetch = 4  # the fetch waits rather than computes: deeper queues hide latency
+                continue
+            reason = (f"{workers} workers gave {trial.samples_per_s:,.0f} samples/s vs "
+                      f"{best.samples_per_s:,.0f} with {best.settings.num_workers}: no gain "
+                      f"≥ {MIN_GAIN:.0%}" + (f"; CPUs saturated ({trial.cpu_cores_busy:.2f} of "
+                                             f"{budget:g} busy)" if not io_bound else ""))
+            break
+        if trial.cpu_cores_busy >= SATURATED * budget:
+            reason = (f"the {budget:g} usable CPUs are saturated "
+                      f"({trial.cpu_cores_busy:.2f} busy with {workers} workers): more "
+                      "workers would only compete with the training process")
+            break
+        workers = workers + 1 if workers < budget else workers * 2
+    plan.settings = best.settings
+    plan.reason = (f"{reason}. Chosen: {best.settings.num_workers} workers, prefetch "
+                   f"{best.settings.prefetch_factor}, pin_memory {best.settings.pin_memory}, "
+                   f"{best.settings.torch_threads} torch threads → "
+                   f"{best.samples_per_s:,.0f} samples/s, data wait "
+                   f"{best.data_wait_fraction:.1%} (consumer needs {consume_s * 1e3:.1f} ms/batch)")
+    plan.tuning_s = time.perf_counter() - t_begin
+    return plan
