@@ -64,7 +64,8 @@ def data_findings(m: Measurements) -> list[Finding]:
         fix = (f"Load batches in worker processes: DataLoader(..., num_workers={rec}, "
                "persistent_workers=True" + (", pin_memory=True" if m.device.type == "cuda" else "")
                + f"). {rec} = usable CPUs ({cpus:g}) − 1 for the training process, a starting "
-               "point to measure from, not a rule.")
+               "point; redline.data.autotune_loader(make_loader, step) measures the best "
+               "setting in your loop.")
     elif saturated:
         fix = (f"The {cpus:g} usable CPUs are saturated (training process {h.main_cpu_cores or 0:.2f}"
                f" + workers {h.workers_cpu_cores or 0:.2f} cores): more workers will not help. "
@@ -72,7 +73,8 @@ def data_findings(m: Measurements) -> list[Finding]:
                "make transforms cheaper, or give the job more CPUs per device.")
     else:
         fix = (f"Workers are not keeping up and CPUs are left ({busy:.2f} of {cpus:g} cores busy): "
-               f"raise num_workers above {nw} (and prefetch_factor) and re-measure.")
+               f"raise num_workers above {nw} (and prefetch_factor); "
+               "redline.data.autotune_loader(make_loader, step) finds the setting by measuring.")
     out = [Finding("data_starvation", severity_for(f),
                    f"The training loop waits for data {f:.0%} of each step",
                    evidence, ceiling_speedup(f), fix)]
