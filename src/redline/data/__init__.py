@@ -1,7 +1,16 @@
-"""Data-path fixes: loader autotune and a device prefetcher (sample cache: to come)."""
+"""Data-path fixes: loader autotune, a device prefetcher and a cache of preprocessed samples."""
 
 from redline.data.autotune import LoaderPlan, LoaderSettings, autotune_loader
+from redline.data.cache import CachedDataset, CacheStats
 from redline.data.prefetcher import DevicePrefetcher, PrefetchStats, map_tensors
 
-__all__ = ["DevicePrefetcher", "LoaderPlan", "LoaderSettings", "PrefetchStats", "autotune_loader",
-           "map_tensors"]
+__all__ = [
+    "CacheStats",
+    "CachedDataset",
+    "DevicePrefetcher",
+    "LoaderPlan",
+    "LoaderSettings",
+    "PrefetchStats",
+    "autotune_loader",
+    "map_tensors",
+]

@@ -1,0 +1,158 @@
+"""CachedDataset (LMDB, node-local): hits and misses, the random tail re-run, concurrent
+writers, a writer killed mid-write, a full store / full disk, a stale fingerprint."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from redline.data import CachedDataset
+
+
+class Numbers(Dataset[int]):
+    def __init__(self, n: int = 64) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def square(i: int) -> torch.Tensor:
+    return torch.full((16,), float(i * i))
+
+
+def cube(i: int) -> torch.Tensor:
+    return torch.full((16,), float(i ** 3))
+
+
+def test_hits_misses_and_random_tail(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def det(i: int) -> torch.Tensor:
+        calls.append(i)
+        return square(i)
+
+    ds = CachedDataset(Numbers(8), det, lambda t: t + torch.rand(1), path=tmp_path / "c")
+    a = [ds[i] for i in range(8)]
+    b = [ds[i] for i in range(8)]
+    assert calls == list(range(8))  # computed once per sample
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert torch.allclose(x.floor(), torch.full((16,), float(i * i)))
+        assert not torch.equal(x, y)  # the random tail ran again
+    st = ds.stats()
+    assert (st.hits, st.misses, st.uncached) == (8, 8, 0)
+    assert st.bytes_written > 0 and st.bytes_read == st.bytes_written
+
+
+def _fill(path: str, rank: int) -> None:
+    ds = CachedDataset(Numbers(64), square, path=path)
+    for _ in range(2):  # two epochs, two workers each
+        for _ in DataLoader(ds, batch_size=4, num_workers=2, shuffle=True):
+            pass
+
+
+@pytest.mark.slow
+def test_two_processes_with_two_workers_fill_one_store(tmp_path: Path) -> None:
+    path = str(tmp_path / "c")
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_fill, args=(path, r)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    ds = CachedDataset(Numbers(64), square, path=path)
+    for i in range(64):
+        assert torch.equal(ds[i], square(i))
+    assert ds.stats().hits == 64 and ds.stats().misses == 0  # every sample stored, once
+
+
+def _die_mid_write(path: str, key: bytes) -> None:
+    import lmdb
+
+    env = lmdb.open(path, map_size=2**24)
+    txn = env.begin(write=True)
+    txn.put(key, b"half-written")
+    os.kill(os.getpid(), signal.SIGKILL)  # killed before commit
+
+
+@pytest.mark.slow
+def test_writer_killed_mid_write_leaves_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "c"
+    ds = CachedDataset(Numbers(8), square, path=path, max_bytes=2**24)
+    ds[0]
+    key = ds._prefix + b"1"
+    # spawn: a fresh interpreter (LMDB refuses a second handle on one path in a process)
+    p = mp.get_context("spawn").Process(target=_die_mid_write, args=(str(path), key))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -signal.SIGKILL
+    fresh = CachedDataset(Numbers(8), square, path=path, max_bytes=2**24)
+    assert torch.equal(fresh[1], square(1))  # recomputed, not the half-written bytes
+    assert torch.equal(fresh[0], square(0))
+    assert fresh.stats().hits == 1 and fresh.stats().misses == 1  # and the store still writes
+    assert torch.equal(fresh[1], square(1)) and fresh.stats().hits == 2
+
+
+def test_full_store_warns_once_and_passes_through(tmp_path: Path) -> None:
+    big = CachedDataset(Numbers(64), lambda i: torch.zeros(50_000) + i, path=tmp_path / "c",
+                        max_bytes=2**20)  # 1 MiB holds only a few 200 KB samples
+    with pytest.warns(RuntimeWarning, match="fill-once policy") as rec:
+        out = [big[i] for i in range(64)]
+    assert len(rec) == 1
+    assert all(float(o[0]) == i for i, o in enumerate(out))  # values right, cached or not
+    st = big.stats()
+    assert st.uncached > 0 and st.misses == 64
+
+
+def test_disk_full_error_passes_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = CachedDataset(Numbers(8), square, path=tmp_path / "c")
+
+    class FullDiskTxn:
+        def __enter__(self) -> FullDiskTxn:
+            return self
+
+        def __exit__(self, *a: object) -> None:
+            return None
+
+        def get(self, key: bytes) -> None:
+            return None
+
+        def put(self, *a: object, **k: object) -> None:
+            raise OSError(28, "No space left on device")
+
+    class FullDiskEnv:
+        def begin(self, **kw: object) -> FullDiskTxn:
+            return FullDiskTxn()
+
+    monkeypatch.setattr(ds, "_open", lambda: FullDiskEnv())
+    with pytest.warns(RuntimeWarning, match="No space left on device"):
+        assert torch.equal(ds[3], square(3))
+    assert torch.equal(ds[4], square(4)) and ds.stats().uncached == 2
+
+
+def test_changed_transform_never_serves_stale_samples(tmp_path: Path) -> None:
+    path = tmp_path / "c"
+    a = CachedDataset(Numbers(8), square, path=path)
+    assert [float(a[i][0]) for i in range(8)] == [i * i for i in range(8)]
+    b = CachedDataset(Numbers(8), cube, path=path)  # same store, new pipeline
+    assert a.fingerprint != b.fingerprint
+    assert [float(b[i][0]) for i in range(8)] == [i ** 3 for i in range(8)]
+    assert b.stats().hits == 0
+    c = CachedDataset(Numbers(9), square, path=path)  # the dataset changed (length)
+    assert c.fingerprint != a.fingerprint
+    assert CachedDataset(Numbers(8), square, path=path).fingerprint == a.fingerprint
+
+
+def test_bad_size() -> None:
+    with pytest.raises(ValueError, match="at least 1 MiB"):
+        CachedDataset(Numbers(), square, max_bytes=100)
