@@ -127,6 +127,9 @@ def test_disk_full_error_passes_through(tmp_path: Path, monkeypatch: pytest.Monk
         def get(self, key: bytes) -> None:
             return None
 
+        def abort(self) -> None:
+            return None
+
         def put(self, *a: object, **k: object) -> None:
             raise OSError(28, "No space left on device")
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset
 
 DEFAULT_DIR = "/dev/shm/redline-cache" if os.path.isdir("/dev/shm") else "redline-cache"
@@ -133,6 +134,44 @@ def _environment(path: Path, max_bytes: int) -> Any:
     return env
 
 
+_TENSOR = b"T1"
+_PICKLE = b"P1"
+
+
+def encode(value: Any) -> bytes:
+    """Tensors as a small header + their raw bytes (loads without pickle's per-object work);
+    anything else pickled."""
+    if isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_cuda:
+        t = value.detach().contiguous()
+        header = f"{str(t.dtype)[6:]}|{','.join(map(str, t.shape))}".encode()
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return _TENSOR + len(header).to_bytes(2, "little") + header + data
+    return _PICKLE + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+_HEADERS: dict[bytes, tuple[torch.dtype, list[int]]] = {}
+"""Parsed tensor headers (dtype, shape): a dataset's samples share a few shapes."""
+
+
+def decode(blob: bytes) -> Any:
+    if blob[:2] == _TENSOR:
+        n = int.from_bytes(blob[2:4], "little")
+        header = blob[4:4 + n]
+        parsed = _HEADERS.get(header)
+        if parsed is None:
+            dtype_name, shape_s = header.decode().split("|")
+            parsed = (getattr(torch, dtype_name),
+                      [int(x) for x in shape_s.split(",")] if shape_s else [])
+            if len(_HEADERS) < 4096:
+                _HEADERS[header] = parsed
+        dtype, shape = parsed
+        raw = bytearray(blob[4 + n:])  # a writable copy: tensors must own their memory
+        if not raw:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(raw, dtype=dtype).view(shape)
+    return pickle.loads(blob[2:])
+
+
 class CachedDataset(Dataset[Any]):
     """Wrap ``dataset`` so ``deterministic(dataset[i])`` is computed once and stored.
 
@@ -166,6 +205,8 @@ class CachedDataset(Dataset[Any]):
         self._counters = mp.Array("q", 5)
         self._env: Any = None
         self._pid = -1
+        self._rtxn: Any = None
+        self._rtxn_pid = -1
         self._writable = True
         self._warned = False
 
@@ -174,7 +215,8 @@ class CachedDataset(Dataset[Any]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_env"], state["_pid"] = None, -1  # LMDB handles never cross a process boundary
+        # LMDB handles never cross a process boundary
+        state["_env"], state["_pid"], state["_rtxn"], state["_rtxn_pid"] = None, -1, None, -1
         return state
 
     # -- store ----------------------------------------------------------------------------
@@ -184,9 +226,22 @@ class CachedDataset(Dataset[Any]):
             self._pid = os.getpid()
         return self._env
 
-    def _count(self, k: int, n: int = 1) -> None:
-        with self._counters.get_lock():
-            self._counters[k] += n
+    def _reader(self, env: Any) -> Any:
+        """This process's read transaction, kept open between reads (a snapshot; renewed when a
+        key is missing). Fill-once never frees pages, so a long reader costs no growth."""
+        if self._rtxn is None or self._rtxn_pid != os.getpid():
+            self._rtxn = env.begin(buffers=False)
+            self._rtxn_pid = os.getpid()
+        return self._rtxn
+
+    def _count(self, k: int, k2: int = -1, n2: int = 0) -> None:
+        """Add 1 to counter k (and n2 to counter k2) under one lock acquisition."""
+        c = self._counters
+        with c.get_lock():
+            raw: Any = c.get_obj()  # the plain ctypes array: items do not take the lock again
+            raw[k] += 1
+            if k2 >= 0:
+                raw[k2] += n2
 
     def _stop_writing(self, why: str) -> None:
         self._writable = False
@@ -198,12 +253,15 @@ class CachedDataset(Dataset[Any]):
     def _get_det(self, i: int) -> Any:
         key = self._prefix + str(i).encode()
         env = self._open()
-        with env.begin(buffers=False) as txn:
+        txn = self._reader(env)
+        blob = txn.get(key)
+        if blob is None:  # maybe stored since this reader's snapshot: look again, fresh
+            txn.abort()
+            self._rtxn = txn = env.begin(buffers=False)
             blob = txn.get(key)
         if blob is not None:
-            self._count(0)
-            self._count(2, len(blob))
-            return pickle.loads(blob)
+            self._count(0, 2, len(blob))
+            return decode(blob)
         self._count(1)
         value = self.deterministic(self.dataset[i])
         if self._writable:
@@ -215,11 +273,13 @@ class CachedDataset(Dataset[Any]):
     def _put(self, env: Any, key: bytes, value: Any) -> None:
         import lmdb
 
-        blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = encode(value)
         try:
             with env.begin(write=True) as txn:
                 txn.put(key, blob, overwrite=False)  # another worker may have stored it first
-            self._count(3, len(blob))
+            with self._counters.get_lock():
+                counters: Any = self._counters.get_obj()
+                counters[3] += len(blob)
         except lmdb.MapFullError:
             self._count(4)
             self._stop_writing(f"reached max_bytes={self.max_bytes:,} (fill-once policy: "
