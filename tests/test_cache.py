@@ -159,3 +159,25 @@ def test_changed_transform_never_serves_stale_samples(tmp_path: Path) -> None:
 def test_bad_size() -> None:
     with pytest.raises(ValueError, match="at least 1 MiB"):
         CachedDataset(Numbers(), square, max_bytes=100)
+
+
+def test_cache_statistics_reach_the_report(tmp_path: Path) -> None:
+    import jsonschema
+
+    import redline
+    from redline.report.json_io import schema, to_dict
+
+    ds = CachedDataset(Numbers(32), square, path=tmp_path / "c")
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(ds, batch_size=8)
+    with redline.watch(warmup_steps=1, count_flops=False) as w:
+        for _ in range(2):
+            for x in loader:
+                model(x).sum().backward()
+                opt.step()
+    rep = w.report(show=False)
+    (li,) = rep.measurements.loaders
+    assert li.cache is not None
+    assert (li.cache["hits"], li.cache["misses"], li.cache["hit_rate"]) == (32, 32, 0.5)
+    jsonschema.validate(to_dict(rep), schema())

@@ -92,11 +92,13 @@ def data_findings(m: Measurements) -> list[Finding]:
         if fid == "cpu_preprocessing":
             title = (f"CPU preprocessing (decode/augment) makes {share:.0%} of the data wait "
                      f"({removable:.0%} of the step)")
-            fix_sub = ("Spread the work over more CPU cores (workers), cache the output of the "
-                       "deterministic transforms so epoch ≥ 2 skips them, use cheaper transforms "
-                       "(smaller stored images, uint8 until on device), or decode on the GPU.")
+            fix_sub = ("Spread the work over more CPU cores (workers); cache the output of the "
+                       "deterministic transforms so epoch ≥ 2 skips them: "
+                       "redline.data.CachedDataset(dataset, deterministic=decode_resize, "
+                       "random=crop_flip); use cheaper transforms (smaller stored images, uint8 "
+                       "until on device), or decode on the GPU.")
             if nw > 0 and saturated:
-                fix_sub = "CPUs are saturated: " + fix_sub.split(", ", 1)[1]
+                fix_sub = "CPUs are saturated: " + fix_sub.split("; ", 1)[1]
         else:
             title = (f"Fetching data (storage/network wait) makes {share:.0%} of the data wait "
                      f"({removable:.0%} of the step)")

@@ -48,6 +48,8 @@ class LoaderInfo:
     batch_bytes: int | None = None
     """Tensor bytes of the first batch seen."""
     containers: list[ContainerAttr] = field(default_factory=list)
+    cache: Any = None
+    """The loader's redline.data.CachedDataset, if it reads through one (for its statistics)."""
 
 
 def _sizeof_container(obj: Any, sample: int = 64) -> int:
@@ -93,6 +95,8 @@ def loader_info(loader: DataLoader[Any]) -> LoaderInfo:
         dataset_type=type(loader.dataset).__name__,
         multiprocessing_context=ctx_name,
         containers=find_python_containers(loader.dataset) if nw > 0 else [],
+        cache=loader.dataset if hasattr(loader.dataset, "stats") and hasattr(
+            loader.dataset, "fingerprint") else None,
     )
 
 

@@ -169,6 +169,7 @@ def build_measurements(w: Watch) -> Measurements:
                 {"path": c.path, "type": c.type, "items": c.items, "est_bytes": c.est_bytes}
                 for c in li.containers
             ],
+            cache=_cache_stats(li.cache),
         )
         for li in inst.loaders
     ]
@@ -214,6 +215,14 @@ def build_measurements(w: Watch) -> Measurements:
         tier=_tier(w), counts=dict(w.tracker.counts), root_modules=inst.root_modules,
         sources=_sources(w), notes=notes,
     )
+
+
+def _cache_stats(cache: object) -> dict[str, int | float | None] | None:
+    if cache is None:
+        return None
+    st = cache.stats()  # type: ignore[attr-defined]
+    return {"hits": st.hits, "misses": st.misses, "bytes_read": st.bytes_read,
+            "bytes_written": st.bytes_written, "uncached": st.uncached, "hit_rate": st.hit_rate}
 
 
 def _device_metrics(w: Watch, steps: list[StepRecord], dev: DeviceInfo) -> DeviceMetrics:

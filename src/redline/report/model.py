@@ -141,6 +141,9 @@ class LoaderReport:
     worker_startup_total_s: float
     batch_bytes: int | None
     python_containers: list[dict[str, object]] = field(default_factory=list)
+    cache: dict[str, int | float | None] | None = None
+    """CachedDataset statistics (hits, misses, bytes_read, bytes_written, uncached, hit_rate)
+    summed over the process and its workers, when the loader reads through one."""
 
 
 @dataclass(slots=True)

@@ -105,6 +105,13 @@ def render(report: Report, console: Console) -> None:
         else:
             console.print(f"trace: {tr.note}" + (f" — {tr.path} (open in Perfetto)"
                                                  if tr.path else ""))
+    for li in m.loaders:
+        if li.cache is not None:
+            hr = li.cache["hit_rate"]
+            console.print(f"sample cache: {li.cache['hits']} hits, {li.cache['misses']} misses"
+                          f" ({'no reads' if hr is None else f'{hr:.0%} hit rate'}), "
+                          f"{int(li.cache['bytes_read'] or 0) / 2**20:.1f} MiB read, "
+                          f"{li.cache['uncached']} not stored (store full)")
     for miss in m.tier.missing:
         console.print(f"[dim]not measured: {miss['metric']} — {miss['reason']}[/dim]")
     for note in m.notes:
