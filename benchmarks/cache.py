@@ -6,7 +6,8 @@ random = random 96×96 crop + flip + float normalize (re-run every access).
 
 Run: .venv/bin/python benchmarks/cache.py [--samples 512]
 Targets (issue 4): epoch 2 ≥ 5× faster than uncached; cached reads ≥ 50 % of raw page-cache
-read throughput. (Redis store vs local: the Redis store is not built yet.)
+read throughput. Also reported: the Redis store (a local redis-server on loopback, when
+installed) vs the LMDB store, epoch-2 throughput.
 """
 
 from __future__ import annotations
@@ -60,6 +61,48 @@ def epoch(ds: object, n: int) -> float:
     return n / (time.perf_counter() - t)
 
 
+def redis_vs_local(src: Jpegs, n: int, lmdb_rate: float) -> None:
+    import shutil as sh
+    import socket
+    import subprocess
+
+    exe = sh.which("redis-server")
+    if exe is None:
+        print("Redis store: redis-server not installed, not measured")
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        import redis
+
+        from redline.data import RedisStore
+
+        r = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        ds = CachedDataset(src, decode_resize, crop_flip_normalize,
+                           store=RedisStore([f"redis://127.0.0.1:{port}/0"]))
+        epoch(ds, n)  # fill
+        per_item = max(epoch(ds, n) for _ in range(3))
+        t = time.perf_counter()
+        for k in range(0, n, 32):  # batched: one pipelined MGET per batch of 32
+            ds.__getitems__(list(range(k, min(n, k + 32))))
+        batched = n / (time.perf_counter() - t)
+        print(f"Redis store (loopback): epoch ≥ 2 {per_item:,.0f} samples/s one by one, "
+              f"{batched:,.0f} batched; LMDB store {lmdb_rate:,.0f} → "
+              f"{per_item / lmdb_rate:.0%} / {batched / lmdb_rate:.0%} of local")
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=512)
@@ -105,6 +148,7 @@ def main() -> None:
               f"sequential page-cache read {best_r / 1e6:,.0f} MB/s → {best_c / best_r:.0%} "
               "(target ≥ 50 %)")
         print(f"stats: {cached.stats()}")
+        redis_vs_local(src, n, c)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

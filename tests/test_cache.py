@@ -137,7 +137,7 @@ def test_disk_full_error_passes_through(tmp_path: Path, monkeypatch: pytest.Monk
         def begin(self, **kw: object) -> FullDiskTxn:
             return FullDiskTxn()
 
-    monkeypatch.setattr(ds, "_open", lambda: FullDiskEnv())
+    monkeypatch.setattr(ds.store, "_open", lambda: FullDiskEnv())
     with pytest.warns(RuntimeWarning, match="No space left on device"):
         assert torch.equal(ds[3], square(3))
     assert torch.equal(ds[4], square(4)) and ds.stats().uncached == 2

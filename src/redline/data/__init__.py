@@ -3,14 +3,17 @@
 from redline.data.autotune import LoaderPlan, LoaderSettings, autotune_loader
 from redline.data.cache import CachedDataset, CacheStats
 from redline.data.prefetcher import DevicePrefetcher, PrefetchStats, map_tensors
+from redline.data.stores import LmdbStore, RedisStore
 
 __all__ = [
     "CacheStats",
     "CachedDataset",
     "DevicePrefetcher",
+    "LmdbStore",
     "LoaderPlan",
     "LoaderSettings",
     "PrefetchStats",
+    "RedisStore",
     "autotune_loader",
     "map_tensors",
 ]

@@ -30,11 +30,12 @@ import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
+
+from redline.data.stores import LmdbStore, Store, StoreFull
 
 DEFAULT_DIR = "/dev/shm/redline-cache" if os.path.isdir("/dev/shm") else "redline-cache"
 
@@ -112,28 +113,6 @@ def dataset_fingerprint(dataset: Any) -> str:
     return h.hexdigest()[:16]
 
 
-_ENVS: dict[tuple[int, str], Any] = {}
-"""Open LMDB environments of this process by path: LMDB allows one per path per process, and
-several datasets (train/val, or re-created ones) may share a store. Handles only, like a
-connection pool; keyed by pid so a forked worker opens its own."""
-
-
-def _environment(path: Path, max_bytes: int) -> Any:
-    import lmdb
-
-    key = (os.getpid(), str(path.resolve()))
-    env = _ENVS.get(key)
-    if env is None:
-        path.mkdir(parents=True, exist_ok=True)
-        # sync off: a cache needs integrity (LMDB keeps it: a killed writer's transaction never
-        # becomes visible), not durability across power loss; an fsync per sample would cost
-        # more than the decode it saves. The first opener's max_bytes sets the map size.
-        env = lmdb.open(str(path), map_size=max_bytes, subdir=True, readahead=False,
-                        max_readers=512, lock=True, sync=False, metasync=False)
-        _ENVS[key] = env
-    return env
-
-
 _TENSOR = b"T1"
 _PICKLE = b"P1"
 
@@ -165,7 +144,7 @@ def decode(blob: bytes) -> Any:
             if len(_HEADERS) < 4096:
                 _HEADERS[header] = parsed
         dtype, shape = parsed
-        raw = bytearray(blob[4 + n:])  # a writable copy: tensors must own their memory
+        raw = bytearray(memoryview(blob)[4 + n:])  # one writable copy: tensors own memory
         if not raw:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(raw, dtype=dtype).view(shape)
@@ -179,118 +158,106 @@ class CachedDataset(Dataset[Any]):
         dataset: any map-style dataset.
         deterministic: the transform whose output is cached (must not be random).
         random: the transform applied on every access, after the cache (may be None).
-        path: LMDB directory; node-local (``/dev/shm`` or a local disk), shared by all
-            workers and ranks on the node.
-        max_bytes: store size bound (LMDB map size); when full, nothing is evicted (see the
-            module docstring) and further samples pass through uncached.
+        store: a folder for the node-local LMDB store (default ``/dev/shm/redline-cache``),
+            or a :class:`~redline.data.stores.RedisStore` to share samples across nodes.
+        max_bytes: size bound of the LMDB store (its map size); when full, nothing is
+            evicted (see the module docstring) and further samples pass through uncached.
         fingerprint: override the automatic dataset+transform fingerprint (e.g. a version
             string) when the automatic one cannot see what changed.
     """
 
     def __init__(self, dataset: Any, deterministic: Callable[[Any], Any],
                  random: Callable[[Any], Any] | None = None, *,
-                 path: str | os.PathLike[str] = DEFAULT_DIR, max_bytes: int = 8 * 2**30,
-                 fingerprint: str | None = None) -> None:
+                 store: str | os.PathLike[str] | Store = DEFAULT_DIR,
+                 max_bytes: int = 8 * 2**30, fingerprint: str | None = None,
+                 path: str | os.PathLike[str] | None = None) -> None:
         if max_bytes < 2**20:
             raise ValueError(f"max_bytes must be at least 1 MiB, got {max_bytes}")
         self.dataset = dataset
         self.deterministic = deterministic
         self.random = random
-        self.path = Path(path)
+        if path is not None:  # the folder of the LMDB store, under its older name
+            store = path
+        self.store: Store = (LmdbStore(store, max_bytes) if isinstance(store, str | os.PathLike)
+                             else store)
+        self.path = getattr(self.store, "path", None)
         self.max_bytes = int(max_bytes)
         self.fingerprint = fingerprint or (
             f"{dataset_fingerprint(dataset)}-{_code_fingerprint(deterministic)}")
         self._prefix = self.fingerprint.encode() + b":"
         # Shared across forked/spawned DataLoader workers: hits, misses, read, written, uncached
         self._counters = mp.Array("q", 5)
-        self._env: Any = None
-        self._pid = -1
-        self._rtxn: Any = None
-        self._rtxn_pid = -1
         self._writable = True
         self._warned = False
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        # LMDB handles never cross a process boundary
-        state["_env"], state["_pid"], state["_rtxn"], state["_rtxn_pid"] = None, -1, None, -1
-        return state
-
-    # -- store ----------------------------------------------------------------------------
-    def _open(self) -> Any:
-        if self._env is None or self._pid != os.getpid():
-            self._env = _environment(self.path, self.max_bytes)
-            self._pid = os.getpid()
-        return self._env
-
-    def _reader(self, env: Any) -> Any:
-        """This process's read transaction, kept open between reads (a snapshot; renewed when a
-        key is missing). Fill-once never frees pages, so a long reader costs no growth."""
-        if self._rtxn is None or self._rtxn_pid != os.getpid():
-            self._rtxn = env.begin(buffers=False)
-            self._rtxn_pid = os.getpid()
-        return self._rtxn
-
-    def _count(self, k: int, k2: int = -1, n2: int = 0) -> None:
-        """Add 1 to counter k (and n2 to counter k2) under one lock acquisition."""
+    def _add(self, hits: int = 0, misses: int = 0, read: int = 0, written: int = 0,
+             uncached: int = 0) -> None:
+        """Update the shared counters under one lock acquisition."""
         c = self._counters
         with c.get_lock():
             raw: Any = c.get_obj()  # the plain ctypes array: items do not take the lock again
-            raw[k] += 1
-            if k2 >= 0:
-                raw[k2] += n2
+            raw[0] += hits
+            raw[1] += misses
+            raw[2] += read
+            raw[3] += written
+            raw[4] += uncached
 
     def _stop_writing(self, why: str) -> None:
         self._writable = False
         if not self._warned:
             self._warned = True
-            warnings.warn(f"redline cache at {self.path}: {why}; samples now pass through "
-                          "uncached (training goes on)", RuntimeWarning, stacklevel=3)
+            where = self.path or type(self.store).__name__
+            warnings.warn(f"redline cache at {where}: {why}; samples now pass through "
+                          "uncached (training goes on)", RuntimeWarning, stacklevel=4)
+
+    def _deterministic_many(self, indices: list[int]) -> list[Any]:
+        keys = [self._prefix + str(i).encode() for i in indices]
+        blobs = self.store.get_many(keys)
+        out: list[Any] = []
+        puts: list[tuple[bytes, bytes]] = []
+        read = 0
+        for i, k, blob in zip(indices, keys, blobs, strict=True):
+            if blob is not None:
+                read += len(blob)
+                out.append(decode(blob))
+            else:
+                value = self.deterministic(self.dataset[i])
+                out.append(value)
+                if self._writable:
+                    puts.append((k, encode(value)))
+        misses = sum(1 for b in blobs if b is None)
+        written = 0
+        uncached = misses - len(puts)
+        if puts:
+            try:
+                written = self.store.put_many(puts)
+            except StoreFull as e:
+                uncached += len(puts)
+                self._stop_writing(f"{e} (fill-once policy: nothing is evicted)")
+        self._add(hits=len(indices) - misses, misses=misses, read=read, written=written,
+                  uncached=uncached)
+        return out
 
     def _get_det(self, i: int) -> Any:
-        key = self._prefix + str(i).encode()
-        env = self._open()
-        txn = self._reader(env)
-        blob = txn.get(key)
-        if blob is None:  # maybe stored since this reader's snapshot: look again, fresh
-            txn.abort()
-            self._rtxn = txn = env.begin(buffers=False)
-            blob = txn.get(key)
-        if blob is not None:
-            self._count(0, 2, len(blob))
-            return decode(blob)
-        self._count(1)
-        value = self.deterministic(self.dataset[i])
-        if self._writable:
-            self._put(env, key, value)
-        else:
-            self._count(4)
-        return value
-
-    def _put(self, env: Any, key: bytes, value: Any) -> None:
-        import lmdb
-
-        blob = encode(value)
-        try:
-            with env.begin(write=True) as txn:
-                txn.put(key, blob, overwrite=False)  # another worker may have stored it first
-            with self._counters.get_lock():
-                counters: Any = self._counters.get_obj()
-                counters[3] += len(blob)
-        except lmdb.MapFullError:
-            self._count(4)
-            self._stop_writing(f"reached max_bytes={self.max_bytes:,} (fill-once policy: "
-                               "nothing is evicted)")
-        except (lmdb.DiskError, lmdb.Error, OSError) as e:
-            self._count(4)
-            self._stop_writing(f"write failed ({type(e).__name__}: {e}), e.g. the disk is full")
+        blob = self.store.get(self._prefix + str(i).encode())
+        if blob is None:  # the general path computes, stores and counts the miss
+            return self._deterministic_many([i])[0]
+        self._add(hits=1, read=len(blob))
+        return decode(blob)
 
     def __getitem__(self, i: int) -> Any:
         value = self._get_det(int(i))
         return self.random(value) if self.random is not None else value
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A whole batch in one store round trip (the DataLoader calls this when present)."""
+        values = self._deterministic_many([int(i) for i in indices])
+        if self.random is None:
+            return values
+        return [self.random(v) for v in values]
 
     def stats(self) -> CacheStats:
         """Counters summed over this process and its DataLoader workers."""

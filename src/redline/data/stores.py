@@ -1,0 +1,213 @@
+"""Where CachedDataset keeps samples: LMDB on the node (default) or Redis across nodes.
+
+A store maps bytes keys to bytes values, never evicts, and reports a full store by raising
+:class:`StoreFull`. A store that cannot be reached answers "not there" (the sample is then
+recomputed) and says so once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class StoreFull(Exception):
+    """The store reached its size bound (or the disk/memory behind it is full)."""
+
+
+class Store(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]: ...
+    def put_many(self, items: list[tuple[bytes, bytes]]) -> int:
+        """Store the items not stored yet; returns bytes written. Raises StoreFull."""
+        ...
+
+
+_ENVS: dict[tuple[int, str], Any] = {}
+"""Open LMDB environments of this process by path: LMDB allows one per path per process, and
+several datasets (train/val, or re-created ones) may share a store. Handles only, like a
+connection pool; keyed by pid so a forked worker opens its own."""
+
+
+class LmdbStore:
+    """Node-local store: LMDB at ``path`` (``/dev/shm`` or a local disk), shared by every
+    DataLoader worker and rank on the node. LMDB serialises writers with its own lock, and a
+    transaction that was not committed (a worker killed mid-write) is never visible."""
+
+    def __init__(self, path: str | os.PathLike[str], max_bytes: int) -> None:
+        self.path = Path(path)
+        self.max_bytes = int(max_bytes)
+        self._env: Any = None
+        self._txn: Any = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "max_bytes": self.max_bytes, "_env": None, "_txn": None,
+                "_pid": -1}  # LMDB handles never cross a process boundary
+
+    def _open(self) -> Any:
+        if self._pid != os.getpid():
+            import lmdb
+
+            key = (os.getpid(), str(self.path.resolve()))
+            env = _ENVS.get(key)
+            if env is None:
+                self.path.mkdir(parents=True, exist_ok=True)
+                # sync off: a cache needs integrity (kept by LMDB), not durability across
+                # power loss; an fsync per sample would cost more than the decode it saves.
+                env = lmdb.open(str(self.path), map_size=self.max_bytes, subdir=True,
+                                readahead=False, max_readers=512, lock=True, sync=False,
+                                metasync=False)
+                _ENVS[key] = env
+            self._env, self._txn, self._pid = env, None, os.getpid()
+        return self._env
+
+    def get(self, key: bytes) -> bytes | None:
+        """One key: the per-sample path of a DataLoader, kept short."""
+        txn = self._txn if self._pid == os.getpid() and self._txn is not None else None
+        if txn is None:
+            return self.get_many([key])[0]
+        v: bytes | None = txn.get(key)
+        return v if v is not None else self.get_many([key])[0]
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        env = self._open()
+        if self._txn is None:
+            # One read transaction kept between reads (a snapshot, renewed on a miss):
+            # fill-once never frees pages, so a long reader costs no growth.
+            self._txn = env.begin(buffers=False)
+        out = [self._txn.get(k) for k in keys]
+        if any(v is None for v in out):  # maybe stored since the snapshot: look again, fresh
+            self._txn.abort()
+            self._txn = env.begin(buffers=False)
+            out = [v if v is not None else self._txn.get(k) for k, v in zip(keys, out, strict=True)]
+        return out
+
+    def put_many(self, items: list[tuple[bytes, bytes]]) -> int:
+        import lmdb
+
+        env = self._open()
+        written = 0
+        try:
+            with env.begin(write=True) as txn:
+                for k, v in items:
+                    if txn.put(k, v, overwrite=False):  # another worker may have stored it
+                        written += len(v)
+        except lmdb.MapFullError as e:
+            raise StoreFull(f"reached max_bytes={self.max_bytes:,}") from e
+        except (lmdb.Error, OSError) as e:
+            raise StoreFull(f"write failed ({type(e).__name__}: {e})") from e
+        return written
+
+
+class RedisStore:
+    """Samples partitioned over several Redis servers, for caches that outgrow one node.
+
+    Partitioning is client-side consistent hashing (64 points per server on a SHA-1 ring)
+    rather than Redis Cluster: it works with plain, independent ``redis-server`` processes (no
+    cluster mode, no 3-master minimum), and adding or losing a server moves only ~1/N of the
+    keys. Reads of a batch are pipelined: one round trip per server per batch (MGET). Values
+    are written with SET NX (first writer wins, nothing is overwritten or evicted; give the
+    servers ``maxmemory`` with ``maxmemory-policy noeviction``). A server that stops answering
+    is dropped for the rest of the run: its samples are recomputed, logged once.
+
+    Args:
+        urls: ``redis://host:port/db`` of each server.
+        timeout_s: socket timeout; a server slower than this counts as gone.
+    """
+
+    POINTS = 64
+
+    def __init__(self, urls: list[str], timeout_s: float = 2.0) -> None:
+        if not urls:
+            raise ValueError("RedisStore needs at least one server URL (redis://host:port)")
+        self.urls = list(urls)
+        self.timeout_s = timeout_s
+        ring = sorted((int(hashlib.sha1(f"{u}#{p}".encode()).hexdigest()[:16], 16), n)
+                      for n, u in enumerate(self.urls) for p in range(self.POINTS))
+        self._ring_keys = [h for h, _ in ring]
+        self._ring_nodes = [n for _, n in ring]
+        self._clients: dict[int, Any] = {}
+        self._pid = -1
+        self._dead: set[int] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_clients"], state["_pid"] = {}, -1  # sockets never cross a process boundary
+        return state
+
+    def node(self, key: bytes) -> int:
+        """Index of the server holding ``key``."""
+        h = int(hashlib.sha1(key).hexdigest()[:16], 16)
+        i = bisect.bisect(self._ring_keys, h) % len(self._ring_keys)
+        return self._ring_nodes[i]
+
+    def _client(self, n: int) -> Any:
+        if self._pid != os.getpid():
+            self._clients, self._pid = {}, os.getpid()
+        c = self._clients.get(n)
+        if c is None:
+            import redis
+
+            c = self._clients[n] = redis.Redis.from_url(
+                self.urls[n], socket_timeout=self.timeout_s,
+                socket_connect_timeout=self.timeout_s)
+        return c
+
+    def _lost(self, n: int, err: Exception) -> None:
+        if n not in self._dead:
+            self._dead.add(n)
+            warnings.warn(f"redline cache: Redis server {self.urls[n]} is unreachable "
+                          f"({type(err).__name__}: {err}); its samples are recomputed from now "
+                          "on (training goes on)", RuntimeWarning, stacklevel=4)
+
+    def _by_node(self, keys: list[bytes]) -> dict[int, list[int]]:
+        groups: dict[int, list[int]] = {}
+        for i, k in enumerate(keys):
+            groups.setdefault(self.node(k), []).append(i)
+        return groups
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        import redis
+
+        out: list[bytes | None] = [None] * len(keys)
+        for n, idx in self._by_node(keys).items():
+            if n in self._dead:
+                continue
+            try:
+                vals = self._client(n).mget([keys[i] for i in idx])
+            except redis.RedisError as e:
+                self._lost(n, e)
+                continue
+            for i, v in zip(idx, vals, strict=True):
+                out[i] = v
+        return out
+
+    def put_many(self, items: list[tuple[bytes, bytes]]) -> int:
+        import redis
+
+        written = 0
+        for n, idx in self._by_node([k for k, _ in items]).items():
+            if n in self._dead:
+                continue
+            try:
+                pipe = self._client(n).pipeline(transaction=False)
+                for i in idx:
+                    pipe.set(items[i][0], items[i][1], nx=True)
+                for i, ok in zip(idx, pipe.execute(), strict=True):
+                    if ok:
+                        written += len(items[i][1])
+            except redis.ResponseError as e:
+                if "OOM" in str(e) or "maxmemory" in str(e):
+                    raise StoreFull(f"Redis {self.urls[n]} is full: {e}") from e
+                self._lost(n, e)
+            except redis.RedisError as e:
+                self._lost(n, e)
+        return written
