@@ -181,3 +181,23 @@ def test_cache_statistics_reach_the_report(tmp_path: Path) -> None:
     assert li.cache is not None
     assert (li.cache["hits"], li.cache["misses"], li.cache["hit_rate"]) == (32, 32, 0.5)
     jsonschema.validate(to_dict(rep), schema())
+
+
+@pytest.mark.parametrize("value", [
+    torch.arange(12, dtype=torch.uint8).view(2, 2, 3), torch.randn(3, 4),
+    torch.randn(5).to(torch.bfloat16), torch.arange(4, dtype=torch.int64),
+    torch.empty(0, 3), torch.tensor(3.5), torch.randn(4, 6)[:, ::2],
+    {"image": [1, 2], "label": "cat"},
+])
+def test_encode_decode_round_trip(value: object) -> None:
+    from redline.data.cache import decode, encode
+
+    blob = encode(value)
+    for b in (blob, memoryview(blob)):  # LMDB hands out views into its map
+        got = decode(b)
+        if isinstance(value, torch.Tensor):
+            assert got.dtype == value.dtype and got.shape == value.shape
+            assert torch.equal(got, value)
+            got.add_(1) if got.numel() else None  # writable, owns its memory
+        else:
+            assert got == value

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import multiprocessing as mp
+import multiprocessing.util as mp_util
 import os
 import pickle
 import re
@@ -32,10 +33,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from redline.data.stores import LmdbStore, Store, StoreFull
+
+FLUSH_EVERY = 64
+"""Cache events counted per process before the shared counters are updated."""
 
 DEFAULT_DIR = "/dev/shm/redline-cache" if os.path.isdir("/dev/shm") else "redline-cache"
 
@@ -128,25 +133,33 @@ def encode(value: Any) -> bytes:
     return _PICKLE + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-_HEADERS: dict[bytes, tuple[torch.dtype, list[int]]] = {}
-"""Parsed tensor headers (dtype, shape): a dataset's samples share a few shapes."""
+_HEADERS: dict[bytes, tuple[torch.dtype, Any, list[int]]] = {}
+"""Parsed tensor headers (torch dtype, numpy dtype or None, shape): a dataset's samples share a
+few shapes."""
 
 
-def decode(blob: bytes) -> Any:
+def decode(blob: bytes | memoryview) -> Any:
+    """Inverse of :func:`encode`; ``blob`` may be a view into a memory map (copied once)."""
     if blob[:2] == _TENSOR:
         n = int.from_bytes(blob[2:4], "little")
-        header = blob[4:4 + n]
+        header = bytes(blob[4:4 + n])
         parsed = _HEADERS.get(header)
         if parsed is None:
             dtype_name, shape_s = header.decode().split("|")
-            parsed = (getattr(torch, dtype_name),
-                      [int(x) for x in shape_s.split(",")] if shape_s else [])
+            dtype = getattr(torch, dtype_name)
+            try:
+                np_dtype: Any = torch.empty(0, dtype=dtype).numpy().dtype
+            except TypeError:  # bfloat16 & co. have no numpy twin
+                np_dtype = None
+            parsed = (dtype, np_dtype, [int(x) for x in shape_s.split(",")] if shape_s else [])
             if len(_HEADERS) < 4096:
                 _HEADERS[header] = parsed
-        dtype, shape = parsed
-        raw = bytearray(memoryview(blob)[4 + n:])  # one writable copy: tensors own memory
+        dtype, np_dtype, shape = parsed
+        raw = bytearray(memoryview(blob)[4 + n:])  # the one copy: tensors own their memory
         if not raw:
             return torch.empty(shape, dtype=dtype)
+        if np_dtype is not None:  # numpy's reshape is cheaper than a tensor view here
+            return torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).reshape(shape))
         return torch.frombuffer(raw, dtype=dtype).view(shape)
     return pickle.loads(blob[2:])
 
@@ -187,6 +200,8 @@ class CachedDataset(Dataset[Any]):
         self._prefix = self.fingerprint.encode() + b":"
         # Shared across forked/spawned DataLoader workers: hits, misses, read, written, uncached
         self._counters = mp.Array("q", 5)
+        self._local: list[int] | None = None
+        self._local_pid = -1
         self._writable = True
         self._warned = False
 
@@ -195,15 +210,33 @@ class CachedDataset(Dataset[Any]):
 
     def _add(self, hits: int = 0, misses: int = 0, read: int = 0, written: int = 0,
              uncached: int = 0) -> None:
-        """Update the shared counters under one lock acquisition."""
+        """Count locally; publish to the shared counters every FLUSH_EVERY events (a lock per
+        sample costs as much as the read it counts) and when the process exits."""
+        local = self._local
+        if local is None or self._local_pid != os.getpid():
+            local = self._local = [0, 0, 0, 0, 0, 0]
+            self._local_pid = os.getpid()
+            # DataLoader workers end through multiprocessing's exit path, which runs these.
+            mp_util.Finalize(self, self._flush, exitpriority=10)
+        local[0] += hits
+        local[1] += misses
+        local[2] += read
+        local[3] += written
+        local[4] += uncached
+        local[5] += 1
+        if local[5] >= FLUSH_EVERY or misses or uncached:
+            self._flush()
+
+    def _flush(self) -> None:
+        local = self._local
+        if local is None or self._local_pid != os.getpid() or not local[5]:
+            return
         c = self._counters
         with c.get_lock():
             raw: Any = c.get_obj()  # the plain ctypes array: items do not take the lock again
-            raw[0] += hits
-            raw[1] += misses
-            raw[2] += read
-            raw[3] += written
-            raw[4] += uncached
+            for k in range(5):
+                raw[k] += local[k]
+        self._local = [0, 0, 0, 0, 0, 0]
 
     def _stop_writing(self, why: str) -> None:
         self._writable = False
@@ -260,7 +293,9 @@ class CachedDataset(Dataset[Any]):
         return [self.random(v) for v in values]
 
     def stats(self) -> CacheStats:
-        """Counters summed over this process and its DataLoader workers."""
+        """Counters summed over this process and its DataLoader workers (workers publish
+        theirs every few dozen samples and when they exit)."""
+        self._flush()
         with self._counters.get_lock():
             c = [int(x) for x in self._counters[:]]
         return CacheStats(*c)

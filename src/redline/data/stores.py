@@ -20,8 +20,8 @@ class StoreFull(Exception):
 
 
 class Store(Protocol):
-    def get(self, key: bytes) -> bytes | None: ...
-    def get_many(self, keys: list[bytes]) -> list[bytes | None]: ...
+    def get(self, key: bytes) -> bytes | memoryview | None: ...
+    def get_many(self, keys: list[bytes]) -> list[bytes | memoryview | None]: ...
     def put_many(self, items: list[tuple[bytes, bytes]]) -> int:
         """Store the items not stored yet; returns bytes written. Raises StoreFull."""
         ...
@@ -66,24 +66,27 @@ class LmdbStore:
             self._env, self._txn, self._pid = env, None, os.getpid()
         return self._env
 
-    def get(self, key: bytes) -> bytes | None:
-        """One key: the per-sample path of a DataLoader, kept short."""
+    def get(self, key: bytes) -> bytes | memoryview | None:
+        """One key: the per-sample path of a DataLoader, kept short. The value may be a
+        memoryview into the map, valid until this store's next call: decode it at once."""
         txn = self._txn if self._pid == os.getpid() and self._txn is not None else None
         if txn is None:
             return self.get_many([key])[0]
-        v: bytes | None = txn.get(key)
+        v: memoryview | None = txn.get(key)
         return v if v is not None else self.get_many([key])[0]
 
-    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+    def get_many(self, keys: list[bytes]) -> list[bytes | memoryview | None]:
         env = self._open()
         if self._txn is None:
             # One read transaction kept between reads (a snapshot, renewed on a miss):
-            # fill-once never frees pages, so a long reader costs no growth.
-            self._txn = env.begin(buffers=False)
-        out = [self._txn.get(k) for k in keys]
+            # fill-once never frees pages, so a long reader costs no growth. Values come back
+            # as views into the map (no copy); the decoder makes the one copy a tensor needs.
+            self._txn = env.begin(buffers=True)
+        out: list[bytes | memoryview | None] = [self._txn.get(k) for k in keys]
         if any(v is None for v in out):  # maybe stored since the snapshot: look again, fresh
+            out = [None if v is None else bytes(v) for v in out]  # views die with the snapshot
             self._txn.abort()
-            self._txn = env.begin(buffers=False)
+            self._txn = env.begin(buffers=True)
             out = [v if v is not None else self._txn.get(k) for k, v in zip(keys, out, strict=True)]
         return out
 
@@ -171,13 +174,13 @@ class RedisStore:
             groups.setdefault(self.node(k), []).append(i)
         return groups
 
-    def get(self, key: bytes) -> bytes | None:
+    def get(self, key: bytes) -> bytes | memoryview | None:
         return self.get_many([key])[0]
 
-    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+    def get_many(self, keys: list[bytes]) -> list[bytes | memoryview | None]:
         import redis
 
-        out: list[bytes | None] = [None] * len(keys)
+        out: list[bytes | memoryview | None] = [None] * len(keys)
         for n, idx in self._by_node(keys).items():
             if n in self._dead:
                 continue
