@@ -119,6 +119,7 @@ class Instrumentation:
         self.h2d = H2DStats()
         self.precision = PrecisionSeen(autocast=Counter(), param_dtypes=Counter())
         self.wrapped_iterables = 0
+        self._enter_root, self._exit_root = self._lean_root_timing()
 
     # -- install ---------------------------------------------------------------------------
     def install(self, stack: ExitStack) -> None:
@@ -207,40 +208,21 @@ class Instrumentation:
             yield item
 
     # -- modules ---------------------------------------------------------------------------
-    def _root_enter(self, module: torch.nn.Module) -> None:
-        t = self._clock()
-        self.tracker.enter(FORWARD, t)
-        self.tracker.counts["forward"] += 1
-        p = self.precision
-        p.forwards += 1
-        if torch.is_autocast_enabled(self.device_type):
-            assert p.autocast is not None
-            p.autocast[_short_dtype(torch.get_autocast_dtype(self.device_type))] += 1
-        if self._on_work is not None:
-            self._on_work()
-
-    def _root_exit(self) -> None:
-        self.tracker.exit(FORWARD, self._clock())
-
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        """Global pre-hook, warm-up only: learns the outermost modules while timing them."""
         if threading.get_ident() != self._tid:
             return
-        self._depth += 1
-        if self._depth == 1:
-            if self._global_handles and module not in self._roots:  # still discovering
-                self._roots[module] = None
-                param = next(module.parameters(), None)
-                if param is not None:
-                    assert self.precision.param_dtypes is not None
-                    self.precision.param_dtypes[_short_dtype(param.dtype)] += 1
-            self._root_enter(module)
+        if self._depth == 0 and module not in self._roots:
+            self._roots[module] = None
+            param = next(module.parameters(), None)
+            if param is not None:
+                assert self.precision.param_dtypes is not None
+                self.precision.param_dtypes[_short_dtype(param.dtype)] += 1
+        self._enter_root()
 
     def _post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
-        if threading.get_ident() != self._tid:
-            return
-        self._depth -= 1
-        if self._depth == 0:
-            self._root_exit()
+        if threading.get_ident() == self._tid:
+            self._exit_root()
 
     def _install_modules_global(self, stack: ExitStack) -> None:
         self._global_handles = [
@@ -271,7 +253,7 @@ class Instrumentation:
             return
         self._remove_global()
         self._depth = 0
-        enter_root, exit_root = self._lean_root_timing()
+        enter_root, exit_root = self._enter_root, self._exit_root
         tid, get_ident = self._tid, threading.get_ident
         for m in list(self._roots.keys()):
             orig = m.forward
