@@ -78,3 +78,21 @@ def test_doctor_trace_cli(tmp_path: Path) -> None:
     assert d["trace"]["path"].endswith(".json.gz") and d["trace"]["steps"] == 5
     assert d["measurements"]["timing"]["steps_measured"] == 4
     assert "open in Perfetto" in p.stderr
+
+
+@pytest.mark.slow
+def test_doctor_tune_loader_names_measured_settings(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "10", "--warmup", "2",
+         "--no-flops", "--tune-loader", "--json", str(out), "--", "python",
+         "train_starved.py"], cwd=SCRIPTS, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "COLUMNS": "150"})
+    assert p.returncode == 0, p.stderr
+    d = json.loads(out.read_text())
+    f = next(x for x in d["findings"] if x["id"] == "data_starvation")
+    # storage-bound fetches: workers overlap the waits, several times the throughput
+    assert f["evidence"]["tuned_num_workers"] >= 2
+    assert f["evidence"]["tuned_samples_per_s"] > 1.5 * f["evidence"]["baseline_samples_per_s"]
+    assert f["fix"].startswith("Measured in your loop")
+    assert "num_workers=" in f["fix"]

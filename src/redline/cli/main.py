@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
     d.add_argument("--no-flops", action="store_true",
                    help="do not count FLOPs (MFU is then unknown)")
+    d.add_argument("--tune-loader", action="store_true",
+                   help="when the loop starves for data, time DataLoader settings in it "
+                   "(rebuilding your loader) and put the measured best in the fix")
     d.add_argument("--trace", nargs="?", const="redline-trace", metavar="DIR",
                    help="also record a short torch.profiler trace (5 steps, excluded from the "
                    "statistics) into DIR (default ./redline-trace), analyse it and add its "
@@ -82,7 +85,8 @@ def _doctor(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     try:
         result = run_doctor(cmd, steps=args.steps, warmup=args.warmup, json_path=args.json,
-                            count_flops=not args.no_flops, trace_dir=args.trace)
+                            count_flops=not args.no_flops, trace_dir=args.trace,
+                            tune_loader=args.tune_loader)
     except DoctorError as e:
         print(f"redline doctor: error: {e}", file=sys.stderr)
         return 2

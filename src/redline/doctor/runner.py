@@ -154,14 +154,14 @@ def _print_script_traceback(e: BaseException) -> None:
 def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = 5,
                json_path: str | None = None, count_flops: bool = True,
                device: str | None = None, trace_dir: str | None = None,
-               show: bool = True) -> DoctorResult:
+               tune_loader: bool = False, show: bool = True) -> DoctorResult:
     """Run ``cmd`` under a watch and report. Raises :class:`DoctorError` on usage errors
     (before anything runs)."""
     target = parse_command(cmd)
     check_target(target)
     check_json_path(json_path)
     config = WatchConfig(warmup_steps=warmup, max_steps=steps, count_flops=count_flops,
-                         device=device, trace_dir=trace_dir)
+                         device=device, trace_dir=trace_dir, keep_loaders=tune_loader)
 
     def stop() -> None:
         raise StopMeasurement
@@ -204,6 +204,15 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = 5,
         msg = never_stepped_message(w)
         detail = msg if detail is None else f"{detail}. {msg}"
     report = w.report(show=False, command=list(cmd), status=status, status_detail=detail)
+    if tune_loader and w.inst is not None:
+        from redline.data.advise import tune_starved_loader
+
+        if show and any(f.id == "data_starvation" for f in report.findings):
+            print("redline doctor: the loop starves for data; timing DataLoader settings in it "
+                  "(--tune-loader)...", file=sys.stderr)
+        tune_starved_loader(report, w.inst.loaders)
+        for li in w.inst.loaders:
+            li.loader = None  # release the user's loader and dataset
     if show:
         from rich.console import Console
 

@@ -38,6 +38,10 @@ class WatchConfig:
     trace_steps: int = 3
     """Active (recorded) steps of the trace."""
 
+    keep_loaders: bool = False
+    """Keep a reference to each DataLoader seen, so it can be rebuilt with other settings
+    after the run (``redline doctor --tune-loader``); off by default: it keeps datasets alive."""
+
     def __post_init__(self) -> None:
         if self.trace_steps < 1:
             raise ValueError(f"trace_steps must be >= 1, got {self.trace_steps}")

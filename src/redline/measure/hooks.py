@@ -97,9 +97,10 @@ class Instrumentation:
     """
 
     def __init__(self, tracker: StepTracker, device_type: str,
-                 on_work: Callable[[], None] | None = None) -> None:
+                 on_work: Callable[[], None] | None = None, keep_loaders: bool = False) -> None:
         self.tracker = tracker
         self.device_type = device_type
+        self._keep_loaders = keep_loaders
         self._on_work = on_work
         self._tid = threading.get_ident()
         self._clock = time.perf_counter
@@ -144,6 +145,8 @@ class Instrumentation:
             info = inst._loader_by_id.get(id(loader))
             if info is None:
                 info = loader_info(loader)
+                if inst._keep_loaders:
+                    info.loader = loader
                 inst._loader_by_id[id(loader)] = info
                 inst.loaders.append(info)
             spawns = info.num_workers > 0 and (

@@ -50,6 +50,9 @@ class LoaderInfo:
     containers: list[ContainerAttr] = field(default_factory=list)
     cache: Any = None
     """The loader's redline.data.CachedDataset, if it reads through one (for its statistics)."""
+    loader: Any = None
+    """The DataLoader itself, kept only when asked (``WatchConfig.keep_loaders``), to rebuild it
+    with other settings after the run."""
 
 
 def _sizeof_container(obj: Any, sample: int = 64) -> int:

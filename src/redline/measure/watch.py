@@ -87,7 +87,8 @@ class Watch:
                 if self.config.detect_syncs:
                     self.syncs = stack.enter_context(SyncCounter())
                 self._start_nvml(stack)
-            self.inst = Instrumentation(self.tracker, self.device.type, on_work)
+            self.inst = Instrumentation(self.tracker, self.device.type, on_work,
+                                        keep_loaders=self.config.keep_loaders)
             self.inst.install(stack)
             self.cpu.start()
             stack.callback(self.cpu.stop)
