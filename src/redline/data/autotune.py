@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +108,16 @@ def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     torch.set_num_threads(settings.torch_threads)
     proc = psutil.Process()
     t_start = time.perf_counter()
+    with warnings.catch_warnings():
+        # Trials may deliberately use more workers than cores (I/O-bound fetches); torch's
+        # advice against that is what the measurement itself settles.
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        return _measure(make_loader, consume, settings, batches, skip, proc, threads, t_start)
+
+
+def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
+             consume: Callable[[Any], None], settings: LoaderSettings, batches: int, skip: int,
+             proc: psutil.Process, threads: int, t_start: float) -> Trial:
     try:
         loader = make_loader(settings)
         it: Iterator[Any] = iter(loader)
