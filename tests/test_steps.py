@@ -264,3 +264,32 @@ def test_tracker_wgan_style_uneven_cycle() -> None:
     tr.finish(t + 1)
     assert sum(1 for _ in tr.steps) >= 4
     assert tr.steps[-1].end_s == t
+
+
+def test_checkpoint_and_ema_copy_during_watch_stay_plain() -> None:
+    """torch.save(model) and copy.deepcopy(model) inside the block: the saved model and the
+    copy carry no redline code and compute with their own weights."""
+    import copy
+    import io
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+    with _watch() as w:
+        for _ in range(4):
+            model(x).sum().backward()
+            opt.step()
+        assert "forward" in vars(model)  # timed now
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        ema = copy.deepcopy(model)
+    assert len(w.steps) == 4
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert "redline" not in repr(vars(loaded).get("forward"))
+    assert torch.allclose(loaded(x), model(x))
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.add_(1.0)
+    assert not torch.allclose(ema(x), model(x))  # the copy uses its own weights
+    assert "redline" not in repr(vars(ema).get("forward"))

@@ -9,7 +9,9 @@ of the model through ``Module._call_impl``'s slow path.
 
 from __future__ import annotations
 
+import copy
 import gc
+import operator
 import threading
 import time
 import warnings
@@ -72,6 +74,33 @@ def _patch(stack: ExitStack, owner: Any, name: str, new: Any) -> None:
             delattr(owner, name)
 
     stack.callback(restore)
+
+
+class _TimedForward:
+    """A root module's forward, timed. It never leaks into what the user keeps: a pickled
+    module (``torch.save(model)``) stores the plain forward, and ``copy.deepcopy(model)`` (an
+    EMA copy) gets its own plain forward, bound to the copy."""
+
+    __slots__ = ("_enter", "_exit", "_tid", "orig")
+
+    def __init__(self, orig: Callable[..., Any], enter: Callable[[], None],
+                 exit_: Callable[[], None], tid: int) -> None:
+        self.orig, self._enter, self._exit, self._tid = orig, enter, exit_, tid
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() != self._tid:
+            return self.orig(*args, **kwargs)
+        self._enter()
+        try:
+            return self.orig(*args, **kwargs)
+        finally:
+            self._exit()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (operator.itemgetter(0), ((self.orig,),))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return copy.deepcopy(self.orig, memo)
 
 
 def _restore_forward(m: torch.nn.Module, previous: Any) -> None:
@@ -261,19 +290,9 @@ class Instrumentation:
         for m in list(self._roots.keys()):
             orig = m.forward
             had = "forward" in vars(m)
-
-            def timed(*args: Any, __orig: Callable[..., Any] = orig, **kwargs: Any) -> Any:
-                if get_ident() != tid:
-                    return __orig(*args, **kwargs)
-                enter_root()
-                try:
-                    return __orig(*args, **kwargs)
-                finally:
-                    exit_root()
-
             try:
-                object.__setattr__(m, "forward", timed)
-            except (AttributeError, TypeError, RuntimeError):
+                object.__setattr__(m, "forward", _TimedForward(orig, enter_root, exit_root, tid))
+            except (AttributeError, TypeError, RuntimeError):  # TorchScript and the like
                 self._stack.callback(m.register_forward_pre_hook(
                     lambda _m, _a: enter_root() if get_ident() == tid else None).remove)
                 self._stack.callback(m.register_forward_hook(
