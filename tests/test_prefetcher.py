@@ -75,3 +75,96 @@ def test_bad_arguments() -> None:
 
 def test_map_tensors_leaves_non_tensors() -> None:
     assert map_tensors({"a": 1, "b": "s"}, lambda t: t * 2) == {"a": 1, "b": "s"}
+
+
+class RecordingCuda:
+    """Stands in for the CUDA calls (simulated; no GPU here): records their order."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.side_active = False
+        outer = self
+
+        class Event:
+            n = 0
+
+            def __init__(self) -> None:
+                Event.n += 1
+                self.id = Event.n
+                self.t: float | None = None
+
+            def record(self, stream: object) -> None:
+                outer.log.append(f"record e{self.id} on {stream}")
+                self.t = float(self.id)
+
+            def query(self) -> bool:
+                return True
+
+            def elapsed_time(self, other: Event) -> float:
+                return 2.0  # ms
+
+        class Stream:
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def wait_stream(self, other: Stream) -> None:
+                outer.log.append(f"{self.name} waits {other.name}")
+
+            def __repr__(self) -> str:
+                return self.name
+
+        self.Event, self.side, self.main = Event, Stream("side"), Stream("main")
+
+    def new_stream(self, device: object) -> object:
+        return self.side
+
+    def current_stream(self, device: object) -> object:
+        return self.main
+
+    def event(self) -> object:
+        return self.Event()
+
+    def on(self, stream: object):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def ctx():
+            self.side_active = True
+            yield
+            self.side_active = False
+
+        return ctx()
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        return False
+
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        self.log.append("pin")
+        assert self.side_active  # copies are issued on the side stream
+        return t
+
+
+def test_cuda_path_order_with_recorded_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path's logic, checked on CPU with recorded stand-ins (simulated device): each
+    batch is copied on the side stream from pinned memory, the consumer's stream waits for it,
+    every tensor is record_stream-ed on the consumer's stream, and the next copy is issued
+    before the current batch is handed out."""
+    recorded: list[str] = []
+    monkeypatch.setattr(torch.Tensor, "record_stream",
+                        lambda self, s: recorded.append(f"record_stream {s}"), raising=False)
+    batches = [(torch.ones(2, 3) * i, torch.tensor([i])) for i in range(3)]
+    pf = DevicePrefetcher(batches, "cpu")
+    pf._cuda, cuda = True, RecordingCuda()
+    pf._backend = cuda
+    seen = []
+    for k, (x, y) in enumerate(pf):
+        # when batch k is handed out, the copy of batch k+1 has already been issued
+        issued = sum(1 for e in cuda.log if e == "pin") // 2
+        assert issued == min(k + 2, 3)
+        seen.append(int(y))
+    assert seen == [0, 1, 2]
+    assert cuda.log.count("main waits side") == 3
+    assert recorded == ["record_stream main"] * 6  # two tensors per batch
+    assert pf.stats.batches == 3 and pf.stats.resolved == 3
+    assert pf.stats.copy_s == pytest.approx(3 * 0.002) and pf.stats.hidden_fraction == 1.0
+    assert pf.stats.bytes_copied == 3 * (6 * 4 + 8)

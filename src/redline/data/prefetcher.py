@@ -93,6 +93,7 @@ class DevicePrefetcher(Generic[B]):
         self._cuda = self.device.type == "cuda"
         if self._cuda and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} requested but CUDA is not available")
+        self._backend: Any = CudaBackend()
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -122,17 +123,20 @@ class DevicePrefetcher(Generic[B]):
             yield out
 
     def _prefetch(self) -> Iterator[B]:
-        stream = torch.cuda.Stream(device=self.device)
+        cuda = self._backend
+        stream = cuda.new_stream(self.device)
         it = iter(self.loader)
         nxt = self._issue(it, stream)
-        pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        pending: list[tuple[Any, Any]] = []
         while nxt is not None:
             batch, done, start = nxt
             self.stats.batches += 1
             if done.query():
                 self.stats.ready_when_requested += 1
-            cur = torch.cuda.current_stream(self.device)
+            cur = cuda.current_stream(self.device)
             cur.wait_stream(stream)  # the GPU waits for the copy; the host does not
+            # The batch was allocated on the side stream: tell the caching allocator it is used
+            # on the consumer's stream, or its memory could be reused while kernels still read it.
             map_tensors(batch, lambda t, s=cur: t.record_stream(s))
             following = self._issue(it, stream)  # overlap the next copy with this compute
             pending.append((start, done))
@@ -141,31 +145,53 @@ class DevicePrefetcher(Generic[B]):
             nxt = following
         self._resolve(pending)
 
-    def _issue(self, it: Iterator[B], stream: torch.cuda.Stream
-               ) -> tuple[B, torch.cuda.Event, torch.cuda.Event] | None:
+    def _issue(self, it: Iterator[B], stream: Any) -> tuple[B, Any, Any] | None:
         try:
             host = next(it)
         except StopIteration:
             return None
-        start = torch.cuda.Event(enable_timing=True)
-        done = torch.cuda.Event(enable_timing=True)
+        cuda = self._backend
+        start, done = cuda.event(), cuda.event()
         dev = self.device
 
         def copy(t: torch.Tensor) -> torch.Tensor:
-            if t.device.type == "cpu" and not t.is_pinned():
-                t = t.pin_memory()
+            if t.device.type == "cpu" and not cuda.is_pinned(t):
+                t = cuda.pin(t)
             self.stats.bytes_copied += t.numel() * t.element_size()
             return self._normalize(t.to(dev, non_blocking=True))
 
-        with torch.cuda.stream(stream):
+        with cuda.on(stream):
             start.record(stream)
             batch: B = map_tensors(host, copy)
             done.record(stream)
         return batch, done, start
 
-    def _resolve(self, pending: list[tuple[torch.cuda.Event, torch.cuda.Event]]) -> None:
+    def _resolve(self, pending: list[tuple[Any, Any]]) -> None:
         """Read the copy times of finished copies (query(), never synchronize())."""
         while pending and pending[0][1].query():
             start, done = pending.pop(0)
             self.stats.copy_s += start.elapsed_time(done) / 1e3
             self.stats.resolved += 1
+
+
+class CudaBackend:
+    """The CUDA calls the prefetcher makes, in one place (a test substitutes a recording
+    stand-in to check their order without a GPU)."""
+
+    def new_stream(self, device: torch.device) -> Any:
+        return torch.cuda.Stream(device=device)
+
+    def current_stream(self, device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    def event(self) -> Any:
+        return torch.cuda.Event(enable_timing=True)
+
+    def on(self, stream: Any) -> Any:
+        return torch.cuda.stream(stream)
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        return bool(t.is_pinned())
+
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        return t.pin_memory()
