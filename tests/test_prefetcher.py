@@ -158,6 +158,7 @@ def test_cuda_path_order_with_recorded_calls(monkeypatch: pytest.MonkeyPatch) ->
     pf._backend = cuda
     seen = []
     for k, (x, y) in enumerate(pf):
+        assert torch.equal(x, torch.ones(2, 3) * k)
         # when batch k is handed out, the copy of batch k+1 has already been issued
         issued = sum(1 for e in cuda.log if e == "pin") // 2
         assert issued == min(k + 2, 3)
