@@ -29,6 +29,9 @@ MIN_GAIN = 0.05
 """A setting is kept only if it raises throughput by ≥ 5 % (below that it is noise here)."""
 SATURATED = 0.9
 """CPUs count as saturated at ≥ 90 % of the usable cores busy (process + workers)."""
+IO_BOUND = 0.75
+"""Below 75 % of the usable cores busy, the fetch mostly waits: workers beyond the core count
+(and a deeper prefetch) may still help."""
 SHM_SHARE = 0.5
 """Batches in flight may use at most half of the free /dev/shm."""
 
@@ -101,9 +104,15 @@ def _fields(s: LoaderSettings) -> dict[str, Any]:
 
 def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             consume: Callable[[Any], None], settings: LoaderSettings,
-            batches: int = 24, skip: int = 3) -> Trial:
-    """Throughput and data wait of one setting, in the real loop (first batches skipped:
-    worker start-up is a one-off with persistent workers)."""
+            batches: int = 24, skip: int | None = None) -> Trial:
+    """Throughput and data wait of one setting, in the real loop.
+
+    The first batches are skipped: worker start-up is a one-off with persistent workers, and
+    the workers fill their queues (num_workers × prefetch_factor batches) while it runs; timing
+    from a full queue would credit deep queues with batches made before the clock started.
+    """
+    if skip is None:
+        skip = max(3, settings.num_workers * (settings.prefetch_factor or 0) + 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(settings.torch_threads)
     proc = psutil.Process()
@@ -236,9 +245,14 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                       f"{best.samples_per_s:,.0f} with {best.settings.num_workers}: no gain "
                       f"≥ {MIN_GAIN:.0%} twice in a row")
             break
+        if workers >= budget and trial.cpu_cores_busy >= IO_BOUND * budget:
+            # More workers than cores only pay when they mostly wait (I/O-bound fetches).
+            reason = (f"{workers} workers already keep {trial.cpu_cores_busy:.2f} of "
+                      f"{budget:g} CPUs busy: more workers than cores would only queue")
+            break
         workers = workers + 1 if workers < budget else workers * 2
     if (best.settings.num_workers and best.data_wait_fraction > WAIT_TARGET
-            and best.cpu_cores_busy < 0.8 * budget):
+            and best.cpu_cores_busy < IO_BOUND * budget):
         # The fetch waits rather than computes: a deeper queue per worker may hide latency.
         deeper = LoaderSettings(**{**_fields(best.settings), "prefetch_factor": 4})
         trial = measure(make_loader, consume, deeper, batches_per_trial)
