@@ -1,0 +1,75 @@
+"""A simulated device-memory budget for CPU runs: counts live tensor bytes and raises the error
+CUDA raises when they would exceed the limit (design §5).
+
+Deterministic, so batch finders (redline's and other tools') can be compared side by side on a
+machine without a GPU. Bytes are counted per storage: a storage's Python object lives as long
+as its memory does (PyTorch preserves it), so a weak reference to it tells exactly when the
+memory is freed — including activations that only autograd still holds.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+class MemoryBudget(TorchDispatchMode):
+    """Inside ``with MemoryBudget(limit):``, tensors created by torch operations count against
+    ``limit`` bytes; an allocation past it raises :class:`torch.OutOfMemoryError` with CUDA's
+    wording (marked as simulated).
+
+    Args:
+        limit_bytes: the simulated device memory.
+        existing: tensors allocated before (parameters, buffers, optimizer state) to count too.
+    """
+
+    def __init__(self, limit_bytes: int, existing: Iterable[torch.Tensor] = ()) -> None:
+        super().__init__()
+        if limit_bytes <= 0:
+            raise ValueError(f"limit_bytes must be > 0, got {limit_bytes}")
+        self.limit = int(limit_bytes)
+        self.live = 0
+        self.peak = 0
+        self._sizes: dict[int, int] = {}
+        for t in existing:
+            self._track(t, check=False)
+
+    def _free(self, key: int) -> None:
+        self.live -= self._sizes.pop(key, 0)
+
+    def _track(self, t: torch.Tensor, check: bool = True) -> None:
+        st = t.untyped_storage()
+        key = id(st)  # stable for the storage's lifetime (its Python object is preserved)
+        if key in self._sizes:
+            return
+        n = int(st.nbytes())
+        if check and self.live + n > self.limit:
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {_mib(n)}. GPU 0 has a total capacity "
+                f"of {_mib(self.limit)} of which {_mib(self.limit - self.live)} is free. "
+                f"Of the allocated memory {_mib(self.live)} is allocated by PyTorch. "
+                "(simulated by redline.tune.MemoryBudget)")
+        self._sizes[key] = n
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(st, self._free, key)
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self._track(t)
+        return out
