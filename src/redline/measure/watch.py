@@ -97,7 +97,7 @@ class Watch:
             raise
         self._stack = stack
         self.t_enter = time.perf_counter()
-        self.tracker._start = self.t_enter
+        self.tracker.restart(self.t_enter)
         if self.config.warmup_steps == 0 and not self.config.count_flops:
             self._begin_window()
         return self
