@@ -67,6 +67,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="round fractional timestamps as Holistic Trace Analysis does "
                    "(to compare numbers with it)")
 
+    u = sub.add_parser("tune", help="tune a training script's setup: loader, batch, precision, "
+                       "kernels; before/after table and a plan",
+                       description="Load SCRIPT (its __main__ block does not run), call its "
+                       "factory (default redline_setup(), returning redline.tune.TrainSetup) "
+                       "once per trial and walk the path data pipeline → batch size → "
+                       "precision → kernels, keeping what measured faster and numerically "
+                       "safe. Your files are only read.")
+    u.add_argument("script", help="a Python file that defines the factory")
+    u.add_argument("--factory", default="redline_setup",
+                   help="name of the factory function (default: redline_setup)")
+    u.add_argument("--steps", type=_positive("--steps"), default=6,
+                   help="measured optimizer steps per trial (default: 6)")
+    u.add_argument("--rounds", type=_positive("--rounds"), default=2,
+                   help="times each comparison alternates current and candidate (default: 2)")
+    u.add_argument("--run-steps", type=_positive("--run-steps"), default=None,
+                   help="optimizer steps of the planned job, for compile amortization and "
+                   "the time/cost/energy projection (default: the setup's, else 10,000)")
+    u.add_argument("--price-per-hour", type=float, default=None, metavar="PRICE",
+                   help="price of one device-hour, for the cost projection")
+    u.add_argument("--plan", metavar="PATH", default="redline-plan.json",
+                   help="where to write the plan (default: ./redline-plan.json)")
+    u.add_argument("--json", metavar="PATH", help="also write the whole result as JSON")
+    u.add_argument("--no-compile", action="store_true", help="do not try torch.compile")
+    u.add_argument("--fresh", action="store_true",
+                   help="search again even if a plan for this model/device/inputs is remembered")
+
     m = sub.add_parser("demo", help="run a built-in naive workload under redline and report",
                        description="Train a built-in workload (no download) with its naive "
                        "defaults under redline.watch and print the report.")
@@ -124,6 +150,56 @@ def _trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from redline.report.json_io import write_text_atomic
+    from redline.report.tune_render import render, to_dict
+    from redline.tune import (
+        BatchDoesNotFitError,
+        NonFiniteLossError,
+        SetupError,
+        TuneConfig,
+        load_factory,
+        save_plan,
+        tune,
+    )
+
+    if args.price_per_hour is not None and args.price_per_hour < 0:
+        print(f"redline tune: error: --price-per-hour must be >= 0, got {args.price_per_hour}",
+              file=sys.stderr)
+        return 2
+    script = os.path.abspath(args.script)
+    for out in (args.plan, args.json):
+        if out and os.path.abspath(out) == script:
+            print(f"redline tune: error: refusing to overwrite the script {args.script} with "
+                  "output", file=sys.stderr)
+            return 2
+    try:
+        factory = load_factory(args.script, args.factory)
+        cfg = TuneConfig(steps_per_trial=args.steps, rounds=args.rounds,
+                         run_steps=args.run_steps, price_per_device_hour=args.price_per_hour,
+                         try_compile=not args.no_compile, reuse=not args.fresh)
+        result = tune(factory, cfg, log=lambda s: print(s, flush=True))
+    except (SetupError, BatchDoesNotFitError, NonFiniteLossError) as e:
+        print(f"redline tune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("redline tune: interrupted; no plan written", file=sys.stderr)
+        return 130
+    render(result)
+    try:
+        save_plan(result.plan, args.plan)
+        print(f"plan written to {args.plan}")
+        if args.json:
+            write_text_atomic(json.dumps(to_dict(result), indent=1, default=str), args.json)
+    except OSError as e:
+        print(f"redline tune: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from redline.demo import run_demo
 
@@ -141,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         return _doctor(args)
     if args.command == "trace":
         return _trace(args)
+    if args.command == "tune":
+        return _tune(args)
     return _demo(args)
 
 

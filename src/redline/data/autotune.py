@@ -130,18 +130,24 @@ def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     try:
         loader = make_loader(settings)
         it: Iterator[Any] = iter(loader)
+
+        def nxt() -> Any:
+            # Short epochs (small datasets) wrap around, as a training loop's epochs do.
+            nonlocal it
+            try:
+                return next(it)
+            except StopIteration:
+                it = iter(loader)
+                return next(it)
+
         for _ in range(skip):
-            consume(next(it))
+            consume(nxt())
         wait = step = 0.0
         samples = 0
         c0, w0 = _proc_cpu(proc), time.perf_counter()
         for _ in range(batches):
             t0 = time.perf_counter()
-            try:
-                b = next(it)
-            except StopIteration:
-                it = iter(loader)
-                b = next(it)
+            b = nxt()
             t1 = time.perf_counter()
             consume(b)
             t2 = time.perf_counter()
@@ -149,7 +155,6 @@ def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             step += t2 - t0
             samples += batch_samples(b) or 1
         busy = (_proc_cpu(proc) - c0) / max(1e-9, time.perf_counter() - w0)
-        del it, loader
     finally:
         torch.set_num_threads(threads)
     return Trial(settings, samples / step, wait / step, busy, time.perf_counter() - t_start)
@@ -270,10 +275,11 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     return plan
 
 
-def rebuild_factory(loader: DataLoader[Any]) -> Callable[[LoaderSettings], DataLoader[Any]]:
-    """A ``make_loader`` that rebuilds this DataLoader (same dataset, batching, sampling and
-    collation) with other settings. Raises ValueError for loaders it cannot rebuild faithfully
-    (a custom batch sampler)."""
+def rebuild_factory(loader: DataLoader[Any], batch_size: int | None = None,
+                    ) -> Callable[[LoaderSettings], DataLoader[Any]]:
+    """A ``make_loader`` that rebuilds this DataLoader (same dataset, sampling and collation;
+    same batch size unless ``batch_size`` is given) with other settings. Raises ValueError for
+    loaders it cannot rebuild faithfully (a custom batch sampler)."""
     from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
     bs = loader.batch_sampler
@@ -285,10 +291,16 @@ def rebuild_factory(loader: DataLoader[Any]) -> Callable[[LoaderSettings], DataL
         raise ValueError(f"the DataLoader uses a {type(loader.sampler).__name__}: pass your own "
                          "make_loader to autotune_loader")
 
+    generator = getattr(loader.sampler, "generator", None)
+
     def make(s: LoaderSettings) -> DataLoader[Any]:
-        return DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=shuffle,
-                          drop_last=loader.drop_last, collate_fn=loader.collate_fn,
-                          **s.loader_kwargs())
+        kw = s.loader_kwargs()
+        if s.num_workers > 0 and loader.multiprocessing_context is not None:
+            kw["multiprocessing_context"] = loader.multiprocessing_context
+        return DataLoader(loader.dataset, batch_size=batch_size or loader.batch_size,
+                          shuffle=shuffle, drop_last=loader.drop_last,
+                          collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn,
+                          generator=generator, **kw)
 
     return make
 

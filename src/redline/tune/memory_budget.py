@@ -28,18 +28,22 @@ class MemoryBudget(TorchDispatchMode):
     wording (marked as simulated).
 
     Args:
-        limit_bytes: the simulated device memory.
+        limit_bytes: the simulated device memory; None = no limit (only count and record).
         existing: tensors allocated before (parameters, buffers, optimizer state) to count too.
     """
 
-    def __init__(self, limit_bytes: int, existing: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(self, limit_bytes: int | None, existing: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
+        if limit_bytes is None:
+            limit_bytes = 2**62  # record only: no limit
         if limit_bytes <= 0:
             raise ValueError(f"limit_bytes must be > 0, got {limit_bytes}")
         self.limit = int(limit_bytes)
         self.live = 0
         self.peak = 0
         self._sizes: dict[int, int] = {}
+        self.timeline: list[int] | None = None
+        """Live bytes after each allocation, once :meth:`record` was called."""
         for t in existing:
             self._track(t, check=False)
 
@@ -61,10 +65,18 @@ class MemoryBudget(TorchDispatchMode):
         self._sizes[key] = n
         self.live += n
         self.peak = max(self.peak, self.live)
+        if self.timeline is not None:
+            self.timeline.append(self.live)
         weakref.finalize(st, self._free, key)
 
     def reset_peak(self) -> None:
         self.peak = self.live
+
+    def record(self) -> None:
+        """Start (or restart) the allocation timeline and the peak: the batch finder fits each
+        point of it against the batch size (redline.tune.batch_finder)."""
+        self.timeline = []
+        self.reset_peak()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:

@@ -1,0 +1,119 @@
+"""Exact effective batch: split an effective batch into micro-batches whose gradients add up to
+the gradient of the whole batch.
+
+With a mean-reduced loss, ∇ mean(B) = Σᵢ (nᵢ / |B|) · ∇ mean(Bᵢ) for any partition of B into
+micro-batches Bᵢ of nᵢ samples, so an uneven last micro-batch is weighted by its size, not by
+1/k (Composer does the same; autotune_anchors.md §3 — the examples of Accelerate and HF that
+floor ``batch // micro`` change the effective batch). Under DDP every micro-batch but the last
+runs inside ``no_sync()``, so gradients are all-reduced once per optimizer step.
+
+BatchNorm statistics are computed per micro-batch, so a model with BatchNorm sees other
+running statistics when the micro-batch changes; :func:`batchnorm_modules` lets callers say so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from redline.measure.loader import batch_samples
+
+
+def micro_sizes(effective: int, micro: int) -> list[int]:
+    """Sizes of the micro-batches of an effective batch: as many full ``micro`` as fit, then
+    the remainder. ``micro_sizes(64, 24) == [24, 24, 16]``."""
+    if effective < 1 or micro < 1:
+        raise ValueError(f"effective batch and micro-batch must be >= 1, got {effective}, {micro}")
+    micro = min(micro, effective)
+    full, rest = divmod(effective, micro)
+    return [micro] * full + ([rest] if rest else [])
+
+
+def _slice(obj: Any, start: int, stop: int, n: int) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj[start:stop] if obj.dim() > 0 and obj.shape[0] == n else obj
+    if isinstance(obj, Mapping):
+        return type(obj)({k: _slice(v, start, stop, n) for k, v in obj.items()})  # type: ignore[call-arg]
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_slice(v, start, stop, n) for v in obj))
+    if isinstance(obj, tuple):
+        return tuple(_slice(v, start, stop, n) for v in obj)
+    if isinstance(obj, list):
+        # A list of length n is per-sample data (strings, ids); any other list is structure.
+        if len(obj) == n and not any(isinstance(v, torch.Tensor | Mapping | list | tuple)
+                                     for v in obj):
+            return obj[start:stop]
+        return [_slice(v, start, stop, n) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _slice(getattr(obj, f.name), start, stop, n)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
+def split_batch(batch: Any, micro: int) -> list[tuple[Any, int]]:
+    """``[(micro_batch, samples), ...]``: ``batch`` cut along its first dimension into pieces of
+    ``micro`` samples (the last may be smaller). Tensors (and per-sample lists) whose first
+    dimension is the batch size are sliced; anything else is passed to every piece."""
+    n = batch_samples(batch)
+    if n is None:
+        raise ValueError("cannot split a batch that holds no tensor with a batch dimension")
+    out, start = [], 0
+    for size in micro_sizes(n, micro):
+        out.append((_slice(batch, start, start + size, n), size))
+        start += size
+    return out
+
+
+def _no_sync(model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+    # DistributedDataParallel (and FSDP1) expose no_sync(); a plain module needs none.
+    fn = getattr(model, "no_sync", None)
+    return fn() if callable(fn) else contextlib.nullcontext()
+
+
+def accumulate(model: torch.nn.Module, batch: Any, micro: int,
+               loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+               autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+               backward: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+    """Forward and backward of one effective batch in micro-batches of ``micro``; gradients
+    accumulate into ``.grad`` exactly as one pass over the whole batch would leave them.
+
+    Args:
+        model: the (possibly DDP-wrapped) model.
+        batch: the effective batch, already on the device.
+        micro: samples per micro-batch.
+        loss_fn: ``loss_fn(model, micro_batch) -> mean loss``.
+        autocast: a context-manager factory entered around each forward (mixed precision).
+        backward: called with each weighted loss (a GradScaler's ``scale(loss).backward()``);
+            default ``loss.backward()``.
+
+    Returns:
+        The effective batch's mean loss, detached, on the device (not synced).
+    """
+    pieces = split_batch(batch, micro)
+    total = sum(n for _, n in pieces)
+    acc: torch.Tensor | None = None
+    for i, (piece, n) in enumerate(pieces):
+        last = i == len(pieces) - 1
+        with contextlib.nullcontext() if last else _no_sync(model):
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                loss = loss_fn(model, piece)
+            weighted = loss * (n / total)
+            if backward is not None:
+                backward(weighted)
+            else:
+                weighted.backward()
+        # Summed on the device: reading it here would add a host sync per micro-batch.
+        w = weighted.detach().float()
+        acc = w if acc is None else acc + w
+    assert acc is not None
+    return acc
+
+
+def batchnorm_modules(model: torch.nn.Module) -> list[str]:
+    """Names of BatchNorm layers, whose statistics depend on the micro-batch size."""
+    return [n for n, m in model.named_modules()
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]

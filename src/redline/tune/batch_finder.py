@@ -1,0 +1,271 @@
+"""Batch-size finder by prediction, not by crashing.
+
+Lightning's BatchSizeFinder and Accelerate's ``find_executable_batch_size`` learn only from
+out-of-memory errors (11–35 trials, up to 34 OOMs for one MLP; autotune_anchors.md §7).
+DeepSpeed predicts from one probe and an Adam-only formula. Here:
+
+1. **Probe at batch 1** (also answers "does it fit at all"), recording live device bytes after
+   every allocation of one steady-state step (optimizer state already built).
+2. **Probe at a batch that is safe by construction**: if each allocation point *j* holds
+   ``c_j + s_j·b`` bytes with ``c_j ≥`` the persistent bytes *E* (weights, optimizer state), then
+   ``live_j(b) − E ≤ b·(live_j(1) − E)``, so ``b₂ = ⌊(usable − E) / (peak(1) − E)⌋`` cannot OOM.
+3. **Fit every allocation point** against the batch from the two timelines (a step runs the same
+   ops in the same order at any batch, so point *j* of one timeline is point *j* of the other)
+   and predict ``peak(b) = max_j (c_j + s_j·b)``. Fitting only the two peaks is what overshoots:
+   at small batches the peak is set by gradients and the optimizer step, at large ones by the
+   first backward layers (a max of affine functions is convex, so the secant through small
+   probes under-estimates the slope). When the timelines differ in length (data-dependent ops)
+   the finder falls back to the peaks' secant and says so.
+4. **Verify** at the predicted maximum; if it overshoots, re-fit through the two largest
+   probes and verify once more; never more than 4 trials.
+
+Headroom: on CUDA, the caching allocator's measured overhead (reserved ÷ counted bytes at
+the largest probe: fragmentation and block rounding) shrinks the usable memory; probes use the
+largest sample of the dataset, so variable-length data cannot exceed them. On the simulated
+budget there is no allocator, so the overhead is 0 (said in the result).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from redline.tune.memory_budget import MemoryBudget
+
+MAX_TRIALS = 4
+"""Issue 5's budget of trials (probes + verifications)."""
+
+
+class BatchDoesNotFitError(RuntimeError):
+    """Even one sample per micro-batch exceeds the device memory."""
+
+
+@dataclass(slots=True)
+class Probe:
+    batch: int
+    peak_bytes: int | None
+    """Peak live bytes counted during the recorded step (None after an OOM)."""
+    oom: bool
+    seconds: float
+    role: str
+    """'probe' | 'verify'."""
+
+
+@dataclass(slots=True)
+class BatchSearch:
+    """What the finder chose and how."""
+
+    batch: int
+    """The largest micro-batch verified to fit (≤ ``max_batch``)."""
+    max_batch: int
+    """Upper bound searched (the effective batch: a larger micro-batch would change it)."""
+    limit_bytes: int | None
+    """Device memory the search had (None: no limit)."""
+    usable_bytes: int | None
+    """``limit_bytes`` less the headroom."""
+    allocator_overhead: float | None
+    """Reserved ÷ counted bytes − 1 at the largest probe (CUDA); 0.0 on the simulated budget;
+    None without a limit."""
+    overhead_source: str
+    persistent_bytes: int
+    """Weights, buffers and optimizer state before the step."""
+    predicted_batch: int | None
+    fit: str
+    """'per-allocation' | 'peak-secant' | 'none' (no limit, or the cap fitted at once)."""
+    probes: list[Probe] = field(default_factory=list)
+    reason: str = ""
+    seconds: float = 0.0
+
+    @property
+    def trials(self) -> int:
+        return len(self.probes)
+
+    @property
+    def ooms(self) -> int:
+        return sum(p.oom for p in self.probes)
+
+
+@dataclass(slots=True)
+class _Timeline:
+    batch: int
+    points: list[int]
+    peak: int
+
+
+def _cuda_cleanup() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class _Prober:
+    def __init__(self, step: Callable[[int], None], state: Callable[[], Iterable[torch.Tensor]],
+                 limit: int | None, cuda: torch.device | None) -> None:
+        self.step, self.state, self.limit, self.cuda = step, state, limit, cuda
+        self.warm = False
+        self.probes: list[Probe] = []
+        self.cuda_reserved_peak = 0
+
+    def run(self, b: int, role: str) -> _Timeline | None:
+        t0 = time.perf_counter()
+        # On CUDA the real allocator enforces the limit; the mode only counts (no limit).
+        budget_limit = None if self.cuda is not None else self.limit
+        try:
+            with MemoryBudget(budget_limit, existing=self.state()) as mb:
+                if not self.warm:
+                    # The first step builds lazy optimizer state (Adam moments): constant in
+                    # the batch, and present in every later step, so it is not recorded.
+                    self.step(b)
+                    self.warm = True
+                    mb.reset_peak()
+                if self.cuda is not None:
+                    torch.cuda.reset_peak_memory_stats(self.cuda)
+                mb.record()
+                self.step(b)
+                assert mb.timeline is not None
+                tl = _Timeline(b, list(mb.timeline), mb.peak)
+            if self.cuda is not None:
+                self.cuda_reserved_peak = torch.cuda.max_memory_reserved(self.cuda)
+        except torch.OutOfMemoryError:
+            self.probes.append(Probe(b, None, True, time.perf_counter() - t0, role))
+            _cuda_cleanup()
+            return None
+        self.probes.append(Probe(b, tl.peak, False, time.perf_counter() - t0, role))
+        return tl
+
+
+def _fit(lo: _Timeline, hi: _Timeline) -> tuple[str, list[tuple[float, float]]]:
+    """(method, [(c_j, s_j)]) with live_j(b) = c_j + s_j·b."""
+    db = hi.batch - lo.batch
+    if len(lo.points) == len(hi.points) and lo.points:
+        return "per-allocation", [(a - (b - a) / db * lo.batch, (b - a) / db)
+                                  for a, b in zip(lo.points, hi.points, strict=True)]
+    s = (hi.peak - lo.peak) / db
+    return "peak-secant", [(lo.peak - s * lo.batch, s)]
+
+
+def _predict(lines: list[tuple[float, float]], usable: float, cap: int) -> int:
+    """Largest b ≤ cap with max_j(c_j + s_j·b) ≤ usable (0 if none)."""
+    best = float(cap)
+    for c, s in lines:
+        if s > 0:
+            best = min(best, (usable - c) / s)
+        elif c > usable:
+            return 0
+    return max(0, min(cap, math.floor(best + 1e-9)))
+
+
+def _does_not_fit(limit: int | None, persistent: int) -> BatchDoesNotFitError:
+    lim = f"{limit / 2**20:,.1f} MiB" if limit else "the device memory"
+    return BatchDoesNotFitError(
+        f"the model does not fit at micro-batch 1: one training step needs more than {lim} "
+        f"(weights, gradients and optimizer state alone take {persistent / 2**20:,.1f} MiB). "
+        "Options: (1) lower precision — bf16 autocast halves activations, bf16 weights halve "
+        "the rest; (2) activation checkpointing (torch.utils.checkpoint) trades recompute for "
+        "activation memory; (3) shard weights, gradients and optimizer state over devices "
+        "(FSDP / ZeRO) or offload optimizer state to the host; (4) a smaller model or shorter "
+        "sequences.")
+
+
+def find_batch_size(step: Callable[[int], None], *,
+                    state: Callable[[], Iterable[torch.Tensor]],
+                    max_batch: int, limit_bytes: int | None,
+                    cuda_device: torch.device | None = None) -> BatchSearch:
+    """The largest micro-batch that fits, predicted from probes and verified.
+
+    Args:
+        step: runs one full training step (forward, backward, optimizer step, gradients set to
+            None) at the given micro-batch, built from the dataset's largest sample. The caller
+            restores weights and optimizer state afterwards.
+        state: the tensors that persist between steps (parameters, buffers, optimizer state).
+        max_batch: the largest micro-batch worth having (the effective batch).
+        limit_bytes: device memory available to the job; None = no limit (CPU without a
+            simulated budget): the cap is verified once.
+        cuda_device: the CUDA device when training there (the real allocator enforces the
+            limit; its overhead sets the headroom).
+
+    Raises:
+        BatchDoesNotFitError: batch 1 does not fit; the message lists the options.
+    """
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    t_begin = time.perf_counter()
+    persistent = sum(int(t.untyped_storage().nbytes()) for t in
+                     {id(t.untyped_storage()): t for t in state()}.values())
+    pr = _Prober(step, state, limit_bytes, cuda_device)
+    res = BatchSearch(batch=0, max_batch=max_batch, limit_bytes=limit_bytes, usable_bytes=None,
+                      allocator_overhead=None, overhead_source="", persistent_bytes=persistent,
+                      predicted_batch=None, fit="none", probes=pr.probes)
+
+    def done(batch: int, reason: str) -> BatchSearch:
+        res.batch, res.reason = batch, reason
+        res.seconds = time.perf_counter() - t_begin
+        return res
+
+    if limit_bytes is None:
+        res.overhead_source = "no memory limit: nothing to leave headroom for"
+        tl = pr.run(max_batch, "verify")
+        if tl is None:
+            raise RuntimeError("out of memory without a memory limit (host RAM?)")
+        return done(max_batch, f"no device-memory limit: the micro-batch is the effective batch "
+                               f"({max_batch}); its step peaked at {tl.peak / 2**20:,.1f} MiB")
+
+    one = pr.run(1, "probe")
+    if one is None:
+        raise _does_not_fit(limit_bytes, persistent)
+    overhead = 0.0
+    res.overhead_source = ("simulated budget: no caching allocator, so no fragmentation "
+                           "headroom")
+    usable = float(limit_bytes)
+    if max_batch == 1:
+        res.usable_bytes = int(usable)
+        res.allocator_overhead = overhead
+        return done(1, "the effective batch is 1")
+    per_sample = max(1, one.peak - persistent)
+    b2 = min(max_batch, max(2, math.floor((usable - persistent) / per_sample)))
+    two = pr.run(b2, "probe")
+    if two is None:
+        # The safety bound assumes c_j ≥ E; a model that frees persistent tensors mid-step can
+        # break it. Fall back to batch 1's result rather than guess.
+        return done(1, f"probe at {b2} ran out of memory although the bound said it was safe: "
+                       "keeping batch 1")
+    if pr.cuda is not None:
+        overhead = max(0.0, pr.cuda_reserved_peak / max(1, two.peak) - 1.0)
+        res.overhead_source = (f"CUDA allocator: reserved {pr.cuda_reserved_peak / 2**20:,.1f} "
+                               f"MiB for {two.peak / 2**20:,.1f} MiB counted at batch {b2}")
+    usable = limit_bytes / (1.0 + overhead)
+    res.allocator_overhead, res.usable_bytes = overhead, int(usable)
+    if b2 == max_batch:
+        return done(b2, f"the effective batch ({max_batch}) fits: peak "
+                        f"{two.peak / 2**20:,.1f} MiB of {usable / 2**20:,.1f} MiB usable")
+    good, fit_from = two, (one, two)
+    while len(pr.probes) < MAX_TRIALS:
+        method, lines = _fit(*fit_from)
+        res.fit = method
+        pred = _predict(lines, usable, max_batch)
+        res.predicted_batch = pred if res.predicted_batch is None else res.predicted_batch
+        if pred <= good.batch:
+            break
+        tl = pr.run(pred, "verify")
+        if tl is not None and tl.peak <= usable:
+            good = tl
+            if pred == max_batch or len(pr.probes) >= MAX_TRIALS:
+                break
+            # Verified: one more step up only if the re-fit through it predicts more.
+            fit_from = (two, tl)
+            method, lines = _fit(*fit_from)
+            if _predict(lines, usable, max_batch) <= pred:
+                break
+            continue
+        # Overshot (or the real allocator said no): re-fit through the two largest probes.
+        if tl is None:
+            break
+        fit_from = (good, tl)
+    return done(good.batch, f"{res.fit} fit predicted {res.predicted_batch}; verified "
+                            f"{good.batch} at {good.peak / 2**20:,.1f} MiB of "
+                            f"{usable / 2**20:,.1f} MiB usable")

@@ -1,0 +1,109 @@
+"""Kernel knobs: which apply to this model, and hand-written attention with its code location.
+
+The knobs (torch.compile, fused/foreach optimizer, channels_last) are measured by the tuning
+path (:mod:`redline.tune.path`) and kept only when faster over the planned run; this module
+says which are candidates. Replacing hand-written attention by
+``torch.nn.functional.scaled_dot_product_attention`` is a code change, so it is reported with
+the file and line of the softmax, not applied.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_REDLINE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_WORKLOADS_DIR = os.path.join(_REDLINE_DIR, "workloads")  # built-in models are user code here
+_aten = torch.ops.aten
+
+
+def has_conv2d(model: torch.nn.Module) -> bool:
+    """channels_last only changes anything for 4-D convolutions."""
+    return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+
+
+def optimizer_impls(optimizer: torch.optim.Optimizer) -> list[str]:
+    """The implementations this optimizer class offers ('fused', 'foreach'), fused first."""
+    params = inspect.signature(type(optimizer).__init__).parameters
+    current = {k: optimizer.defaults.get(k) for k in ("fused", "foreach")}
+    return [k for k in ("fused", "foreach") if k in params and not current[k]]
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionSite:
+    """A softmax over a square score matrix between two batched matmuls."""
+
+    location: str
+    """'file:line' of the user's code that called softmax (innermost frame outside torch)."""
+    score_shape: tuple[int, ...]
+    calls_per_forward: int
+
+
+def _user_frame() -> str:
+    for fr in reversed(traceback.extract_stack()):
+        f = os.path.abspath(fr.filename)
+        ours = f.startswith(_REDLINE_DIR) and not f.startswith(_WORKLOADS_DIR)
+        if not (f.startswith(_TORCH_DIR) or ours or "<frozen" in f):
+            return f"{fr.filename}:{fr.lineno}"
+    return "unknown location"
+
+
+class _AttentionSpy(TorchDispatchMode):
+    """GEMM → softmax(square last two dims) → GEMM, the pattern of trace/findings.py's
+    ``unfused_attention``, seen at the op level (works on CPU)."""
+
+    GEMM = (_aten.bmm.default, _aten.mm.default, _aten.matmul.default, _aten.baddbmm.default)
+    SOFTMAX = (_aten._softmax.default, _aten.softmax.int, _aten._safe_softmax.default
+               if hasattr(_aten, "_safe_softmax") else _aten._softmax.default)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gemm_square: set[tuple[int, int]] = set()
+        self.pending: dict[tuple[int, int, int], tuple[tuple[int, ...], str]] = {}
+        """(numel, rows, cols) of a softmax output → (shape, location): the next GEMM sees it
+        through a view (b·h, t, t), so shapes are matched by size, not by exact shape."""
+        self.sites: dict[str, tuple[tuple[int, ...], int]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in self.GEMM and isinstance(out, torch.Tensor) and out.dim() >= 2:
+            t = (out.shape[-2], out.shape[-1])
+            if t[0] == t[1] and t[0] >= 8:
+                self.gemm_square.add(t)
+            # A GEMM consuming a pending softmax output closes the pattern.
+            for a in tree_leaves(args):
+                if not isinstance(a, torch.Tensor) or a.dim() < 2:
+                    continue
+                key = (a.numel(), a.shape[-2], a.shape[-1])
+                if key in self.pending:
+                    shape, loc = self.pending.pop(key)
+                    self.sites[loc] = (shape, self.sites.get(loc, (shape, 0))[1] + 1)
+                    break
+        elif func in self.SOFTMAX and isinstance(out, torch.Tensor) and out.dim() >= 3:
+            t = (out.shape[-2], out.shape[-1])
+            if t in self.gemm_square:
+                self.pending[(out.numel(), *t)] = (tuple(out.shape), _user_frame())
+        return out
+
+
+def find_unfused_attention(model: torch.nn.Module, batch: Any,
+                           loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+                           ) -> list[AttentionSite]:
+    """Run one forward (no backward, no gradient) and return the hand-written attention sites."""
+    spy = _AttentionSpy()
+    was_training = model.training
+    try:
+        with torch.no_grad(), spy:
+            loss_fn(model, batch)
+    finally:
+        model.train(was_training)
+    return [AttentionSite(loc, shape, n) for loc, (shape, n) in sorted(spy.sites.items())]

@@ -1,0 +1,203 @@
+"""The tuning plan: what ``redline tune`` decided, as JSON, remembered per model and machine.
+
+A plan is keyed by the model's signature (class and parameter names, shapes and dtypes), the
+device (type and name), the precision the user trained in and the input shapes (per sample):
+the same script on the same GPU reuses its plan; another model, GPU or sequence length does
+not (autotune_anchors.md, "what none of them does" §10).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from redline.report.json_io import write_text_atomic
+
+PLAN_SCHEMA = "redline.plan/1"
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+class PlanMismatchError(ValueError):
+    """A plan applied to a model, device or inputs it was not made for."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanKey:
+    model_signature: str
+    """sha256 (first 16 hex) of the model class and its parameters' names, shapes, dtypes."""
+    model_class: str
+    device: str
+    """Device type and name, e.g. 'cuda:NVIDIA H100 80GB HBM3' or 'cpu:x86_64'."""
+    precision: str
+    """The precision the user's configuration trained in (before tuning)."""
+    input_shapes: str
+    """Per-sample shapes and dtypes of the batch, e.g. '(3,96,96):float32|():int64'."""
+
+    def digest(self) -> str:
+        raw = "|".join((self.model_signature, self.device, self.precision, self.input_shapes))
+        return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+@dataclass(slots=True)
+class TunePlan:
+    """Settings to apply to the plain loop (see :func:`redline.tune.apply_plan`)."""
+
+    key: PlanKey
+    effective_batch: int
+    """Samples per optimizer step: the user's, unchanged."""
+    micro_batch: int
+    """Samples per forward/backward; ``effective_batch`` is split into micro-batches of this
+    size, the last one weighted by its size."""
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    torch_threads: int | None = None
+    """Intra-op threads of the training process; None = leave as is."""
+    prefetch_to_device: bool = False
+    """Wrap the loader in :class:`redline.data.DevicePrefetcher` (CUDA only)."""
+    precision: str = "fp32"
+    """'fp32' | 'tf32' | 'bf16' (autocast) | 'fp16' (autocast + GradScaler)."""
+    channels_last: bool = False
+    compile: bool = False
+    optimizer_impl: str | None = None
+    """'fused' | 'foreach' | None (the optimizer as built)."""
+    schema: str = PLAN_SCHEMA
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per step of the path: what was tried, measured numbers, kept or why not."""
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not 1 <= self.micro_batch <= self.effective_batch:
+            raise ValueError(f"need 1 <= micro_batch <= effective_batch, got {self.micro_batch}"
+                             f" and {self.effective_batch}")
+        if self.optimizer_impl not in (None, "fused", "foreach"):
+            raise ValueError(f"optimizer_impl must be 'fused', 'foreach' or None, got "
+                             f"{self.optimizer_impl!r}")
+
+    @property
+    def accumulation_steps(self) -> int:
+        return -(-self.effective_batch // self.micro_batch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TunePlan:
+        if d.get("schema") != PLAN_SCHEMA:
+            raise ValueError(f"not a redline plan: schema is {d.get('schema')!r}, expected "
+                             f"{PLAN_SCHEMA!r}")
+        d = dict(d)
+        d["key"] = PlanKey(**d["key"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def save_plan(plan: TunePlan, path: str | os.PathLike[str]) -> None:
+    """Write the plan as JSON (atomically: a crash leaves no half-written file)."""
+    write_text_atomic(json.dumps(plan.to_dict(), indent=2) + "\n", path)
+
+
+def load_plan(path: str | os.PathLike[str]) -> TunePlan:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no plan at {str(path)!r}: run `redline tune SCRIPT` to make "
+                                "one") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not JSON ({e}); expected a plan written by redline tune") \
+            from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, expected a redline plan")
+    try:
+        return TunePlan.from_dict(data)
+    except TypeError as e:
+        raise ValueError(f"{path} is a malformed redline plan: {e}") from None
+
+
+def model_signature(model: torch.nn.Module) -> tuple[str, str]:
+    """(digest, class name) of the model's structure: parameter and buffer names, shapes and
+    dtypes. Weights' values do not matter: a plan depends on shapes, not on training state."""
+    inner = getattr(model, "module", model)  # DDP / DataParallel wrap the model
+    inner = getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper
+    h = hashlib.sha256(type(inner).__qualname__.encode())
+    for name, t in list(inner.named_parameters()) + list(inner.named_buffers()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+    return h.hexdigest()[:16], f"{type(inner).__module__}.{type(inner).__qualname__}"
+
+
+def device_label(device: torch.device) -> str:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    import platform
+    return f"{device.type}:{platform.machine()}"
+
+
+def input_shapes(batch: Any) -> str:
+    """Per-sample shapes/dtypes of every tensor in a batch (first dimension dropped)."""
+    from redline.data.prefetcher import map_tensors
+
+    seen: list[str] = []
+    map_tensors(batch, lambda t: seen.append(
+        f"{tuple(t.shape[1:])}:{str(t.dtype).removeprefix('torch.')}"))
+    return "|".join(seen)
+
+
+def plan_key(model: torch.nn.Module, device: torch.device, precision: str,
+             batch: Any) -> PlanKey:
+    sig, cls = model_signature(model)
+    return PlanKey(sig, cls, device_label(device), precision, input_shapes(batch))
+
+
+def check_plan(plan: TunePlan, key: PlanKey) -> None:
+    """Raise :class:`PlanMismatchError` naming every field that differs."""
+    diffs = [f"{f}: plan has {getattr(plan.key, f)!r}, this run has {getattr(key, f)!r}"
+             for f in ("model_signature", "device", "input_shapes")
+             if getattr(plan.key, f) != getattr(key, f)]
+    if diffs:
+        raise PlanMismatchError(
+            "this plan was made for another configuration (" + "; ".join(diffs) + "). Its batch "
+            "and memory decisions do not carry over: run `redline tune` for this one.")
+
+
+class PlanStore:
+    """Plans remembered on disk, one JSON file per key digest.
+
+    Default folder: ``$REDLINE_CACHE_DIR/plans`` or ``~/.cache/redline/plans``.
+    """
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        if root is None:
+            base = os.environ.get("REDLINE_CACHE_DIR") or os.path.join(
+                os.path.expanduser("~"), ".cache", "redline")
+            root = os.path.join(base, "plans")
+        self.root = Path(root)
+
+    def path(self, key: PlanKey) -> Path:
+        return self.root / f"{key.digest()}.json"
+
+    def get(self, key: PlanKey) -> TunePlan | None:
+        p = self.path(key)
+        if not p.exists():
+            return None
+        try:
+            plan = load_plan(p)
+        except (ValueError, OSError):
+            return None  # unreadable or from another version: tune again
+        return plan if plan.key == key else None
+
+    def put(self, plan: TunePlan) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        p = self.path(plan.key)
+        save_plan(plan, p)
+        return p

@@ -1,0 +1,199 @@
+"""Mixed precision, switched on only when the numbers stay the same.
+
+Candidates: bf16 autocast (CUDA with bf16 support, and CPU); fp16 autocast + GradScaler where
+bf16 is not supported (pre-Ampere GPUs); TF32 matmuls on Ampere and newer (compute capability
+≥ 8.0, where tensor cores run TF32). Lightning and Accelerate only check device support
+(autotune_anchors.md §6); here each candidate is also run for N steps against fp32 from the
+same initial weights and batches (:func:`check_numerics`) and refused with the reason when its
+losses or gradient norms drift, or when it overflows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from redline.tune.accumulate import accumulate
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss is NaN/inf already in fp32: a bug in the model or data, not in precision."""
+
+
+@dataclass(kw_only=True, slots=True)
+class NumericsTolerance:
+    """How far a lower precision may drift from fp32 over the guard's steps."""
+
+    loss_rel: float = 0.05
+    """Max |loss − loss_fp32| ÷ |loss_fp32| at any step. bf16 keeps 8 mantissa bits (unit
+    round-off 2⁻⁸ ≈ 0.4 %); a few steps of drift compound it, and 5 % separates that noise from
+    divergence (a real loss-scale overflow or saturation moves the loss by far more)."""
+    grad_norm_rel: float = 0.10
+    """Max relative difference of the global gradient norm at any step."""
+    max_overflow_steps: int = 1
+    """fp16: GradScaler may skip this many steps while it calibrates its scale (it starts at
+    2¹⁶ and halves on each overflow); more means the gradients do not fit fp16."""
+
+    def __post_init__(self) -> None:
+        if self.loss_rel <= 0 or self.grad_norm_rel <= 0 or self.max_overflow_steps < 0:
+            raise ValueError("tolerances must be > 0 (overflow steps >= 0)")
+
+
+@dataclass(slots=True)
+class NumericsCheck:
+    precision: str
+    steps: int
+    loss_fp32: list[float]
+    loss_candidate: list[float]
+    grad_norm_fp32: list[float]
+    grad_norm_candidate: list[float]
+    overflow_steps: int
+    max_loss_rel: float
+    max_grad_norm_rel: float
+    passed: bool
+    reason: str
+    tolerance: NumericsTolerance = field(default_factory=NumericsTolerance)
+
+
+def supported(device: torch.device) -> dict[str, str | None]:
+    """Each precision → None if usable on ``device``, else why not."""
+    out: dict[str, str | None] = {"fp32": None}
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        ampere = major >= 8
+        out["tf32"] = None if ampere else f"TF32 needs compute capability >= 8.0, have {major}.{minor}"
+        bf16_ok = torch.cuda.is_bf16_supported()
+        out["bf16"] = None if bf16_ok else "this GPU has no bf16 support"
+        out["fp16"] = ("bf16 is supported: fp16 + GradScaler is only tried where it is not"
+                       if bf16_ok else None)
+    else:
+        out["tf32"] = "TF32 is a CUDA tensor-core mode"
+        out["bf16"] = None  # CPU autocast runs bf16 (fast with AMX / AVX512-BF16)
+        out["fp16"] = "CPU: bf16 autocast is used instead of fp16"
+    return out
+
+
+AutocastFactory = Callable[[], contextlib.AbstractContextManager[Any]]
+
+
+def autocast_for(precision: str, device: torch.device) -> AutocastFactory | None:
+    """A factory of autocast contexts for the precision (None for fp32/tf32)."""
+    if precision not in ("bf16", "fp16"):
+        return None
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def make_scaler(precision: str, device: torch.device) -> Any:
+    """A GradScaler for fp16 (None otherwise): fp16's range overflows without loss scaling."""
+    if precision != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type)
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool) -> Any:
+    """TF32 matmuls and convolutions on (restored on exit: no state survives the call)."""
+    prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+
+
+def _grad_norm(params: Sequence[torch.nn.Parameter]) -> float:
+    gs = [p.grad.detach().float().norm() for p in params if p.grad is not None]
+    return float(torch.stack(gs).norm()) if gs else 0.0
+
+
+def _run(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[Any],
+         micro: int, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+         precision: str, device: torch.device, seed: int) -> tuple[list[float], list[float], int]:
+    torch.manual_seed(seed)  # same dropout masks in both runs
+    ac = autocast_for(precision, device)
+    scaler = make_scaler(precision, device)
+    losses, norms, overflow = [], [], 0
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    with tf32(precision == "tf32") if device.type == "cuda" else contextlib.nullcontext():
+        for b in batches:
+            backward = (lambda loss: scaler.scale(loss).backward()) if scaler else None
+            loss = accumulate(model, b, micro, loss_fn, ac, backward)
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            norm = _grad_norm(params)
+            if scaler is not None:
+                scale = scaler.get_scale()
+                scaler.step(optimizer)
+                scaler.update()
+                overflow += scaler.get_scale() < scale
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(float(loss))
+            norms.append(norm)
+    return losses, norms, overflow
+
+
+def check_numerics(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   batches: Sequence[Any], micro: int,
+                   loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], precision: str,
+                   device: torch.device, tolerance: NumericsTolerance | None = None,
+                   seed: int = 0) -> NumericsCheck:
+    """Train ``len(batches)`` steps in fp32 and in ``precision`` from the same weights,
+    optimizer state and batches; compare. ``model`` and ``optimizer`` are left as they were.
+
+    Raises:
+        NonFiniteLossError: fp32 itself produces a NaN/inf loss.
+    """
+    tol = tolerance or NumericsTolerance()
+    w0 = copy.deepcopy(model.state_dict())
+    o0 = copy.deepcopy(optimizer.state_dict())
+    try:
+        ref = _run(model, optimizer, batches, micro, loss_fn, "fp32", device, seed)
+        bad = [i for i, v in enumerate(ref[0]) if not math.isfinite(v)]
+        if bad:
+            raise NonFiniteLossError(
+                f"the loss is {ref[0][bad[0]]} in fp32 already (step {bad[0] + 1} of "
+                f"{len(batches)}): this is not a precision problem. Check the data (NaN/inf "
+                "inputs, labels out of range), the learning rate and the loss function; "
+                "torch.autograd.set_detect_anomaly(True) names the op that produced it.")
+        model.load_state_dict(w0)
+        optimizer.load_state_dict(o0)
+        optimizer.zero_grad(set_to_none=True)
+        cand = _run(model, optimizer, batches, micro, loss_fn, precision, device, seed)
+    finally:
+        model.load_state_dict(w0)
+        optimizer.load_state_dict(o0)
+        optimizer.zero_grad(set_to_none=True)
+
+    def rel(a: float, b: float) -> float:
+        if not math.isfinite(b):
+            return math.inf
+        return abs(b - a) / max(abs(a), 1e-12)
+
+    lr = max(rel(a, b) for a, b in zip(ref[0], cand[0], strict=True))
+    gr = max(rel(a, b) for a, b in zip(ref[1], cand[1], strict=True) if a > 0 or b > 0) \
+        if any(ref[1]) else 0.0
+    reasons = []
+    if lr > tol.loss_rel:
+        reasons.append(f"loss differs from fp32 by up to {lr:.1%} (tolerance {tol.loss_rel:.0%})")
+    if gr > tol.grad_norm_rel:
+        reasons.append(f"gradient norm differs by up to {gr:.1%} (tolerance "
+                       f"{tol.grad_norm_rel:.0%})")
+    if cand[2] > tol.max_overflow_steps:
+        reasons.append(f"{cand[2]} of {len(batches)} steps overflowed (GradScaler skipped them;"
+                       f" tolerance {tol.max_overflow_steps})")
+    passed = not reasons
+    reason = (f"{precision} matches fp32 over {len(batches)} steps: loss within {lr:.2%}, "
+              f"gradient norm within {gr:.2%}, {cand[2]} overflow steps") if passed else \
+        f"{precision} refused: " + "; ".join(reasons)
+    return NumericsCheck(precision, len(batches), ref[0], cand[0], ref[1], cand[1], cand[2],
+                         lr, gr, passed, reason, tol)

@@ -1,0 +1,154 @@
+"""Apply a plan to a plain PyTorch loop: a few lines, no framework.
+
+    plan = redline.tune.load_plan("redline-plan.json")
+    tuned = redline.tune.apply_plan(plan, model, optimizer, loader, loss_fn, device="cuda")
+    for batch in tuned.loader:           # effective batches, on the device
+        loss = tuned.step(batch)         # micro-batches, autocast/scaler, optimizer step
+
+``tuned.model`` / ``tuned.optimizer`` are what to save in checkpoints (the compiled or
+channels-last model shares its parameters with ``model``; a fused optimizer is rebuilt over the
+same parameters before any step, so there is no state to carry).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from redline.data.autotune import LoaderSettings, rebuild_factory
+from redline.data.prefetcher import DevicePrefetcher, map_tensors
+from redline.tune.accumulate import accumulate
+from redline.tune.plan import TunePlan, check_plan, plan_key
+from redline.tune.precision import autocast_for, make_scaler
+
+
+def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str | None) -> torch.optim.Optimizer:
+    """The same optimizer (class, param groups, hyper-parameters) with ``fused=True`` or
+    ``foreach=True``. Only before the first step: there is no state to carry over."""
+    if impl is None:
+        return optimizer
+    if optimizer.state:
+        raise ValueError("the optimizer has already stepped: rebuild it before training")
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    if impl not in accepted:
+        raise ValueError(f"{type(optimizer).__name__} has no {impl!r} implementation")
+    groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")}
+              for g in optimizer.param_groups]
+    # defaults may hold entries the constructor does not take (AdamW's decoupled_weight_decay)
+    defaults = {k: v for k, v in optimizer.defaults.items()
+                if k in accepted and k not in ("fused", "foreach", "differentiable")}
+    defaults[impl] = True
+    if impl == "fused":
+        defaults["foreach"] = None
+    return type(optimizer)(groups, **defaults)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, micro: int,
+               loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+               autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+               scaler: Any = None) -> torch.Tensor:
+    """Forward/backward in micro-batches, optimizer step (through the GradScaler for fp16),
+    gradients set to None: the next step's activations do not share memory with them."""
+    backward = (lambda loss: scaler.scale(loss).backward()) if scaler is not None else None
+    loss = accumulate(model, batch, micro, loss_fn, autocast, backward)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def _to_channels_last(batch: Any) -> Any:
+    return map_tensors(batch, lambda t: t.contiguous(memory_format=torch.channels_last)
+                       if t.dim() == 4 and t.is_floating_point() else t)
+
+
+class _OnDevice(Iterable[Any]):
+    """Moves CPU batches to the device (the non-CUDA counterpart of DevicePrefetcher)."""
+
+    def __init__(self, loader: Iterable[Any], device: torch.device) -> None:
+        self.loader, self.device = loader, device
+
+    def __iter__(self) -> Iterator[Any]:
+        for b in self.loader:
+            yield map_tensors(b, lambda t: t.to(self.device, non_blocking=True))
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+
+class TunedLoop:
+    """The tuned pieces of a loop: ``loader`` (effective batches on the device), ``model``,
+    ``optimizer`` and :meth:`step`."""
+
+    def __init__(self, plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 loader: DataLoader[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+                 device: torch.device) -> None:
+        self.plan, self.device, self.loss_fn = plan, device, loss_fn
+        settings = LoaderSettings(num_workers=plan.num_workers,
+                                  prefetch_factor=plan.prefetch_factor,
+                                  pin_memory=plan.pin_memory and device.type == "cuda",
+                                  persistent_workers=plan.persistent_workers)
+        base = rebuild_factory(loader, batch_size=plan.effective_batch)(settings)
+        self.dataloader = base
+        self.loader: Iterable[Any] = (DevicePrefetcher(base, device)
+                                      if plan.prefetch_to_device and device.type == "cuda"
+                                      else _OnDevice(base, device))
+        if plan.channels_last:
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        self.model: torch.nn.Module = model
+        self.optimizer = rebuild_optimizer(optimizer, plan.optimizer_impl)
+        self.forward_model: Any = torch.compile(model) if plan.compile else model
+        self._autocast = autocast_for(plan.precision, device)
+        self.scaler = make_scaler(plan.precision, device)
+        self._stack = contextlib.ExitStack()
+        if plan.precision == "tf32" and device.type == "cuda":
+            from redline.tune.precision import tf32
+            self._stack.enter_context(tf32(True))
+        if plan.torch_threads is not None:
+            self._threads = torch.get_num_threads()
+            torch.set_num_threads(plan.torch_threads)
+
+    def step(self, batch: Any, micro_batch: int | None = None) -> torch.Tensor:
+        """One optimizer step over an effective batch; returns its mean loss (detached, on
+        the device: reading it with ``float()`` syncs, so log it only every N steps)."""
+        if self.plan.channels_last:
+            batch = _to_channels_last(batch)
+        return train_step(self.forward_model, self.optimizer, batch,
+                          micro_batch or self.plan.micro_batch, self.loss_fn, self._autocast,
+                          self.scaler)
+
+    def close(self) -> None:
+        """Undo process-wide settings (TF32 flags, thread count)."""
+        self._stack.close()
+        if self.plan.torch_threads is not None:
+            torch.set_num_threads(self._threads)
+
+    def __enter__(self) -> TunedLoop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               loader: DataLoader[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+               device: str | torch.device = "cpu", check: bool = True) -> TunedLoop:
+    """Apply ``plan`` to a plain loop's pieces (see the module docstring).
+
+    Raises:
+        PlanMismatchError: the plan was made for another model, device or input shapes.
+    """
+    dev = torch.device(device)
+    if check:
+        first = next(iter(DataLoader(loader.dataset, batch_size=1,
+                                     collate_fn=loader.collate_fn)))
+        check_plan(plan, plan_key(model, dev, plan.key.precision, first))
+    return TunedLoop(plan, model, optimizer, loader, loss_fn, dev)

@@ -1,0 +1,181 @@
+"""One tuning trial: a fresh setup from the factory, a plan applied, steps measured by a watch.
+
+Every trial builds its model, optimizer and loader anew (the factory is seeded by the user), so
+no trial inherits memory, weights or optimizer state from another. Metrics come from the same
+report ``redline doctor`` prints, so before/after numbers are defined once (report/model.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from redline.measure.config import WatchConfig
+from redline.measure.rapl import RaplMeter
+from redline.measure.watch import Watch
+from redline.tune.memory_budget import MemoryBudget
+from redline.tune.plan import TunePlan
+from redline.tune.runtime import TunedLoop
+from redline.tune.setup import Factory, SetupError, TrainSetup, call_factory
+
+
+@dataclass(slots=True)
+class TrialMetrics:
+    """What one configuration measured (None = unknown, with the source saying why)."""
+
+    label: str
+    throughput_samples_per_s: float | None
+    step_time_s: float | None
+    """Median seconds per optimizer step (one effective batch)."""
+    data_wait_fraction: float | None
+    device_busy_fraction: float | None
+    """CUDA: Σ device span ÷ Σ step time (an upper bound of busy); None off CUDA."""
+    mfu: float | None
+    peak_memory_bytes: int | None
+    peak_memory_source: str
+    energy_j_per_step: float | None
+    energy_source: str
+    steps: int
+    wall_s: float
+    extra: dict[str, float] | None = None
+
+
+def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Tensors that persist between steps: parameters, buffers, optimizer state."""
+    ts = list(model.parameters()) + list(model.buffers())
+    for st in optimizer.state.values():
+        ts += [v for v in st.values() if isinstance(v, torch.Tensor)]
+    return ts
+
+
+def fresh(factory: Factory) -> TrainSetup:
+    return call_factory(factory, "the setup factory")
+
+
+def endless(loader: Any) -> Any:
+    while True:
+        n = 0
+        for b in loader:
+            n += 1
+            yield b
+        if n == 0:
+            raise SetupError("the DataLoader yielded no batch (an empty dataset, or drop_last "
+                             "with fewer samples than one effective batch)")
+
+
+def counted_peak(factory: Factory, plan: TunePlan) -> int:
+    """Peak live bytes of one steady-state step, counted by the simulated budget (no limit)."""
+    s = fresh(factory)
+    loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, torch.device(s.device))
+    try:
+        it = endless(loop.loader)
+        loop.step(next(it))  # builds lazy optimizer state
+        batch = next(it)
+        with MemoryBudget(None, existing=state_tensors(loop.model, loop.optimizer)) as mb:
+            loop.step(batch)
+        return int(mb.peak)
+    finally:
+        loop.close()
+
+
+def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup: int,
+            count_flops: bool = False, memory: bool = False) -> TrialMetrics:
+    """Train ``warmup`` (+1 FLOP-counting) + ``steps`` optimizer steps with ``plan`` applied to a
+    fresh setup, under a watch."""
+    s = fresh(factory)
+    device = torch.device(s.device)
+    loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, device)
+    rapl = RaplMeter()
+    t0 = time.perf_counter()
+    cfg = WatchConfig(warmup_steps=warmup, count_flops=count_flops, device=str(device),
+                      sample_interval_s=0.1)
+    total = warmup + int(count_flops) + steps
+    try:
+        with Watch(cfg) as w:
+            it = endless(loop.loader)
+            rapl_on = False
+            for i in range(total):
+                if i == total - steps:
+                    rapl_on = rapl.start()
+                    t_rapl = time.perf_counter()
+                loop.step(next(it))
+            joules = rapl.joules() if rapl_on else None
+            rapl_s = time.perf_counter() - t_rapl
+            del it
+    finally:
+        loop.close()
+    rep = w.report(show=False)
+    m = rep.measurements
+    t = m.timing
+    energy, esrc = None, ""
+    if m.device_metrics.nvml is not None and m.device_metrics.nvml.energy_j is not None \
+            and t.steps_measured:
+        energy = m.device_metrics.nvml.energy_j / t.steps_measured
+        esrc = "NVML total-energy counter over the measured steps"
+    elif device.type == "cpu" and joules is not None:
+        energy = joules / steps
+        esrc = f"RAPL CPU packages over {steps} steps ({rapl_s:.1f} s)"
+    else:
+        esrc = ("unknown: " + (rapl.reason or "no energy counter") if device.type == "cpu"
+                else "unknown: NVML energy counter not available")
+    peak, psrc = m.device_metrics.peak_allocated_bytes, "CUDA max_memory_allocated"
+    if peak is None:
+        if memory:
+            peak, psrc = counted_peak(factory, plan), "counted live tensor bytes of one step"
+        else:
+            psrc = "not measured for this trial"
+    busy = m.device_metrics.device_span_fraction
+    return TrialMetrics(label, t.throughput_samples_per_s, t.step_time_p50_s,
+                        m.fraction("data_wait") if t.steps_measured else None, busy,
+                        m.mfu.mfu, peak, psrc, energy, esrc, t.steps_measured,
+                        time.perf_counter() - t0)
+
+
+def probe_batch(setup: TrainSetup, device: torch.device, scan: int = 256,
+                ) -> tuple[Any, str]:
+    """A maker of batches of any size built from the dataset's largest sample (by bytes), and
+    how it was found. Variable-length data then cannot exceed what the batch finder probed."""
+    from redline.data.prefetcher import map_tensors
+    from redline.measure.loader import batch_nbytes
+
+    ds = setup.loader.dataset
+    collate = setup.loader.collate_fn
+    n = len(ds) if hasattr(ds, "__len__") and hasattr(ds, "__getitem__") else None
+    if n:
+        idx = sorted({round(i * (n - 1) / max(1, min(n, scan) - 1)) for i in range(min(n, scan))})
+        sizes = [(batch_nbytes(ds[i]), i) for i in idx]
+        size, best = max(sizes)
+        sample = ds[best]
+        how = (f"largest of {len(idx)} samples scanned of {n} (index {best}, "
+               f"{size / 1024:,.1f} KiB)")
+    else:
+        first = next(iter(DataLoader(ds, batch_size=1, collate_fn=lambda x: x)))
+        sample = first[0]
+        how = "first sample of an iterable dataset (sizes cannot be scanned)"
+
+    def make(b: int) -> Any:
+        with torch.no_grad():
+            return map_tensors(collate([sample] * b),
+                               lambda t: t.to(device, non_blocking=True))
+
+    return make, how
+
+
+def contextual_threads(n: int | None) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def cm() -> Any:
+        if n is None:
+            yield
+            return
+        prev = torch.get_num_threads()
+        torch.set_num_threads(n)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(prev)
+    return cm()
