@@ -176,6 +176,69 @@ def watch_gpu_loop() -> tuple[bool, str]:
             f"findings {[f.id for f in rep.findings]}")
 
 
+def batch_finder_cuda() -> tuple[bool, str]:
+    """Predicted max batch under a real cap (a memory fraction), verified by the allocator."""
+    from redline.tune.batch_finder import find_batch_size
+    from redline.tune.trial import state_tensors
+
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    cap = 4 * 2**30
+    torch.cuda.set_per_process_memory_fraction(cap / total)
+    try:
+        model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.LayerNorm(4096),
+                              nn.Linear(4096, 1024)).cuda()
+        opt = torch.optim.AdamW(model.parameters())
+
+        def step(b: int) -> None:
+            model(torch.randn(b, 1024, device="cuda")).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        r = find_batch_size(step, state=lambda: state_tensors(model, opt), max_batch=1 << 20,
+                            limit_bytes=cap - torch.cuda.memory_reserved() // 4,
+                            cuda_device=torch.device("cuda"))
+        step(r.batch)  # must not OOM
+        return (r.ooms == 0 and r.trials <= 4,
+                f"batch {r.batch} in {r.trials} trials, {r.ooms} OOMs, allocator overhead "
+                f"{r.allocator_overhead:.1%}; peak reserved "
+                f"{torch.cuda.max_memory_reserved() / 2**30:.2f} of {cap / 2**30:.0f} GiB")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def tuned_loop_cuda() -> tuple[bool, str]:
+    """apply_plan on CUDA: prefetcher, bf16 autocast, micro-batches, fused AdamW; device busy."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from redline.tune import TunePlan, apply_plan
+    from redline.tune.plan import plan_key
+
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    ds = TensorDataset(torch.randn(4096, 1024))
+    loader = DataLoader(ds, batch_size=64)
+    key = plan_key(model, torch.device("cuda"), "fp32", next(iter(loader)))
+    plan = TunePlan(key=key, effective_batch=256, micro_batch=128, precision="bf16",
+                    num_workers=2, prefetch_factor=2, pin_memory=True,
+                    persistent_workers=True, prefetch_to_device=True, optimizer_impl="fused")
+
+    def loss_fn(m: nn.Module, b: list[torch.Tensor]) -> torch.Tensor:
+        return m(b[0]).float().pow(2).mean()
+
+    tuned = apply_plan(plan, model, opt, loader, loss_fn, device="cuda")
+    with redline.watch(warmup_steps=3) as w, tuned:
+        for i, batch in enumerate(tuned.loader):
+            tuned.step(batch)
+            if i == 14:
+                break
+    m = w.report(show=False).measurements
+    busy = m.device_metrics.device_span_fraction
+    return (m.timing.steps_measured > 0 and busy is not None,
+            f"{m.timing.throughput_samples_per_s:,.0f} samples/s, device busy {busy:.1%}, "
+            f"data wait {m.fraction('data_wait'):.1%}")
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device (torch.cuda.is_available() is False); run this on a "
@@ -189,7 +252,8 @@ def main() -> int:
         ("peak FLOPs lookup", mfu_lookup), ("host-sync counter", sync_count),
         ("pinned vs pageable H2D", copies), ("DevicePrefetcher", prefetcher),
         ("real CUDA OOM", real_oom),
-        ("watch over a GPU loop", watch_gpu_loop)]]
+        ("watch over a GPU loop", watch_gpu_loop),
+        ("batch finder on CUDA", batch_finder_cuda), ("tuned loop on CUDA", tuned_loop_cuda)]]
     w = max(len(r[0]) for r in rows)
     print(f"| {'check':<{w}} | result | detail |")
     print(f"|{'-' * (w + 2)}|--------|--------|")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from redline.demo import run_demo
+from redline.tune import TuneConfig
 from redline.workloads import LMConfig, VisionConfig, build_lm, build_vision, train
 
 
@@ -33,7 +36,7 @@ def test_bad_config_is_rejected() -> None:
 
 
 def test_demo_vision_finds_the_data_bottleneck() -> None:
-    rep = run_demo("vision", steps=6, show=False)
+    rep, _ = run_demo("vision", steps=6, show=False, tune_after=False)
     ids = {f.id for f in rep.findings}
     assert "data_starvation" in ids and "cpu_preprocessing" in ids
     assert rep.measurements.timing.steps_measured == 6
@@ -41,6 +44,24 @@ def test_demo_vision_finds_the_data_bottleneck() -> None:
 
 
 def test_demo_lm_runs() -> None:
-    rep = run_demo("lm", steps=4, show=False)
+    rep, _ = run_demo("lm", steps=4, show=False, tune_after=False)
     assert rep.measurements.timing.steps_measured == 4
     assert rep.measurements.mfu.flops_per_step and rep.measurements.mfu.flops_per_step > 0
+
+
+@pytest.mark.slow
+def test_demo_ends_tuned_with_the_same_effective_batch(tmp_path: Path) -> None:
+    cfg = TuneConfig(steps_per_trial=2, rounds=1, warmup_steps=1, numerics_steps=2,
+                     loader_batches_per_trial=4, try_compile=False, reuse=False,
+                     store_dir=str(tmp_path))
+    rep, res = run_demo("lm", steps=2, show=False, tune_config=cfg)
+    assert res is not None
+    assert rep.measurements.config.batch_size == 8
+    assert res.plan.effective_batch == 8 * 4  # naive: micro 8 × 4 accumulation
+    steps = [d["step"] for d in res.plan.decisions]
+    assert steps[:2] == ["data pipeline", "batch size"]
+    assert "sdpa" in steps  # TinyGPT's hand-written attention, with its location
+    sdpa = next(d for d in res.plan.decisions if d["step"] == "sdpa")
+    assert "lm.py:" in sdpa["location"]
+    assert res.before.throughput_samples_per_s and res.after.throughput_samples_per_s
+    assert res.before_projection.job_time_s is not None

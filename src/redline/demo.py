@@ -1,6 +1,10 @@
-"""``redline demo``: a built-in workload, its naive defaults, measured and diagnosed."""
+"""``redline demo``: a built-in workload with its naive defaults, measured and diagnosed, then
+tuned along the path (``redline tune``) with a before/after table."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -9,21 +13,44 @@ from redline.measure.watch import Watch
 from redline.report.json_io import write_json
 from redline.report.model import Report
 from redline.report.terminal import print_report
+from redline.tune.path import TuneConfig, TuneResult, tune
+from redline.tune.setup import TrainSetup
 from redline.workloads import WORKLOADS, train
 
 DEMO_WARMUP = 3
 
 
+def workload_factory(workload: str, device: torch.device) -> Callable[[], TrainSetup]:
+    """A ``redline tune`` factory over a built-in workload's naive configuration."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}")
+
+    def factory() -> TrainSetup:
+        w = WORKLOADS[workload](device)
+
+        def loss_fn(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+            return w.loss_fn(model, batch, w.device)
+
+        return TrainSetup(model=w.model, optimizer=w.optimizer, loader=w.loader,
+                          loss_fn=loss_fn, device=str(device),
+                          accumulation_steps=w.accumulation_steps)
+
+    return factory
+
+
 def run_demo(workload: str = "vision", steps: int = 30, json_path: str | None = None,
-             show: bool = True) -> Report:
-    """Train ``workload`` for warm-up + 1 (FLOP count) + ``steps`` steps under a watch."""
+             show: bool = True, tune_after: bool = True,
+             tune_config: TuneConfig | None = None) -> tuple[Report, TuneResult | None]:
+    """Train ``workload`` for warm-up + 1 (FLOP count) + ``steps`` steps under a watch, then
+    (``tune_after``) tune it and show naive → tuned."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     w = WORKLOADS[workload](device)
     if show:
         print(f"redline demo: training the built-in '{workload}' workload on {device} with its "
-              "naive defaults (num_workers=0, small batch, fp32)...", flush=True)
+              f"naive defaults (num_workers=0, micro-batch {w.loader.batch_size} × "
+              f"{w.accumulation_steps} accumulation, fp32)...", flush=True)
     with Watch(WatchConfig(warmup_steps=DEMO_WARMUP)) as watch:
         train(w, DEMO_WARMUP + 1 + steps)
     report = watch.report(show=False, command=["redline", "demo", "--workload", workload])
@@ -31,4 +58,16 @@ def run_demo(workload: str = "vision", steps: int = 30, json_path: str | None = 
         print_report(report)
     if json_path:
         write_json(report, json_path)
-    return report
+    result = None
+    if tune_after:
+        cfg = tune_config or TuneConfig(try_compile=False, reuse=False)
+        if show:
+            print("\nredline demo: now tuning it (redline tune: data pipeline → batch size → "
+                  "precision → kernels; torch.compile is skipped in the demo — it takes ~30 s "
+                  "to compile here; `redline tune` measures it)", flush=True)
+        result = tune(workload_factory(workload, device), cfg,
+                      log=(lambda s: print(s, flush=True)) if show else (lambda s: None))
+        if show:
+            from redline.report.tune_render import render
+            render(result)
+    return report, result

@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--steps", type=_positive("--steps"), default=30,
                    help="measured steps (default: 30)")
     m.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    m.add_argument("--no-tune", action="store_true",
+                   help="only measure and diagnose the naive workload; do not tune it")
     return p
 
 
@@ -204,7 +206,8 @@ def _demo(args: argparse.Namespace) -> int:
     from redline.demo import run_demo
 
     try:
-        run_demo(args.workload, steps=args.steps, json_path=args.json)
+        run_demo(args.workload, steps=args.steps, json_path=args.json,
+                 tune_after=not args.no_tune)
     except OSError as e:
         print(f"redline demo: error: {e}", file=sys.stderr)
         return 1

@@ -21,6 +21,8 @@ class Workload:
     loss_fn: Callable[[torch.nn.Module, Any, torch.device], torch.Tensor]
     """Forward and loss for one batch (moves the batch to the device)."""
     device: torch.device
+    accumulation_steps: int = 1
+    """Micro-batches per optimizer step (effective batch = loader batch × this)."""
 
 
 def batches(loader: DataLoader[Any]) -> Iterator[Any]:
@@ -30,14 +32,15 @@ def batches(loader: DataLoader[Any]) -> Iterator[Any]:
 
 
 def train(w: Workload, steps: int) -> float:
-    """The plain loop (no redline calls in it): returns the last loss."""
+    """The plain loop (no redline calls in it), with gradient accumulation as users write it:
+    ``steps`` optimizer steps; returns the last micro-batch's loss."""
     w.model.train()
     loss = torch.zeros(())
     it = batches(w.loader)
     for _ in range(steps):
-        batch = next(it)
-        loss = w.loss_fn(w.model, batch, w.device)
         w.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        for _ in range(w.accumulation_steps):
+            loss = w.loss_fn(w.model, next(it), w.device)
+            (loss / w.accumulation_steps).backward()
         w.optimizer.step()
     return float(loss.detach())

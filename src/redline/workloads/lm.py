@@ -30,10 +30,15 @@ class LMConfig:
     sequences: int = 1024
     batch_size: int = 8
     num_workers: int = 0
+    accumulation_steps: int = 4
+    """Micro-batches per optimizer step: the naive script accumulates small micro-batches
+    (written for a small GPU), so its effective batch is batch_size × 4."""
     lr: float = 3e-4
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps must be >= 1, got {self.accumulation_steps}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
                              f"({self.n_heads})")
@@ -116,4 +121,4 @@ def build_lm(cfg: LMConfig | None = None, device: torch.device | None = None) ->
                         shuffle=True, drop_last=True, num_workers=cfg.num_workers)
     model = TinyGPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    return Workload("lm", model, loader, opt, _loss, device)
+    return Workload("lm", model, loader, opt, _loss, device, cfg.accumulation_steps)

@@ -41,6 +41,9 @@ class VisionConfig:
     quality: int = 90
     batch_size: int = 16
     num_workers: int = 0
+    accumulation_steps: int = 4
+    """Micro-batches per optimizer step: the naive script accumulates small micro-batches
+    (written for a small GPU), so its effective batch is batch_size × 4."""
     pin_memory: bool = False
     persistent_workers: bool = False
     prefetch_factor: int | None = None
@@ -48,6 +51,8 @@ class VisionConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps must be >= 1, got {self.accumulation_steps}")
         if self.num_images < 1 or self.length < 1:
             raise ValueError("num_images and length must be >= 1")
         if self.batch_size < 1:
@@ -160,4 +165,4 @@ def build_vision(cfg: VisionConfig | None = None, device: torch.device | None = 
                         num_workers=cfg.num_workers, pin_memory=cfg.pin_memory, **kw)
     model = SmallCNN().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    return Workload("vision", model, loader, opt, _loss, device)
+    return Workload("vision", model, loader, opt, _loss, device, cfg.accumulation_steps)

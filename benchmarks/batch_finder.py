@@ -1,0 +1,248 @@
+"""Batch finder vs Lightning's BatchSizeFinder and Accelerate's find_executable_batch_size,
+under the same simulated device-memory budget (redline.tune.MemoryBudget) on CPU.
+
+Every tool runs in a fresh process; the true maximum comes from bisection over fresh processes
+(one per probed batch, two steps each: the second with optimizer state). Reported per model:
+batch found, % of the true max, trials (distinct batch sizes run), OOMs, wall time.
+
+Needs lightning and accelerate, which redline does not depend on:
+
+    python -m venv .venv-anchors
+    .venv-anchors/bin/pip install torch==2.13.0 lightning==2.6.6 accelerate==1.15.0 \
+        rich psutil pillow numpy orjson ijson lmdb
+    PYTHONPATH=src .venv-anchors/bin/python benchmarks/batch_finder.py
+
+(the redline finder alone: ``--tools redline`` with the project's own venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from redline.tune.memory_budget import MemoryBudget
+
+LIMITS = {"mlp": 300 * 2**20, "lm": 256 * 2**20}
+"""Budgets: the MLP's as in autotune_anchors.md §7; the lm's puts its max in the hundreds."""
+START = 8192
+
+
+class CountingBudget(MemoryBudget):
+    ooms = 0
+
+    def _track(self, t: torch.Tensor, check: bool = True) -> None:
+        try:
+            super()._track(t, check)
+        except torch.OutOfMemoryError:
+            CountingBudget.ooms += 1
+            raise
+
+
+def build(model: str) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    """(model, optimizer, make_batch(b) -> (x, y)) with fixed seeds."""
+    torch.manual_seed(0)
+    if model == "mlp":
+        layers: list[nn.Module] = [nn.Linear(128, 2048)]
+        for _ in range(6):
+            layers += [nn.GELU(), nn.Dropout(0.1), nn.LayerNorm(2048)]
+        layers.append(nn.Linear(2048, 10))
+        m: nn.Module = nn.Sequential(*layers)
+        opt: torch.optim.Optimizer = torch.optim.Adam(m.parameters())
+
+        def make(b: int) -> Any:
+            return torch.randn(b, 128), torch.randint(0, 10, (b,))
+    else:
+        from redline.workloads.lm import LMConfig, TinyGPT
+        cfg = LMConfig()
+        m = TinyGPT(cfg)
+        opt = torch.optim.AdamW(m.parameters(), lr=cfg.lr)
+
+        def make(b: int) -> Any:
+            t = torch.randint(0, cfg.vocab, (b, cfg.seq_len + 1))
+            return t[:, :-1], t[:, 1:]
+    return m, opt, make
+
+
+def loss_of(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    out = m(x)
+    return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def state(m: nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    ts = list(m.parameters()) + list(m.buffers())
+    for st in opt.state.values():
+        ts += [v for v in st.values() if isinstance(v, torch.Tensor)]
+    return ts
+
+
+def fits(model: str, b: int) -> bool:
+    m, opt, make = build(model)
+    try:
+        with MemoryBudget(LIMITS[model], existing=state(m, opt)):
+            for _ in range(2):
+                loss_of(m, *make(b)).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    except torch.OutOfMemoryError:
+        return False
+    return True
+
+
+def run_redline(model: str) -> dict[str, Any]:
+    from redline.tune.batch_finder import find_batch_size
+
+    m, opt, make = build(model)
+
+    def step(b: int) -> None:
+        loss_of(m, *make(b)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    r = find_batch_size(step, state=lambda: state(m, opt), max_batch=1 << 16,
+                        limit_bytes=LIMITS[model])
+    return {"batch": r.batch, "trials": r.trials, "ooms": r.ooms}
+
+
+def run_accelerate(model: str) -> dict[str, Any]:
+    from accelerate.utils import find_executable_batch_size
+
+    tried: list[int] = []
+
+    @find_executable_batch_size(starting_batch_size=START)
+    def train(batch_size: int) -> int:
+        tried.append(batch_size)
+        m, opt, make = build(model)
+        with CountingBudget(LIMITS[model], existing=state(m, opt)):
+            for _ in range(3):
+                loss_of(m, *make(batch_size)).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return batch_size
+
+    b = train()
+    return {"batch": b, "trials": len(tried), "ooms": CountingBudget.ooms}
+
+
+def run_lightning(model: str, mode: str) -> dict[str, Any]:
+    import logging
+    import warnings
+
+    import lightning as L
+    from lightning.pytorch.tuner import Tuner
+    from torch.utils.data import DataLoader, Dataset
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    m, _, make = build(model)
+    tried: set[int] = set()
+
+    class DS(Dataset[Any]):
+        def __len__(self) -> int:
+            return 1 << 20
+
+        def __getitem__(self, i: int) -> Any:
+            x, y = make(1)
+            return x[0], y[0]
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batch_size = 2
+            self.net = m
+
+        def training_step(self, batch: Any, i: int) -> torch.Tensor:
+            tried.add(int(batch[0].shape[0]))
+            return loss_of(self.net, *batch)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.Adam(self.parameters()) if model == "mlp" else \
+                torch.optim.AdamW(self.parameters(), lr=3e-4)
+
+        def train_dataloader(self) -> Any:
+            return DataLoader(DS(), batch_size=self.batch_size)
+
+    lm = Module()
+    trainer = L.Trainer(accelerator="cpu", max_steps=3, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir="/tmp/redline-bench-pl")
+    with CountingBudget(LIMITS[model], existing=list(lm.parameters())):
+        b = Tuner(trainer).scale_batch_size(lm, mode=mode, init_val=2, max_trials=25)
+    return {"batch": b, "trials": len(tried), "ooms": CountingBudget.ooms}
+
+
+def child(tool: str, model: str) -> None:
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    if tool == "redline":
+        out = run_redline(model)
+    elif tool == "accelerate":
+        out = run_accelerate(model)
+    else:
+        out = run_lightning(model, tool.split("-")[1])
+    out["wall_s"] = time.perf_counter() - t0
+    print("RESULT " + json.dumps(out))
+
+
+def spawn(*args: str) -> dict[str, Any]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
+                       env=env, timeout=1800)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        return {"error": (r.stderr or r.stdout)[-400:]}
+    return dict(json.loads(line[7:]))
+
+
+def true_max(model: str) -> tuple[int, int, float]:
+    """Bisection over fresh processes: (max, launches, seconds)."""
+    t0 = time.perf_counter()
+    lo, hi, n = 1, 1 << 15, 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        n += 1
+        ok = spawn("--fits", model, str(mid))["fits"]
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo, n, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", nargs=2, metavar=("TOOL", "MODEL"))
+    ap.add_argument("--fits", nargs=2, metavar=("MODEL", "B"))
+    ap.add_argument("--models", default="mlp,lm")
+    ap.add_argument("--tools", default="redline,lightning-power,lightning-binsearch,accelerate")
+    a = ap.parse_args()
+    if a.fits:
+        torch.set_num_threads(1)
+        print("RESULT " + json.dumps({"fits": fits(a.fits[0], int(a.fits[1]))}))
+        return
+    if a.child:
+        child(*a.child)
+        return
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, 1 thread per process; budgets "
+          + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in LIMITS.items()))
+    print("| model | tool | batch | % of true max | trials | OOMs | wall s |")
+    print("|---|---|---|---|---|---|---|")
+    for model in a.models.split(","):
+        tmax, n, secs = true_max(model)
+        print(f"| {model} | oracle: fresh-process bisection | {tmax} | 100 | {n} | — | "
+              f"{secs:.1f} |", flush=True)
+        for tool in a.tools.split(","):
+            r = spawn("--child", tool, model)
+            if "error" in r:
+                print(f"| {model} | {tool} | error: {r['error']!r} | | | | |", flush=True)
+                continue
+            print(f"| {model} | {tool} | {r['batch']} | {100 * r['batch'] / tmax:.1f} | "
+                  f"{r['trials']} | {r['ooms']} | {r['wall_s']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Batch finder, numerics guard, plan store, kernel knobs, RAPL — unit level."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from redline.measure.rapl import RaplMeter
+from redline.tune.batch_finder import BatchDoesNotFitError, find_batch_size
+from redline.tune.kernels import find_unfused_attention, has_conv2d, optimizer_impls
+from redline.tune.memory_budget import MemoryBudget
+from redline.tune.plan import PlanKey, PlanStore, TunePlan, load_plan, save_plan
+from redline.tune.precision import NonFiniteLossError, check_numerics
+from redline.tune.runtime import rebuild_optimizer
+from redline.tune.trial import state_tensors
+
+
+def _mlp(width: int = 256, depth: int = 3) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Linear(32, width)]
+    for _ in range(depth):
+        layers += [nn.GELU(), nn.LayerNorm(width)]
+    layers.append(nn.Linear(width, 10))
+    m = nn.Sequential(*layers)
+    return m, torch.optim.Adam(m.parameters())
+
+
+def _step(m: nn.Module, opt: torch.optim.Optimizer) -> Callable[[int], None]:
+    def step(b: int) -> None:
+        x, y = torch.randn(b, 32), torch.randint(0, 10, (b,))
+        nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def _fits(b: int, limit: int) -> bool:
+    """Fresh model, two steps (the second with optimizer state) under the budget."""
+    m, opt = _mlp()
+    st = _step(m, opt)
+    try:
+        with MemoryBudget(limit, existing=state_tensors(m, opt)):
+            st(b)
+            st(b)
+    except torch.OutOfMemoryError:
+        return False
+    return True
+
+
+def _true_max(limit: int, hi: int = 1 << 14) -> int:
+    lo = 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _fits(mid, limit) else (lo, mid)
+    return lo
+
+
+@pytest.mark.parametrize("limit_mib", [6, 20])
+def test_finder_predicts_the_true_max_in_few_trials_without_oom(limit_mib: int) -> None:
+    limit = limit_mib * 2**20
+    truth = _true_max(limit)
+    assert truth > 8
+    m, opt = _mlp()
+    r = find_batch_size(_step(m, opt), state=lambda: state_tensors(m, opt),
+                        max_batch=1 << 14, limit_bytes=limit)
+    assert r.ooms == 0
+    assert r.trials <= 4
+    assert truth * 0.98 <= r.batch <= truth
+    assert r.fit == "per-allocation"
+    assert r.probes[0].batch == 1 and r.probes[-1].role == "verify"
+    assert r.allocator_overhead == 0.0 and "simulated" in r.overhead_source
+
+
+def test_finder_stops_at_the_effective_batch() -> None:
+    m, opt = _mlp()
+    r = find_batch_size(_step(m, opt), state=lambda: state_tensors(m, opt), max_batch=24,
+                        limit_bytes=64 * 2**20)
+    assert r.batch == 24 and r.ooms == 0 and r.trials == 2
+
+
+def test_finder_without_limit_verifies_the_cap_once() -> None:
+    m, opt = _mlp()
+    r = find_batch_size(_step(m, opt), state=lambda: state_tensors(m, opt), max_batch=16,
+                        limit_bytes=None)
+    assert (r.batch, r.trials, r.fit) == (16, 1, "none")
+
+
+def test_batch_one_not_fitting_names_the_options() -> None:
+    m, opt = _mlp(width=1024)
+    with pytest.raises(BatchDoesNotFitError) as e:
+        find_batch_size(_step(m, opt), state=lambda: state_tensors(m, opt), max_batch=64,
+                        limit_bytes=2**20)
+    msg = str(e.value)
+    for option in ("precision", "checkpointing", "FSDP"):
+        assert option in msg
+
+
+class _Offset(nn.Module):
+    """Outputs near 1000 carrying a small signal: bf16 (8 mantissa bits, spacing 8 at 1000)
+    rounds the signal away, fp32 keeps it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.lin(x) + 1000.0
+        return out
+
+
+def _batches(n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g)) for _ in range(n)]
+
+
+def test_numerics_guard_passes_bf16_on_a_normal_model() -> None:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    w0 = [p.detach().clone() for p in m.parameters()]
+    chk = check_numerics(m, opt, _batches(), 8,
+                         lambda mm, b: nn.functional.mse_loss(mm(b[0]), b[1]), "bf16",
+                         torch.device("cpu"))
+    assert chk.passed, chk.reason
+    assert chk.max_loss_rel < 0.05 and chk.overflow_steps == 0
+    assert len(chk.loss_fp32) == 4
+    for p, q in zip(m.parameters(), w0, strict=True):  # the model is left as it was
+        assert torch.equal(p.detach(), q)
+
+
+def test_numerics_guard_refuses_bf16_that_loses_the_signal() -> None:
+    torch.manual_seed(0)
+    m = _Offset()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-4)
+    chk = check_numerics(m, opt, _batches(), 16,
+                         lambda mm, b: nn.functional.mse_loss(mm(b[0]) - 1000.0, b[1]),
+                         "bf16", torch.device("cpu"))
+    assert not chk.passed
+    assert chk.reason.startswith("bf16 refused") and "loss differs" in chk.reason
+
+
+def test_nan_in_fp32_is_reported_as_not_a_precision_problem() -> None:
+    m = nn.Linear(8, 4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    bad = [(torch.full((4, 8), math.nan), torch.zeros(4, 4))]
+    with pytest.raises(NonFiniteLossError, match="not a precision problem"):
+        check_numerics(m, opt, bad, 4, lambda mm, b: nn.functional.mse_loss(mm(b[0]), b[1]),
+                       "bf16", torch.device("cpu"))
+
+
+def _key(sig: str = "abc") -> PlanKey:
+    return PlanKey(sig, "m.Net", "cpu:x86_64", "fp32", "(8,):float32")
+
+
+def test_plan_roundtrip_store_and_bad_files(tmp_path: Path) -> None:
+    plan = TunePlan(key=_key(), effective_batch=64, micro_batch=24, precision="bf16",
+                    num_workers=2, prefetch_factor=2, decisions=[{"step": "x", "kept": True}])
+    assert plan.accumulation_steps == 3
+    save_plan(plan, tmp_path / "p.json")
+    assert load_plan(tmp_path / "p.json") == plan
+    store = PlanStore(tmp_path / "store")
+    assert store.get(plan.key) is None
+    store.put(plan)
+    assert store.get(plan.key) == plan
+    assert store.get(_key("other")) is None
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        load_plan(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text('{"schema": "redline.report/1"}')
+    with pytest.raises(ValueError, match="not a redline plan"):
+        load_plan(tmp_path / "other.json")
+    with pytest.raises(FileNotFoundError, match="redline tune"):
+        load_plan(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match="micro_batch"):
+        TunePlan(key=_key(), effective_batch=8, micro_batch=16)
+
+
+def test_kernel_candidates_and_attention_location() -> None:
+    from redline.workloads.lm import LMConfig, build_lm
+
+    w = build_lm(LMConfig(sequences=16, seq_len=16, batch_size=2))
+    batch = next(iter(w.loader))
+    sites = find_unfused_attention(w.model, batch, lambda m, b: w.loss_fn(m, b, w.device))
+    assert len(sites) == 1
+    assert sites[0].location.endswith(("lm.py:" + str(_softmax_line()),))
+    assert sites[0].calls_per_forward == 2  # two blocks
+    assert not has_conv2d(w.model)
+    assert optimizer_impls(w.optimizer) == ["fused", "foreach"]
+    fused = rebuild_optimizer(w.optimizer, "fused")
+    assert fused.defaults["fused"] is True
+    assert fused.param_groups[0]["lr"] == w.optimizer.param_groups[0]["lr"]
+    sdpa = nn.Sequential(nn.Linear(8, 8))
+    assert find_unfused_attention(sdpa, torch.randn(2, 8), lambda m, b: m(b).sum()) == []
+
+
+def _softmax_line() -> int:
+    import inspect
+
+    from redline.workloads import lm
+
+    src, start = inspect.getsourcelines(lm.Attention.forward)
+    return start + next(i for i, line in enumerate(src) if "softmax" in line)
+
+
+def test_rapl_reads_packages_and_wraps(tmp_path: Path) -> None:
+    for pkg, e in (("intel-rapl:0", 999_000_000), ("intel-rapl:1", 5_000_000)):
+        d = tmp_path / pkg
+        d.mkdir()
+        (d / "energy_uj").write_text(str(e))
+        (d / "max_energy_range_uj").write_text("1000000000")
+    (tmp_path / "intel-rapl:0:0").mkdir()  # a sub-domain: must not be double counted
+    meter = RaplMeter(str(tmp_path))
+    assert meter.start()
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("1000000")  # wrapped: +2 J
+    (tmp_path / "intel-rapl:1" / "energy_uj").write_text("8000000")  # +3 J
+    assert meter.joules() == pytest.approx(5.0)
+    missing = RaplMeter(str(tmp_path / "none"))
+    assert not missing.start() and missing.joules() is None
+    assert "no RAPL domains" in (missing.reason or "")
