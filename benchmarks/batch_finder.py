@@ -208,7 +208,10 @@ def true_max(model: str) -> tuple[int, int, float]:
     while hi - lo > 1:
         mid = (lo + hi) // 2
         n += 1
-        ok = spawn("--fits", model, str(mid))["fits"]
+        r = spawn("--fits", model, str(mid))
+        if "fits" not in r:
+            raise RuntimeError(f"fits({model}, {mid}) failed: {r.get('error')}")
+        ok = r["fits"]
         lo, hi = (mid, hi) if ok else (lo, mid)
     return lo, n, time.perf_counter() - t0
 

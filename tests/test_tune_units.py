@@ -222,3 +222,34 @@ def test_rapl_reads_packages_and_wraps(tmp_path: Path) -> None:
     missing = RaplMeter(str(tmp_path / "none"))
     assert not missing.start() and missing.joules() is None
     assert "no RAPL domains" in (missing.reason or "")
+
+
+def test_compile_is_kept_only_when_amortized_over_the_run() -> None:
+    from redline.tune.path import compile_pays
+
+    # 30 s to compile, 0.20 → 0.15 s/step: pays after 600 steps (+5 % margin), not before.
+    assert compile_pays(30, 0.20, 0.15, 10_000, 0.05)[0]
+    assert not compile_pays(30, 0.20, 0.15, 500, 0.05)[0]
+    keep, eager, comp = compile_pays(30, 0.20, 0.15, 1000, 0.05)
+    assert (eager, comp) == (200.0, 180.0) and keep
+
+
+def test_probe_batches_are_built_from_the_largest_sample() -> None:
+    from torch.utils.data import DataLoader
+
+    from redline.tune.setup import TrainSetup
+    from redline.tune.trial import probe_batch
+
+    lengths = [5, 9, 40, 7, 12]
+    data = [torch.ones(n) for n in lengths]
+
+    def pad(items: list[torch.Tensor]) -> torch.Tensor:
+        return nn.utils.rnn.pad_sequence(items, batch_first=True)
+
+    m = nn.Linear(1, 1)
+    s = TrainSetup(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1),
+                   loader=DataLoader(data, batch_size=2, collate_fn=pad),  # type: ignore[arg-type]
+                   loss_fn=lambda mm, b: b.sum())
+    make, how = probe_batch(s, torch.device("cpu"))
+    assert make(3).shape == (3, 40)
+    assert "index 2" in how and "5 samples" in how

@@ -364,8 +364,8 @@ class _Path:
         steady = wall - m.steps * m.step_time_s
         compile_s = max(0.0, steady - (max(2, self.cfg.warmup_steps) + 1) * m.step_time_s)
         n = self.run_steps
-        t_eager, t_comp = n * eager_step, compile_s + n * self.effective / new
-        kept = t_comp <= t_eager * (1 - self.cfg.min_gain)
+        kept, t_eager, t_comp = compile_pays(compile_s, eager_step, self.effective / new, n,
+                                             self.cfg.min_gain)
         entry = {"step": "torch.compile", "kept": kept, "compile_s": round(compile_s, 2),
                  "samples_per_s_before": cur, "samples_per_s_after": new,
                  "reason": f"over {n:,} steps: {t_comp:,.0f} s compiled (incl. {compile_s:.1f} s "
@@ -378,6 +378,15 @@ class _Path:
             return cand
         plan.decisions.append(entry)
         return plan
+
+
+def compile_pays(compile_s: float, eager_step_s: float, compiled_step_s: float, run_steps: int,
+                 min_gain: float) -> tuple[bool, float, float]:
+    """(keep, eager job seconds, compiled job seconds incl. compiling): compile is kept only if
+    the whole planned run is ≥ ``min_gain`` shorter with it."""
+    t_eager = run_steps * eager_step_s
+    t_comp = compile_s + run_steps * compiled_step_s
+    return t_comp <= t_eager * (1 - min_gain), t_eager, t_comp
 
 
 def _no_workers() -> Any:
