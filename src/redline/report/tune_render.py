@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.table import Table
 
 from redline.tune.path import TuneResult
-from redline.tune.trial import TrialMetrics
 
 TUNE_SCHEMA = "redline.tune/1"
 
@@ -107,6 +106,3 @@ def to_dict(r: TuneResult) -> dict[str, Any]:
         d["batch_search"]["ooms"] = r.batch_search.ooms
     return {"schema": TUNE_SCHEMA, **d}
 
-
-def metrics_dict(m: TrialMetrics) -> dict[str, Any]:
-    return dataclasses.asdict(m)

@@ -7,7 +7,6 @@ report ``redline doctor`` prints, so before/after numbers are defined once (repo
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -165,17 +164,3 @@ def probe_batch(setup: TrainSetup, device: torch.device, scan: int = 256,
 
     return make, how
 
-
-def contextual_threads(n: int | None) -> contextlib.AbstractContextManager[None]:
-    @contextlib.contextmanager
-    def cm() -> Any:
-        if n is None:
-            yield
-            return
-        prev = torch.get_num_threads()
-        torch.set_num_threads(n)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(prev)
-    return cm()
