@@ -4,6 +4,7 @@ by copies to the ``meta`` device. The real CUDA paths run in benchmarks/gpu_chec
 
 from __future__ import annotations
 
+import time
 import types
 import warnings
 from typing import Any
@@ -56,6 +57,54 @@ def test_cuda_timer_never_blocks_and_resolves_lazily() -> None:
     assert timer.device_s == pytest.approx({0: 0.5, 1: 0.5})
     timer.drain()  # at exit only
     assert timer.device_s[2] == pytest.approx(0.5)
+
+
+def test_device_time_excludes_data_fetches_between_micro_batches() -> None:
+    """Accumulation: the host fetches a batch between micro-batches; the device is idle then,
+    so a step's device time is the sum of its work segments, not first work → step end."""
+    FakeEvent.clock, FakeEvent.done_until = 0.0, 0.0
+    timer = CudaStepTimer(FakeEvent)
+    for t_work, t_fetch in ((0.0, 0.2), (1.2, 1.5)):  # two micro-batches, 1 s of fetch between
+        FakeEvent.clock = t_work
+        timer.work_begins()
+        FakeEvent.clock = t_fetch
+        timer.work_pauses()
+    timer.work_pauses()  # a second pause without work in between records nothing
+    FakeEvent.clock = 1.6
+    timer.work_begins()  # the optimizer step
+    FakeEvent.clock = 1.7
+    timer.step_ends(0)
+    timer.drain()
+    assert timer.device_s[0] == pytest.approx(0.2 + 0.3 + 0.1)
+
+
+def test_instrumentation_pauses_device_work_at_each_fetch_and_resumes_at_backward() -> None:
+    """The hooks open a segment at forward, backward and optimizer step and close it when the
+    loop asks the DataLoader for a batch — also for a batch fetched between forward and
+    backward, whose backward must still count."""
+    from contextlib import ExitStack
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    calls: list[str] = []
+    tracker = StepTracker(time.perf_counter)
+    inst = Instrumentation(tracker, "cpu", on_work=lambda: calls.append("work"),
+                           on_data=lambda: calls.append("data"))
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)
+    with ExitStack() as stack:
+        inst.install(stack)
+        it = iter(loader)
+        (x,) = next(it)
+        loss = model(x).sum()
+        (x_next,) = next(it)  # fetched mid-step
+        loss.backward()
+        loss = model(x_next).sum()
+        loss.backward()
+        opt.step()
+    # fetch, forward, fetch (mid-step), backward, forward, backward, optimizer step
+    assert calls == ["data", "work", "data", "work", "work", "work", "work"]
 
 
 def test_step_without_device_work_has_no_device_time() -> None:

@@ -123,14 +123,17 @@ class Instrumentation:
         tracker: receives phases and boundaries.
         device_type: 'cuda', 'cpu', ... (autocast queries and whether H2D copies exist).
         on_work: called when device work of a step may begin (root forward, H2D copy).
+        on_data: called when the host starts waiting for a batch (device work pauses).
     """
 
     def __init__(self, tracker: StepTracker, device_type: str,
-                 on_work: Callable[[], None] | None = None, keep_loaders: bool = False) -> None:
+                 on_work: Callable[[], None] | None = None, keep_loaders: bool = False,
+                 on_data: Callable[[], None] | None = None) -> None:
         self.tracker = tracker
         self.device_type = device_type
         self._keep_loaders = keep_loaders
         self._on_work = on_work
+        self._on_data = on_data
         self._tid = threading.get_ident()
         self._clock = time.perf_counter
         self._depth = 0
@@ -196,10 +199,13 @@ class Instrumentation:
 
         get_ident, thread_time = threading.get_ident, time.thread_time
         enter, exit_, add_batch = tracker.enter, tracker.exit, tracker.add_batch
+        on_data = self._on_data
 
         def dl_next(it: Any) -> Any:
             if get_ident() != tid:
                 return orig_next(it)
+            if on_data is not None:
+                on_data()
             c0 = thread_time()
             t0 = clock()
             enter(DATA_WAIT, t0)
@@ -227,6 +233,8 @@ class Instrumentation:
         tracker, clock = self.tracker, self._clock
         it = iter(iterable)
         while True:
+            if self._on_data is not None:
+                self._on_data()
             c0 = time.thread_time()
             t0 = clock()
             tracker.enter(DATA_WAIT, t0)
@@ -352,6 +360,8 @@ class Instrumentation:
             # part of that phase, not the end of a step.
             nested = self._depth > 0 or self._backward_depth > 0
             self._backward_depth += 1
+            if self._on_work is not None:  # a batch fetched mid-step closed the segment
+                self._on_work()
             tracker.enter(BACKWARD, clock())
             try:
                 return orig(*args, **kwargs)
@@ -389,10 +399,12 @@ class Instrumentation:
         tracker, clock, tid = self.tracker, self._clock, self._tid
 
         get_ident, enter, exit_ = threading.get_ident, tracker.enter, tracker.exit
-        on_step = tracker.on_optimizer_step
+        on_step, on_work = tracker.on_optimizer_step, self._on_work
 
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             if get_ident() == tid:
+                if on_work is not None:
+                    on_work()
                 enter(OPTIMIZER, clock())
 
         def post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -80,15 +80,15 @@ class Watch:
         self._entered = True
         stack = ExitStack()
         try:
-            on_work = None
+            on_work = on_data = None
             if self.device.type == "cuda":
                 self.cuda_timer = CudaStepTimer()
-                on_work = self.cuda_timer.work_begins
+                on_work, on_data = self.cuda_timer.work_begins, self.cuda_timer.work_pauses
                 if self.config.detect_syncs:
                     self.syncs = stack.enter_context(SyncCounter())
                 self._start_nvml(stack)
             self.inst = Instrumentation(self.tracker, self.device.type, on_work,
-                                        keep_loaders=self.config.keep_loaders)
+                                        keep_loaders=self.config.keep_loaders, on_data=on_data)
             self.inst.install(stack)
             self.cpu.start()
             stack.callback(self.cpu.stop)
