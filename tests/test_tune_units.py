@@ -253,3 +253,42 @@ def test_probe_batches_are_built_from_the_largest_sample() -> None:
     make, how = probe_batch(s, torch.device("cpu"))
     assert make(3).shape == (3, 40)
     assert "index 2" in how and "5 samples" in how
+
+
+class _SlowData(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Each sample costs 4 ms to 'load'."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import time
+
+        time.sleep(0.004)
+        return torch.full((8,), float(i)), torch.tensor(i % 2)
+
+
+def test_step_only_trials_time_the_step_without_the_input() -> None:
+    """Compute knobs are judged on the step alone: the same plan measured end to end waits on
+    the slow dataset; step-only it does not, and both count samples."""
+    from torch.utils.data import DataLoader
+
+    from redline.tune.setup import TrainSetup
+    from redline.tune.trial import measure
+
+    def factory() -> TrainSetup:
+        torch.manual_seed(0)
+        m = nn.Linear(8, 2)
+        return TrainSetup(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1),
+                          loader=DataLoader(_SlowData(), batch_size=4),
+                          loss_fn=lambda mm, b: nn.functional.cross_entropy(mm(b[0]), b[1]),
+                          accumulation_steps=2)
+
+    plan = TunePlan(key=_key(), effective_batch=8, micro_batch=4)
+    e2e = measure(factory, plan, "e2e", steps=3, warmup=1)
+    alone = measure(factory, plan, "alone", steps=3, warmup=1, step_only=True)
+    assert e2e.data_wait_fraction is not None and e2e.data_wait_fraction > 0.5
+    assert alone.data_wait_fraction is not None and alone.data_wait_fraction < 0.2
+    assert e2e.throughput_samples_per_s and alone.throughput_samples_per_s
+    assert alone.throughput_samples_per_s > e2e.throughput_samples_per_s
+    assert alone.steps == e2e.steps == 3

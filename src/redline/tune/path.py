@@ -187,17 +187,18 @@ class _Path:
         self.opt_impls = optimizer_impls(s.optimizer)
         self.current_tp: float | None = None
 
-    def trial(self, plan: TunePlan, label: str) -> TrialMetrics:
+    def trial(self, plan: TunePlan, label: str, step_only: bool) -> TrialMetrics:
         return measure(self.factory, plan, label, steps=self.cfg.steps_per_trial,
-                       warmup=self.cfg.warmup_steps)
+                       warmup=self.cfg.warmup_steps, step_only=step_only)
 
-    def ab(self, plan: TunePlan, candidate: TunePlan, what: str) -> tuple[float, float]:
+    def ab(self, plan: TunePlan, candidate: TunePlan, what: str, step_only: bool
+           ) -> tuple[float, float]:
         """(current, candidate) samples/s, measured alternately (A B A B …): this machine's
         speed drifts within minutes, so two trials far apart would compare the drift."""
         tot = {"a": [0.0, 0.0], "b": [0.0, 0.0]}
         for _ in range(self.cfg.rounds):
             for side, pl in (("a", plan), ("b", candidate)):
-                m = self.trial(pl, what)
+                m = self.trial(pl, what, step_only)
                 if m.throughput_samples_per_s and m.step_time_s:
                     tot[side][0] += m.throughput_samples_per_s * m.steps
                     tot[side][1] += m.steps
@@ -205,21 +206,30 @@ class _Path:
         new = tot["b"][0] / tot["b"][1] if tot["b"][1] else 0.0
         return cur, new
 
-    def decide(self, plan: TunePlan, candidate: TunePlan, what: str, **info: Any) -> TunePlan:
-        """Measure ``candidate`` against ``plan`` side by side; keep it if faster."""
+    def decide(self, plan: TunePlan, candidate: TunePlan, what: str, *, step_only: bool = True,
+               **info: Any) -> TunePlan:
+        """Measure ``candidate`` against ``plan`` side by side; keep it if faster.
+
+        ``step_only``: measure the training step alone, on batches fetched beforehand. The
+        batch, precision and kernel knobs change the step, not the input; measured end to
+        end, a step faster than the input pipeline can feed shows no gain (a greedy path then
+        rejects every compute knob while the input is at capacity, and the input is never
+        asked to go faster). The data pipeline is tuned again for the final step."""
         try:
-            cur, new = self.ab(plan, candidate, what)
+            cur, new = self.ab(plan, candidate, what, step_only)
         except Exception as e:  # a knob that cannot run here (compile without a compiler…)
             plan.decisions.append({"step": what, "kept": False, **info,
                                    "reason": f"failed: {type(e).__name__}: {e}"[:400]})
             self.log(f"  {what}: failed ({type(e).__name__}), not kept")
             return plan
         kept = bool(cur) and new >= cur * (1 + self.cfg.min_gain)
+        scope = "step alone" if step_only else "end to end"
         entry = {"step": what, "kept": kept, **info, "samples_per_s_before": cur,
-                 "samples_per_s_after": new,
-                 "reason": f"{new / cur:.2f}× throughput" if kept else
-                 f"{new:,.0f} vs {cur:,.0f} samples/s: not ≥ {self.cfg.min_gain:.0%} faster"}
-        self.log(f"  {what}: {cur:,.0f} → {new:,.0f} samples/s — "
+                 "samples_per_s_after": new, "measured": scope,
+                 "reason": f"{new / cur:.2f}× throughput ({scope})" if kept else
+                 f"{new:,.0f} vs {cur:,.0f} samples/s ({scope}): not ≥ "
+                 f"{self.cfg.min_gain:.0%} faster"}
+        self.log(f"  {what}: {cur:,.0f} → {new:,.0f} samples/s ({scope}) — "
                  f"{'kept' if kept else 'not kept'}")
         self.current_tp = new if kept else cur
         if kept:
@@ -251,7 +261,7 @@ class _Path:
             torch_threads=st.torch_threads, prefetch_to_device=dev.type == "cuda",
             decisions=[])
         self.log(f"  loader: {lp.reason}")
-        return self.decide(plan, cand, what, autotune=lp.reason,
+        return self.decide(plan, cand, what, step_only=False, autotune=lp.reason,
                            trials=len(lp.trials), tuning_s=round(lp.tuning_s, 2))
 
     def batch(self, plan: TunePlan) -> tuple[TunePlan, BatchSearch | None]:
@@ -281,7 +291,7 @@ class _Path:
                                  cuda_device=self.device if self.device.type == "cuda" else None)
         self.log(f"  batch finder: {search.reason} ({search.trials} trials, {search.ooms} OOM; "
                  f"probes use the {how})")
-        info = {"finder": search.reason, "trials": search.trials, "ooms": search.ooms,
+        info: dict[str, Any] = {"finder": search.reason, "trials": search.trials, "ooms": search.ooms,
                 "probe_sample": how}
         if search.batch <= plan.micro_batch:
             plan.decisions.append({"step": "batch size", "kept": False, **info,
@@ -349,7 +359,7 @@ class _Path:
         try:
             # The first steps carry the compile; the trial's warm-up absorbs them.
             m = measure(self.factory, cand, "compile", steps=self.cfg.steps_per_trial,
-                        warmup=max(2, self.cfg.warmup_steps))
+                        warmup=max(2, self.cfg.warmup_steps), step_only=True)
         except Exception as e:
             plan.decisions.append({"step": "torch.compile", "kept": False,
                                    "reason": f"failed: {type(e).__name__}: {e}"[:400]})
@@ -431,9 +441,10 @@ def tune(factory: Factory, config: TuneConfig | None = None,
         if cfg.tune_kernels:
             log("4/4 kernels")
             plan, sites = p.kernels(plan)
-        if cfg.tune_loader and plan.num_workers == 0 and any(
+        if cfg.tune_loader and any(
                 d["kept"] for d in plan.decisions if not d["step"].startswith("data")):
-            # A faster step moves the bottleneck to the input pipeline: look at it again.
+            # A faster step moves the bottleneck to the input pipeline: provision it for the
+            # final step (the loader autotune stops at once if the input keeps up).
             log("data pipeline, again (the step got faster)")
             plan = p.loader(plan, "data pipeline (again)")
     log("measuring before and after, side by side...")

@@ -7,6 +7,7 @@ report ``redline doctor`` prints, so before/after numbers are defined once (repo
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -82,13 +83,28 @@ def counted_peak(factory: Factory, plan: TunePlan) -> int:
         loop.close()
 
 
+STEP_ONLY_BATCHES = 4
+"""Distinct batches cycled through by a step-only trial (host memory: 4 effective batches)."""
+
+
 def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup: int,
-            count_flops: bool = False, memory: bool = False) -> TrialMetrics:
+            count_flops: bool = False, memory: bool = False, step_only: bool = False,
+            ) -> TrialMetrics:
     """Train ``warmup`` (+1 FLOP-counting) + ``steps`` optimizer steps with ``plan`` applied to a
-    fresh setup, under a watch."""
+    fresh setup, under a watch. ``step_only``: the batches are fetched from the plan's loader
+    before the watch starts and cycled, so the trial times the training step alone."""
     s = fresh(factory)
     device = torch.device(s.device)
     loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, device)
+    source: Any = loop.loader
+    if step_only:
+        # From a worker-less copy of the loader: no worker processes competing for the CPUs.
+        from redline.data.autotune import LoaderSettings, rebuild_factory
+        from redline.data.prefetcher import map_tensors
+
+        plain = rebuild_factory(s.loader, batch_size=plan.effective_batch)(LoaderSettings())
+        source = [map_tensors(b, lambda t: t.to(device))
+                  for b in itertools.islice(endless(plain), STEP_ONLY_BATCHES)]
     rapl = RaplMeter()
     t0 = time.perf_counter()
     cfg = WatchConfig(warmup_steps=warmup, count_flops=count_flops, device=str(device),
@@ -96,13 +112,22 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
     total = warmup + int(count_flops) + steps
     try:
         with Watch(cfg) as w:
-            it = endless(loop.loader)
+            # A list is not a DataLoader: wrap() times and counts its batches the same way.
+            it = w.wrap(itertools.cycle(source)) if step_only else endless(source)
             rapl_on = False
             for i in range(total):
                 if i == total - steps:
                     rapl_on = rapl.start()
                     t_rapl = time.perf_counter()
                 loop.step(next(it))
+            # Where no DataLoader marks the first step, the watch learns the step from the
+            # second optimizer step and counts the first as warm-up: top up to ``steps``.
+            rapl_steps = steps
+            for _ in range(2):
+                if len(w.measured_steps) >= steps:
+                    break
+                loop.step(next(it))
+                rapl_steps += 1
             joules = rapl.joules() if rapl_on else None
             rapl_s = time.perf_counter() - t_rapl
             del it
@@ -117,8 +142,8 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
         energy = m.device_metrics.nvml.energy_j / t.steps_measured
         esrc = "NVML total-energy counter over the measured steps"
     elif device.type == "cpu" and joules is not None:
-        energy = joules / steps
-        esrc = f"RAPL CPU packages over {steps} steps ({rapl_s:.1f} s)"
+        energy = joules / rapl_steps
+        esrc = f"RAPL CPU packages over {rapl_steps} steps ({rapl_s:.1f} s)"
     else:
         esrc = ("unknown: " + (rapl.reason or "no energy counter") if device.type == "cpu"
                 else "unknown: NVML energy counter not available")
