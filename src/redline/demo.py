@@ -15,24 +15,38 @@ from redline.report.model import Report
 from redline.report.terminal import print_report
 from redline.tune.path import TuneConfig, TuneResult, tune
 from redline.tune.setup import TrainSetup
-from redline.workloads import WORKLOADS, train
+from redline.workloads import WORKLOADS, Workload, train
+from redline.workloads.simulated import SimulatedAccelerator, build_vision_simulated
 
 DEMO_WARMUP = 3
 
 
-def workload_factory(workload: str, device: torch.device) -> Callable[[], TrainSetup]:
-    """A ``redline tune`` factory over a built-in workload's naive configuration."""
+def _builder(workload: str, simulated: SimulatedAccelerator | None
+             ) -> Callable[[torch.device], Workload]:
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}")
+    if simulated is None:
+        return WORKLOADS[workload]
+    if workload != "vision":
+        raise ValueError(f"the simulated accelerator paces the 'vision' workload only (its data "
+                         f"path is the point), got {workload!r}")
+    return lambda _device: build_vision_simulated(simulated)
+
+
+def workload_factory(workload: str, device: torch.device,
+                     simulated: SimulatedAccelerator | None = None) -> Callable[[], TrainSetup]:
+    """A ``redline tune`` factory over a built-in workload's naive configuration (on the
+    SIMULATED accelerator when ``simulated`` is given; then the device is the CPU)."""
+    build = _builder(workload, simulated)
 
     def factory() -> TrainSetup:
-        w = WORKLOADS[workload](device)
+        w = build(device)
 
         def loss_fn(model: torch.nn.Module, batch: Any) -> torch.Tensor:
             return w.loss_fn(model, batch, w.device)
 
         return TrainSetup(model=w.model, optimizer=w.optimizer, loader=w.loader,
-                          loss_fn=loss_fn, device=str(device),
+                          loss_fn=loss_fn, device=str(w.device),
                           accumulation_steps=w.accumulation_steps)
 
     return factory
@@ -40,20 +54,25 @@ def workload_factory(workload: str, device: torch.device) -> Callable[[], TrainS
 
 def run_demo(workload: str = "vision", steps: int = 30, json_path: str | None = None,
              show: bool = True, tune_after: bool = True,
-             tune_config: TuneConfig | None = None) -> tuple[Report, TuneResult | None]:
+             tune_config: TuneConfig | None = None,
+             simulated: SimulatedAccelerator | None = None
+             ) -> tuple[Report, TuneResult | None]:
     """Train ``workload`` for warm-up + 1 (FLOP count) + ``steps`` steps under a watch, then
-    (``tune_after``) tune it and show naive → tuned."""
-    if workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    w = WORKLOADS[workload](device)
+    (``tune_after``) tune it and show naive → tuned. ``simulated``: run the model on the
+    SIMULATED accelerator (CPU only, labelled in every output)."""
+    build = _builder(workload, simulated)
+    device = torch.device("cuda" if torch.cuda.is_available() and simulated is None else "cpu")
+    w = build(device)
+    where = simulated.label() if simulated else str(device)
     if show:
-        print(f"redline demo: training the built-in '{workload}' workload on {device} with its "
+        print(f"redline demo: training the built-in '{workload}' workload on {where} with its "
               f"naive defaults (num_workers=0, micro-batch {w.loader.batch_size} × "
               f"{w.accumulation_steps} accumulation, fp32)...", flush=True)
     with Watch(WatchConfig(warmup_steps=DEMO_WARMUP)) as watch:
         train(w, DEMO_WARMUP + 1 + steps)
-    report = watch.report(show=False, command=["redline", "demo", "--workload", workload])
+    command = ["redline", "demo", "--workload", workload]
+    report = watch.report(show=False, command=[*command, "--simulated-accelerator"]
+                          if simulated else command)
     if show:
         print_report(report)
     if json_path:
@@ -65,9 +84,9 @@ def run_demo(workload: str = "vision", steps: int = 30, json_path: str | None = 
             print("\nredline demo: now tuning it (redline tune: data pipeline → batch size → "
                   "precision → kernels; torch.compile is skipped in the demo — it takes ~30 s "
                   "to compile here; `redline tune` measures it)", flush=True)
-        result = tune(workload_factory(workload, device), cfg,
+        result = tune(workload_factory(workload, device, simulated), cfg,
                       log=(lambda s: print(s, flush=True)) if show else (lambda s: None))
         if show:
             from redline.report.tune_render import render
-            render(result)
+            render(result, label=simulated.label() if simulated else None)
     return report, result

@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
     m.add_argument("--no-tune", action="store_true",
                    help="only measure and diagnose the naive workload; do not tune it")
+    m.add_argument("--simulated-accelerator", action="store_true",
+                   help="run the vision model on a SIMULATED accelerator (device time slept, "
+                   "GIL released, the model's math a CPU stand-in) to show what tuning does "
+                   "for a GPU job on a CPU-only machine; labelled in every output")
     return p
 
 
@@ -204,10 +208,17 @@ def _tune(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from redline.demo import run_demo
+    from redline.workloads.simulated import SimulatedAccelerator
 
+    if args.simulated_accelerator and args.workload != "vision":
+        print(f"redline demo: error: --simulated-accelerator paces the 'vision' workload only "
+              f"(its data path is what the simulation shows); got --workload {args.workload}",
+              file=sys.stderr)
+        return 2
     try:
         run_demo(args.workload, steps=args.steps, json_path=args.json,
-                 tune_after=not args.no_tune)
+                 tune_after=not args.no_tune,
+                 simulated=SimulatedAccelerator() if args.simulated_accelerator else None)
     except OSError as e:
         print(f"redline demo: error: {e}", file=sys.stderr)
         return 1

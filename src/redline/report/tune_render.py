@@ -66,9 +66,13 @@ def rows(r: TuneResult) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def render(r: TuneResult, console: Console | None = None) -> None:
+def render(r: TuneResult, console: Console | None = None, label: str | None = None) -> None:
+    """Print the before/after table, the decisions and the plan; ``label`` (e.g. the
+    simulated accelerator's) is printed above the table."""
     console = console or Console()
     p = r.plan
+    if label:
+        console.print(label, style="bold", markup=False)
     t = Table(title="redline tune: before → after (measured side by side)",
               title_justify="left")
     for c in ("metric", "before", "after", "change / source"):
