@@ -44,6 +44,10 @@ def main() -> None:
     out = {"rank": rank, "allreduce_calls": len(calls), "max_abs_err": err}
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
+    # Both ranks done with every collective before either tears gloo down: tearing down while
+    # the peer still talks aborts the process ("terminate called without an active exception").
+    dist.barrier()
+    del model
     dist.destroy_process_group()
 
 

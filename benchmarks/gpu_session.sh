@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The one prepared device run: every CUDA path (gpu_check.py), then `redline demo` naive → tuned
+# on both built-in workloads, on the GPU. Meant for a lent GPU machine whose image has PyTorch but
+# not every redline dependency: wheels for the missing ones travel in .whl/ (see docs/tune.md,
+# "Checking on a GPU"). Writes logs under $OUT (or ./gpu-out when $OUT is unset).
+#
+#   bash benchmarks/gpu_session.sh
+set -u
+OUT="${OUT:-gpu-out}"
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/redline-site .whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/redline-site:src"
+else
+  export PYTHONPATH="src"
+fi
+export PYTHONUNBUFFERED=1 REDLINE_CACHE_DIR="$OUT/cache"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+timeout 180 python3 benchmarks/gpu_check.py 2>&1 | tee "$OUT/gpu_check.txt"
+for w in vision lm; do
+  timeout 120 python3 -m redline.cli.main demo --workload "$w" --steps 40 \
+    --json "$OUT/demo_$w.json" 2>&1 | tee "$OUT/demo_$w.txt"
+done
