@@ -176,6 +176,37 @@ def watch_gpu_loop() -> tuple[bool, str]:
             f"findings {[f.id for f in rep.findings]}")
 
 
+def span_excludes_fetches() -> tuple[bool, str]:
+    """Accumulation over a slow loader: the device idles through each fetch between
+    micro-batches, so device span + data wait must not exceed the step."""
+    import time as _time
+
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset[torch.Tensor]):
+        def __len__(self) -> int:
+            return 4096
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            _time.sleep(0.0005)  # 8 ms per batch of 16
+            return torch.randn(1024)
+
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(Slow(), batch_size=16)
+    with redline.watch(warmup_steps=2) as w:
+        it = iter(loader)
+        for _ in range(12):
+            for _ in range(4):
+                model(next(it).cuda()).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    m = w.report(show=False).measurements
+    span, wait = m.device_metrics.device_span_fraction, m.fraction("data_wait")
+    return (span is not None and span + wait <= 1.02,
+            f"device span {span:.1%} + data wait {wait:.1%} of the step (≤ 100% expected)")
+
+
 def batch_finder_cuda() -> tuple[bool, str]:
     """Predicted max batch under a real cap (a memory fraction), verified by the allocator."""
     from redline.tune.batch_finder import find_batch_size
@@ -253,6 +284,7 @@ def main() -> int:
         ("pinned vs pageable H2D", copies), ("DevicePrefetcher", prefetcher),
         ("real CUDA OOM", real_oom),
         ("watch over a GPU loop", watch_gpu_loop),
+        ("span excludes fetches", span_excludes_fetches),
         ("batch finder on CUDA", batch_finder_cuda), ("tuned loop on CUDA", tuned_loop_cuda)]]
     w = max(len(r[0]) for r in rows)
     print(f"| {'check':<{w}} | result | detail |")

@@ -292,3 +292,46 @@ def test_step_only_trials_time_the_step_without_the_input() -> None:
     assert e2e.throughput_samples_per_s and alone.throughput_samples_per_s
     assert alone.throughput_samples_per_s > e2e.throughput_samples_per_s
     assert alone.steps == e2e.steps == 3
+
+
+def test_rank_test_matches_scipy_and_knows_when_samples_are_too_few() -> None:
+    from redline.tune.stats import p_smaller, smallest_p
+
+    a = [1.00, 1.02, 0.98, 1.05, 1.01, 0.99, 1.03, 1.00]
+    b = [0.97, 0.99, 0.95, 1.00, 0.96, 0.98, 0.94, 0.99]
+    # scipy 1.17.1: mannwhitneyu(b, a, alternative='less', method='asymptotic').pvalue
+    assert p_smaller(a, b) == pytest.approx(0.00410784960068024, rel=1e-9)
+    assert p_smaller(b, a) > 0.99  # the other direction: not faster
+    assert p_smaller(a, a) > 0.4  # identical samples: no evidence
+    assert smallest_p(2, 2) == pytest.approx(1 / 6)  # 2+2 steps can never reach p < 0.05
+    assert smallest_p(6, 6) < 0.01
+
+
+def test_a_gain_inside_the_noise_is_not_kept() -> None:
+    """Same throughput ratio, different spread: 6 % faster on average but the per-step times
+    overlap completely → not kept; the same ratio from consistent steps → kept."""
+    from redline.tune.path import TuneConfig, _Path
+
+    class P(_Path):
+        def __init__(self, t_cur: list[float], t_new: list[float]) -> None:
+            self.cfg, self.log, self.current_tp = TuneConfig(), lambda s: None, None
+            self._t = (t_cur, t_new)
+
+        def ab(self, plan: TunePlan, candidate: TunePlan, what: str, step_only: bool
+               ) -> tuple[float, float, list[float], list[float]]:
+            a, b = self._t
+            return len(a) / sum(a), len(b) / sum(b), a, b
+
+    noisy_a = [1.0, 0.7, 1.3, 0.8, 1.2, 1.0] * 2
+    noisy_b = [0.75, 1.25, 0.9, 1.05, 0.85, 0.85] * 2
+    steady_a = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98] * 2
+    steady_b = [t / 1.06 for t in steady_a]
+    base = TunePlan(key=_key(), effective_batch=8, micro_batch=8, decisions=[])
+    for (a, b), kept in (((noisy_a, noisy_b), False), ((steady_a, steady_b), True)):
+        assert sum(a) / sum(b) > 1.05  # both clear the 5 % threshold on the mean
+        cand = TunePlan(key=_key(), effective_batch=8, micro_batch=8, precision="bf16",
+                        decisions=[])
+        out = P(a, b).decide(base, cand, "precision bf16")
+        assert (out is cand) is kept
+        assert out.decisions[-1]["kept"] is kept
+        assert ("not above the noise" in out.decisions[-1]["reason"]) is not kept

@@ -1,7 +1,8 @@
 """``redline tune``: the systematic path on the user's own model.
 
 data pipeline → batch size with gradient accumulation → mixed precision → kernels; each change
-is kept only when it measured faster (by ``min_gain``) and, for precision, numerically safe.
+is kept only when it measured faster (by ``min_gain``, above the noise by a rank test on per-step
+times) and, for precision, numerically safe.
 Every trial starts from a fresh setup (:mod:`redline.tune.trial`); the plan is remembered per
 model signature, device, precision and input shapes (:class:`redline.tune.PlanStore`).
 """
@@ -32,6 +33,7 @@ from redline.tune.precision import (
 )
 from redline.tune.runtime import TunedLoop, train_step
 from redline.tune.setup import Factory
+from redline.tune.stats import p_smaller, smallest_p
 from redline.tune.trial import TrialMetrics, endless, fresh, measure, probe_batch, state_tensors
 
 DEFAULT_RUN_STEPS = 10_000
@@ -54,6 +56,10 @@ class TuneConfig:
     min_gain: float = 0.05
     """A change is kept only if it is ≥ 5 % faster (smaller differences are noise on shared
     machines; the loader autotune uses the same threshold)."""
+    max_p: float = 0.05
+    """…and its per-step times are smaller than the current plan's with a one-sided
+    Mann–Whitney p-value below this (tune/stats.py). Where the trials are too short for any
+    outcome to reach it, only ``min_gain`` decides, and the decision says so."""
     run_steps: int | None = None
     """Optimizer steps of the planned job (overrides ``TrainSetup.run_steps``)."""
     price_per_device_hour: float | None = None
@@ -78,6 +84,8 @@ class TuneConfig:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if not 0 <= self.min_gain < 1:
             raise ValueError(f"min_gain must be in [0, 1), got {self.min_gain}")
+        if not 0 < self.max_p <= 1:
+            raise ValueError(f"max_p must be in (0, 1], got {self.max_p}")
         if self.run_steps is not None and self.run_steps < 1:
             raise ValueError(f"run_steps must be >= 1, got {self.run_steps}")
         if self.price_per_device_hour is not None and self.price_per_device_hour < 0:
@@ -148,7 +156,8 @@ def _merge(ms: list[TrialMetrics]) -> TrialMetrics:
         next((m.peak_memory_bytes for m in ms if m.peak_memory_bytes is not None), None),
         first.peak_memory_source,
         mean([m.energy_j_per_step for m in ms]),
-        first.energy_source, steps, sum(m.wall_s for m in ms))
+        first.energy_source, steps, sum(m.wall_s for m in ms),
+        step_times_s=[t for m in ms for t in m.step_times_s])
 
 
 def compare(factory: Factory, before: TunePlan, after: TunePlan, cfg: TuneConfig,
@@ -192,19 +201,22 @@ class _Path:
                        warmup=self.cfg.warmup_steps, step_only=step_only)
 
     def ab(self, plan: TunePlan, candidate: TunePlan, what: str, step_only: bool
-           ) -> tuple[float, float]:
-        """(current, candidate) samples/s, measured alternately (A B A B …): this machine's
-        speed drifts within minutes, so two trials far apart would compare the drift."""
+           ) -> tuple[float, float, list[float], list[float]]:
+        """(current, candidate) samples/s and per-step seconds, measured alternately
+        (A B A B …): this machine's speed drifts within minutes, so two trials far apart
+        would compare the drift."""
         tot = {"a": [0.0, 0.0], "b": [0.0, 0.0]}
+        times: dict[str, list[float]] = {"a": [], "b": []}
         for _ in range(self.cfg.rounds):
             for side, pl in (("a", plan), ("b", candidate)):
                 m = self.trial(pl, what, step_only)
                 if m.throughput_samples_per_s and m.step_time_s:
                     tot[side][0] += m.throughput_samples_per_s * m.steps
                     tot[side][1] += m.steps
+                    times[side] += m.step_times_s
         cur = tot["a"][0] / tot["a"][1] if tot["a"][1] else 0.0
         new = tot["b"][0] / tot["b"][1] if tot["b"][1] else 0.0
-        return cur, new
+        return cur, new, times["a"], times["b"]
 
     def decide(self, plan: TunePlan, candidate: TunePlan, what: str, *, step_only: bool = True,
                **info: Any) -> TunePlan:
@@ -216,21 +228,29 @@ class _Path:
         rejects every compute knob while the input is at capacity, and the input is never
         asked to go faster). The data pipeline is tuned again for the final step."""
         try:
-            cur, new = self.ab(plan, candidate, what, step_only)
+            cur, new, t_cur, t_new = self.ab(plan, candidate, what, step_only)
         except Exception as e:  # a knob that cannot run here (compile without a compiler…)
             plan.decisions.append({"step": what, "kept": False, **info,
                                    "reason": f"failed: {type(e).__name__}: {e}"[:400]})
             self.log(f"  {what}: failed ({type(e).__name__}), not kept")
             return plan
-        kept = bool(cur) and new >= cur * (1 + self.cfg.min_gain)
         scope = "step alone" if step_only else "end to end"
+        gain = bool(cur) and new >= cur * (1 + self.cfg.min_gain)
+        p = p_smaller(t_cur, t_new)
+        testable = smallest_p(len(t_cur), len(t_new)) < self.cfg.max_p
+        kept = gain and (p < self.cfg.max_p or not testable)
+        sig = (f"Mann–Whitney p={p:.3g} over {len(t_cur)}+{len(t_new)} steps" if testable
+               else f"too few steps ({len(t_cur)}+{len(t_new)}) for a significance test")
+        reason = (f"{new / cur:.2f}× throughput ({scope}; {sig})" if kept else
+                  f"{new:,.0f} vs {cur:,.0f} samples/s ({scope}): not ≥ "
+                  f"{self.cfg.min_gain:.0%} faster" if not gain else
+                  f"{new / cur:.2f}× but not above the noise ({sig} ≥ {self.cfg.max_p:g})")
         entry = {"step": what, "kept": kept, **info, "samples_per_s_before": cur,
                  "samples_per_s_after": new, "measured": scope,
-                 "reason": f"{new / cur:.2f}× throughput ({scope})" if kept else
-                 f"{new:,.0f} vs {cur:,.0f} samples/s ({scope}): not ≥ "
-                 f"{self.cfg.min_gain:.0%} faster"}
+                 "p_value": p if testable else None, "reason": reason}
         self.log(f"  {what}: {cur:,.0f} → {new:,.0f} samples/s ({scope}) — "
-                 f"{'kept' if kept else 'not kept'}")
+                 f"{'kept' if kept else 'not kept'}"
+                 + ("" if kept or not gain else f" (not above the noise: {sig})"))
         self.current_tp = new if kept else cur
         if kept:
             candidate.decisions = plan.decisions
@@ -261,6 +281,10 @@ class _Path:
             torch_threads=st.torch_threads, prefetch_to_device=dev.type == "cuda",
             decisions=[])
         self.log(f"  loader: {lp.reason}")
+        if dataclasses.replace(cand, decisions=plan.decisions) == plan:
+            plan.decisions.append({"step": what, "kept": False, "autotune": lp.reason,
+                                   "reason": "the autotune chose the current settings"})
+            return plan
         return self.decide(plan, cand, what, step_only=False, autotune=lp.reason,
                            trials=len(lp.trials), tuning_s=round(lp.tuning_s, 2))
 

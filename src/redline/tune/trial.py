@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,7 +42,8 @@ class TrialMetrics:
     energy_source: str
     steps: int
     wall_s: float
-    extra: dict[str, float] | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    """Each measured step's wall seconds (for the significance test of a comparison)."""
 
 
 def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -157,7 +158,8 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
     return TrialMetrics(label, t.throughput_samples_per_s, t.step_time_p50_s,
                         m.fraction("data_wait") if t.steps_measured else None, busy,
                         m.mfu.mfu, peak, psrc, energy, esrc, t.steps_measured,
-                        time.perf_counter() - t0)
+                        time.perf_counter() - t0,
+                        step_times_s=[r.step_s for r in w.measured_steps])
 
 
 def probe_batch(setup: TrainSetup, device: torch.device, scan: int = 256,
