@@ -210,3 +210,51 @@ def test_autocast_is_seen_on_forward() -> None:
     assert rep.measurements.precision.effective == "bf16-autocast"
     assert rep.measurements.precision.autocast_forward_fraction == 1.0
     assert "no_mixed_precision" not in {f.id for f in rep.findings}
+
+
+def test_compiled_model_under_watch_has_no_graph_breaks_from_redline() -> None:
+    """Dynamo cannot trace the hooks' thread and clock reads; they must step aside while it
+    traces, or every submodule breaks the graph (and the compiled step runs slower)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    import redline
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    compiled = torch.compile(model, backend="eager")  # Dynamo only: graph breaks, no codegen
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with redline.watch(warmup_steps=1, count_flops=False) as w:
+        for _ in range(5):
+            compiled(torch.randn(4, 8).to(torch.float32)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    assert dict(counters["graph_break"]) == {}
+    assert w.report(show=False).measurements.timing.steps_measured >= 3
+    torch._dynamo.reset()
+
+
+def test_optimizer_scan_survives_dead_weak_proxies() -> None:
+    """The one-time scan for optimizers walks gc objects; a dead weakref.proxy among them
+    (torch.compile leaves some) must not crash the user's first backward."""
+    import weakref
+
+    import redline
+
+    class Thing:
+        pass
+
+    t = Thing()
+    dead = weakref.proxy(t)
+    del t
+    holder = [dead]
+    model = nn.Linear(4, 1)
+    with redline.watch(warmup_steps=1, count_flops=False):
+        opt = None
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            if opt is None:
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            opt.step()
+    assert len(holder) == 1

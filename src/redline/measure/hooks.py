@@ -40,6 +40,14 @@ from redline.measure.timeline import (
 
 T = TypeVar("T")
 
+# Inside a region torch.compile is tracing, the hooks must do nothing: Dynamo cannot trace
+# threading.get_ident or the clock and would break the graph at every submodule (12 breaks,
+# 4 graphs instead of 1 for the lm workload here; an H200 then ran the compiled step slower
+# than eager). is_compiling() is a constant while tracing, so the early return costs nothing
+# in the compiled code; the compiled module's own call is still timed, from outside.
+_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", None) or (
+    torch._dynamo.is_compiling)  # torch < 2.3
+
 
 @dataclass(slots=True)
 class H2DStats:
@@ -88,7 +96,7 @@ class _TimedForward:
         self.orig, self._enter, self._exit, self._tid = orig, enter, exit_, tid
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() != self._tid:
+        if _compiling() or threading.get_ident() != self._tid:
             return self.orig(*args, **kwargs)
         self._enter()
         try:
@@ -250,7 +258,7 @@ class Instrumentation:
     # -- modules ---------------------------------------------------------------------------
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         """Global pre-hook, warm-up only: learns the outermost modules while timing them."""
-        if threading.get_ident() != self._tid:
+        if _compiling() or threading.get_ident() != self._tid:
             return
         if self._depth == 0 and module not in self._roots:
             self._roots[module] = None
@@ -261,7 +269,7 @@ class Instrumentation:
         self._enter_root()
 
     def _post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
-        if threading.get_ident() == self._tid:
+        if not _compiling() and threading.get_ident() == self._tid:
             self._exit_root()
 
     def _install_modules_global(self, stack: ExitStack) -> None:
@@ -384,11 +392,14 @@ class Instrumentation:
         trained = {id(p) for m in self._roots for p in m.parameters()}
         if not trained:
             return
+        optimizer_type = torch.optim.Optimizer
         with warnings.catch_warnings():
             # isinstance() on some lazily-deprecated torch objects warns; not the user's concern.
             warnings.simplefilter("ignore")
             for obj in gc.get_objects():
-                if isinstance(obj, torch.optim.Optimizer) and any(
+                # type(), not isinstance(): isinstance reads obj.__class__, which raises
+                # ReferenceError on a dead weakref.proxy (torch.compile leaves some behind).
+                if issubclass(type(obj), optimizer_type) and any(
                     id(p) in trained for g in obj.param_groups for p in g["params"]
                 ):
                     self.tracker.optimizers_known = True
@@ -433,7 +444,7 @@ class Instrumentation:
         tracker, clock, tid, stats = self.tracker, self._clock, self._tid, self.h2d
 
         def wrapper(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if t.device.type != "cpu" or threading.get_ident() != tid:
+            if _compiling() or t.device.type != "cpu" or threading.get_ident() != tid:
                 return orig(t, *args, **kwargs)
             if self._on_work is not None:
                 self._on_work()
