@@ -225,11 +225,18 @@ def test_compiled_model_under_watch_has_no_graph_breaks_from_redline() -> None:
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
     compiled = torch.compile(model, backend="eager")  # Dynamo only: graph breaks, no codegen
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with redline.watch(warmup_steps=1, count_flops=False) as w:
-        for _ in range(5):
-            compiled(torch.randn(4, 8).to(torch.float32)).sum().backward()
-            opt.step()
-            opt.zero_grad()
+    def ours() -> list[Any]:
+        return [f for f in warnings.filters if f[1] is not None and "global hooks" in f[1].pattern]
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with redline.watch(warmup_steps=1, count_flops=False) as w:
+            for _ in range(5):
+                compiled(torch.randn(4, 8).to(torch.float32)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        assert not [x for x in seen if "global hooks" in str(x.message)]  # not alarmed by us
+        assert ours() == []  # the filter went with the watch
     assert dict(counters["graph_break"]) == {}
     assert w.report(show=False).measurements.timing.steps_measured >= 3
     torch._dynamo.reset()

@@ -45,6 +45,7 @@ T = TypeVar("T")
 # 4 graphs instead of 1 for the lm workload here; an H200 then ran the compiled step slower
 # than eager). is_compiling() is a constant while tracing, so the early return costs nothing
 # in the compiled code; the compiled module's own call is still timed, from outside.
+_COMPILE_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 _compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", None) or (
     torch._dynamo.is_compiling)  # torch < 2.3
 
@@ -278,6 +279,19 @@ class Instrumentation:
             nn_module.register_module_forward_hook(self._post, always_call=True),
         ]
         stack.callback(self._remove_global)
+        # torch warns, at each call of a compiled module, that global hooks fire again inside
+        # it; ours do nothing while Dynamo traces (_compiling), so the warning would only
+        # alarm the user about redline. One filter for that message, removed on exit (not
+        # catch_warnings, which would also drop filters the user adds meanwhile).
+        warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING, category=UserWarning)
+        entry = warnings.filters[0]
+
+        def drop_filter() -> None:
+            filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at runtime
+            if entry in filters:
+                filters.remove(entry)
+
+        stack.callback(drop_filter)
 
     def _remove_global(self) -> None:
         for h in self._global_handles:
