@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -335,3 +336,34 @@ def test_a_gain_inside_the_noise_is_not_kept() -> None:
         assert (out is cand) is kept
         assert out.decisions[-1]["kept"] is kept
         assert ("not above the noise" in out.decisions[-1]["reason"]) is not kept
+
+
+def test_batch_is_searched_again_after_a_16_bit_precision_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a budget where fp32 fits micro-batch 29 of the effective 32, bf16 activations fit
+    all 32: once bf16 is kept, the path looks at the batch again. (Speed decisions are faked
+    here — this tests the order of the path, not this machine's timings.)"""
+    import dataclasses
+
+    from redline.tune.path import TuneConfig, _Path, tune
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "scripts"))
+    import tune_tiny
+
+    def faster(self: _Path, plan: TunePlan, cand: TunePlan, what: str, step_only: bool,
+               ) -> tuple[float, float, list[float], list[float]]:
+        return 1.0, 2.0, [1.0] * 12, [0.5] * 12
+
+    def bf16(self: _Path, plan: TunePlan) -> tuple[TunePlan, list[Any]]:
+        return dataclasses.replace(plan, precision="bf16"), []
+
+    monkeypatch.setattr(_Path, "ab", faster)
+    monkeypatch.setattr(_Path, "precision", bf16)
+    cfg = TuneConfig(steps_per_trial=2, rounds=1, warmup_steps=1, tune_loader=False,
+                     tune_kernels=False, reuse=False, store_dir=str(tmp_path))
+    res = tune(lambda: tune_tiny.redline_setup(limit=200_000, width=256), cfg)
+    steps = {d["step"]: d for d in res.plan.decisions}
+    assert steps["batch size"]["kept"] and steps["batch size"]["micro_batch"] == 29
+    assert steps["batch size (again)"]["kept"] and steps["batch size (again)"]["micro_batch"] == 32
+    assert res.plan.micro_batch == 32 and res.plan.accumulation_steps == 1
+    assert res.plan.precision == "bf16"

@@ -288,10 +288,11 @@ class _Path:
         return self.decide(plan, cand, what, step_only=False, autotune=lp.reason,
                            trials=len(lp.trials), tuning_s=round(lp.tuning_s, 2))
 
-    def batch(self, plan: TunePlan) -> tuple[TunePlan, BatchSearch | None]:
+    def batch(self, plan: TunePlan, what: str = "batch size"
+              ) -> tuple[TunePlan, BatchSearch | None]:
         if plan.micro_batch >= plan.effective_batch:
             plan.decisions.append({
-                "step": "batch size", "kept": False,
+                "step": what, "kept": False,
                 "reason": f"the micro-batch already is the effective batch "
                           f"({plan.effective_batch}); a larger one would change the "
                           "optimization (set accumulation_steps in the setup to allow a "
@@ -318,12 +319,12 @@ class _Path:
         info: dict[str, Any] = {"finder": search.reason, "trials": search.trials, "ooms": search.ooms,
                 "probe_sample": how}
         if search.batch <= plan.micro_batch:
-            plan.decisions.append({"step": "batch size", "kept": False, **info,
+            plan.decisions.append({"step": what, "kept": False, **info,
                                    "reason": f"the largest micro-batch that fits is "
                                              f"{search.batch} (now {plan.micro_batch})"})
             return plan, search
         cand = dataclasses.replace(plan, micro_batch=search.batch, decisions=[])
-        return self.decide(plan, cand, "batch size", micro_batch=search.batch,
+        return self.decide(plan, cand, what, micro_batch=search.batch,
                            accumulation_steps=cand.accumulation_steps, **info), search
 
     def precision(self, plan: TunePlan) -> tuple[TunePlan, list[NumericsCheck]]:
@@ -462,6 +463,12 @@ def tune(factory: Factory, config: TuneConfig | None = None,
         if cfg.tune_precision:
             log("3/4 precision")
             plan, checks = p.precision(plan)
+            if (cfg.tune_batch and plan.precision in ("bf16", "fp16")
+                    and plan.micro_batch < plan.effective_batch):
+                # 16-bit activations take about half the memory: a larger micro-batch may fit.
+                log("batch size, again (16-bit activations are smaller)")
+                plan, again = p.batch(plan, "batch size (again)")
+                search = again or search
         if cfg.tune_kernels:
             log("4/4 kernels")
             plan, sites = p.kernels(plan)
