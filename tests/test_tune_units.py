@@ -336,6 +336,10 @@ def test_a_gain_inside_the_noise_is_not_kept() -> None:
         assert (out is cand) is kept
         assert out.decisions[-1]["kept"] is kept
         assert ("not above the noise" in out.decisions[-1]["reason"]) is not kept
+    # End to end (loader), per-step times are bursty by nature: the throughput alone decides.
+    cand = TunePlan(key=_key(), effective_batch=8, micro_batch=8, num_workers=2, decisions=[])
+    out = P(noisy_a, noisy_b).decide(base, cand, "data pipeline", step_only=False)
+    assert out is cand and "threshold only" in out.decisions[-1]["reason"]
 
 
 def test_batch_is_searched_again_after_a_16_bit_precision_is_kept(
