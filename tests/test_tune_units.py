@@ -371,3 +371,24 @@ def test_batch_is_searched_again_after_a_16_bit_precision_is_kept(
     assert steps["batch size (again)"]["kept"] and steps["batch size (again)"]["micro_batch"] == 32
     assert res.plan.micro_batch == 32 and res.plan.accumulation_steps == 1
     assert res.plan.precision == "bf16"
+
+
+@pytest.mark.slow
+def test_compile_is_measured_against_the_eager_step_and_amortized(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole compile knob on the CPU (inductor): a real compiled trial, the eager side
+    measured on the step alone like it, and the decision from compile_pays over run_steps."""
+    from redline.tune.path import TuneConfig, tune
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "scripts"))
+    import tune_tiny
+
+    cfg = TuneConfig(steps_per_trial=3, rounds=1, warmup_steps=1, tune_loader=False,
+                     tune_batch=False, tune_precision=False, reuse=False,
+                     store_dir=str(tmp_path))
+    res = tune(lambda: tune_tiny.redline_setup(limit=None), cfg)
+    d = next(x for x in res.plan.decisions if x["step"] == "torch.compile")
+    assert "failed" not in d["reason"], d["reason"]
+    assert d["compile_s"] >= 0 and d["samples_per_s_before"] > 0 and d["samples_per_s_after"] > 0
+    assert "over 500 steps" in d["reason"]  # the factory's run_steps
+    assert res.plan.compile is d["kept"]

@@ -196,6 +196,8 @@ class _Path:
         self.conv = has_conv2d(s.model)
         self.opt_impls = optimizer_impls(s.optimizer)
         self.current_tp: float | None = None
+        self.current_step_only = False
+        """Whether ``current_tp`` was measured on the step alone (compile compares with it)."""
 
     def trial(self, plan: TunePlan, label: str, step_only: bool) -> TrialMetrics:
         return measure(self.factory, plan, label, steps=self.cfg.steps_per_trial,
@@ -257,6 +259,7 @@ class _Path:
                  f"{'kept' if kept else 'not kept'}"
                  + ("" if kept or not gain else f" (not above the noise: {sig})"))
         self.current_tp = new if kept else cur
+        self.current_step_only = step_only
         if kept:
             candidate.decisions = plan.decisions
             candidate.decisions.append(entry)
@@ -396,6 +399,10 @@ class _Path:
             self.log(f"  torch.compile: failed ({type(e).__name__}), not kept")
             return plan
         wall = time.perf_counter() - t0
+        if not self.current_step_only or not self.current_tp:
+            # The compiled trial times the step alone: so must the eager side it is held to.
+            self.current_tp = self.trial(plan, "eager", step_only=True).throughput_samples_per_s
+            self.current_step_only = True
         cur = self.current_tp or 0.0
         new = m.throughput_samples_per_s or 0.0
         if not (cur and new and m.step_time_s):
