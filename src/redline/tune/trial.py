@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,7 +113,10 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
                       sample_interval_s=0.1)
     total = warmup + int(count_flops) + steps
     try:
-        with Watch(cfg) as w:
+        with warnings.catch_warnings(), Watch(cfg) as w:
+            # The loader autotune may choose more workers than cores where that measured
+            # faster (fetches that wait); torch's advice against it is settled by measurement.
+            warnings.filterwarnings("ignore", message=".*worker processes in total.*")
             # A list is not a DataLoader: wrap() times and counts its batches the same way.
             it = w.wrap(itertools.cycle(source)) if step_only else endless(source)
             rapl_on = False
