@@ -68,7 +68,7 @@ def run_demo(workload: str = "vision", steps: int = 30, json_path: str | None = 
         print(f"redline demo: training the built-in '{workload}' workload on {where} with its "
               f"naive defaults (num_workers=0, micro-batch {w.loader.batch_size} × "
               f"{w.accumulation_steps} accumulation, fp32)...", flush=True)
-    with Watch(WatchConfig(warmup_steps=DEMO_WARMUP)) as watch:
+    with Watch(WatchConfig(warmup_steps=DEMO_WARMUP, device=str(device))) as watch:
         train(w, DEMO_WARMUP + 1 + steps)
     command = ["redline", "demo", "--workload", workload]
     report = watch.report(show=False, command=[*command, "--simulated-accelerator"]
