@@ -93,6 +93,17 @@ def accumulate(model: torch.nn.Module, batch: Any, micro: int,
     Returns:
         The effective batch's mean loss, detached, on the device (not synced).
     """
+    n_all = batch_samples(batch)
+    if n_all is not None and n_all <= micro:
+        # One micro-batch: no slicing, no weighting kernel (a launch-bound GPU step pays for
+        # every extra launch on the host).
+        with autocast() if autocast is not None else contextlib.nullcontext():
+            loss = loss_fn(model, batch)
+        if backward is not None:
+            backward(loss)
+        else:
+            loss.backward()
+        return loss.detach().float()
     pieces = split_batch(batch, micro)
     total = sum(n for _, n in pieces)
     acc: torch.Tensor | None = None
