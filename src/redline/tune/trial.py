@@ -105,8 +105,13 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
         from redline.data.prefetcher import map_tensors
 
         plain = rebuild_factory(s.loader, batch_size=plan.effective_batch)(LoaderSettings())
-        source = [map_tensors(b, lambda t: t.to(device))
-                  for b in itertools.islice(endless(plain), STEP_ONLY_BATCHES)]
+        # Kept on the host (pinned for CUDA) and copied per step: 4 effective batches resident
+        # on the device could exceed the memory the batch finder planned for.
+        pin = device.type == "cuda"
+        host = [map_tensors(b, lambda t: t.pin_memory() if pin else t)
+                for b in itertools.islice(endless(plain), STEP_ONLY_BATCHES)]
+        source = (map_tensors(b, lambda t: t.to(device, non_blocking=True))
+                  for b in itertools.cycle(host))
     rapl = RaplMeter()
     t0 = time.perf_counter()
     cfg = WatchConfig(warmup_steps=warmup, count_flops=count_flops, device=str(device),
@@ -118,7 +123,7 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
             # faster (fetches that wait); torch's advice against it is settled by measurement.
             warnings.filterwarnings("ignore", message=".*worker processes in total.*")
             # A list is not a DataLoader: wrap() times and counts its batches the same way.
-            it = w.wrap(itertools.cycle(source)) if step_only else endless(source)
+            it = w.wrap(source) if step_only else endless(source)
             rapl_on = False
             for i in range(total):
                 if i == total - steps:
