@@ -105,11 +105,14 @@ def test_decoding_workers_are_cpu_preprocessing() -> None:
 def test_compute_bound_run_is_not_flagged() -> None:
     torch.manual_seed(0)
     ds = TensorDataset(torch.randn(4096, 1024), torch.randint(0, 10, (4096,)))
-    model = nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
-                          nn.Linear(2048, 10))
+    # The in-process fetch of 32 rows costs ~0.5 ms of Python (indexing + collate); with hidden
+    # 2048 that was 3-5 % of the step on a 2-core runner, on the 5 % rule's edge (CI failed once).
+    # Hidden 4096 makes the step ~3x longer, so the wait stays near 1 %: clearly compute-bound.
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
+                          nn.Linear(4096, 10))
     # 30 steps: one preempted fetch on a shared machine must not read as starvation.
     rep = _run(DataLoader(ds, batch_size=32), model, steps=30)
     ids = _ids(rep)
     assert not ids & {"data_starvation", "cpu_preprocessing", "storage_fetch"}
-    assert rep.measurements.fraction("data_wait") < 0.05
+    assert rep.measurements.fraction("data_wait") < 0.03
     assert rep.measurements.fraction("forward") + rep.measurements.fraction("backward") > 0.5
