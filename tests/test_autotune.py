@@ -54,3 +54,74 @@ def test_settings_to_loader_kwargs() -> None:
     s = LoaderSettings(num_workers=3, prefetch_factor=4, pin_memory=True, persistent_workers=True)
     assert s.loader_kwargs() == {"num_workers": 3, "pin_memory": True, "prefetch_factor": 4,
                                  "persistent_workers": True}
+
+
+class _SlowEpochStart(torch.utils.data.Sampler[int]):
+    """Each new epoch costs 0.15 s before its first index (a shuffle of a huge index, or the
+    queue refill of a new epoch), then indices come for free."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        time.sleep(0.15)
+        return iter(range(self.n))
+
+
+def _epoch_loader(n_batches: int):  # type: ignore[no-untyped-def]
+    def make(s: LoaderSettings) -> DataLoader:
+        n = 4 * n_batches
+        ds = TensorDataset(torch.arange(float(n)).unsqueeze(1))
+        return DataLoader(ds, batch_size=4, sampler=_SlowEpochStart(n), **s.loader_kwargs())
+
+    return make
+
+
+def test_epoch_boundaries_do_not_decide_between_settings() -> None:
+    from redline.data.autotune import measure
+
+    seen: list[float] = []
+
+    def consume(batch: Any) -> None:
+        seen.append(float(batch[0][0, 0]))
+        time.sleep(0.005)
+
+    # Deeper queues skip more batches: in a 10-batch epoch, skip 7 leaves no room for 8 timed
+    # batches, skip 1 does; timing each as it fits would charge the deeper setting alone an
+    # epoch start (0.15 s here, ~4× slower). As autotune_loader does, choose once: whole epochs.
+    short = _epoch_loader(10)
+    shallow = measure(short, consume, LoaderSettings(), batches=4, skip=1, whole_epochs=True)
+    assert shallow.whole_epochs == 1 and shallow.timed_batches == 10
+    # the window starts at an epoch boundary: the skipped batches were the whole first epoch
+    assert len(seen) == 20 and seen[10] == 0.0
+    deep = measure(short, consume, LoaderSettings(), batches=4, skip=7, whole_epochs=True)
+    assert deep.whole_epochs == 1 and deep.timed_batches == 10
+    # both paid one epoch start (0.15 s) per 10 batches (0.05 s of consuming): the same rate
+    assert deep.samples_per_s == pytest.approx(shallow.samples_per_s, rel=0.25)
+    assert shallow.samples_per_s == pytest.approx(40 / 0.2, rel=0.3)
+    # inside one epoch: steady state, no epoch start timed; the window ends at the boundary
+    seen.clear()
+    long = _epoch_loader(40)
+    inside = measure(long, consume, LoaderSettings(), batches=24, skip=20, whole_epochs=False)
+    assert inside.whole_epochs == 0 and inside.timed_batches == 20 and len(seen) == 40
+    assert inside.samples_per_s > 2 * shallow.samples_per_s
+    # an epoch that cannot hold the skip + 8 batches is timed whole whatever was asked
+    crossing = measure(long, consume, LoaderSettings(), batches=4, skip=35, whole_epochs=False)
+    assert crossing.whole_epochs == 1 and crossing.timed_batches == 40
+    # left to itself, measure() times inside when the epoch has room
+    auto = measure(long, consume, LoaderSettings(), batches=4, skip=5)
+    assert auto.whole_epochs == 0 and auto.timed_batches == 4
+
+
+def test_autotune_times_short_epochs_whole_for_every_setting() -> None:
+    plan = autotune_loader(_epoch_loader(10), simulated_accelerator(0.002), cpus=1,
+                           batches_per_trial=4)
+    assert all(t.whole_epochs == 1 and t.timed_batches == 10 for t in plan.trials)
+    assert "whole epochs of 10 batches" in plan.reason
+    # 40 batches hold the deepest queue tried with 1 CPU (2 workers × 4 + 1) and 8 more: inside
+    long = autotune_loader(_epoch_loader(40), simulated_accelerator(0.002), cpus=1,
+                           batches_per_trial=4)
+    assert all(t.whole_epochs == 0 for t in long.trials) and "whole epochs" not in long.reason

@@ -9,6 +9,7 @@ usable CPUs are saturated, or /dev/shm / RAM would not hold more batches in flig
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import warnings
@@ -32,6 +33,9 @@ SATURATED = 0.9
 IO_BOUND = 0.75
 """Below 75 % of the usable cores busy, the fetch mostly waits: workers beyond the core count
 (and a deeper prefetch) may still help."""
+MIN_TIMED_BATCHES = 8
+"""A window inside one epoch times at least 8 batches; an epoch too short for the skip plus 8 is
+timed whole (see ``measure``)."""
 SHM_SHARE = 0.5
 """Batches in flight may use at most half of the free /dev/shm."""
 
@@ -64,6 +68,10 @@ class Trial:
     cpu_cores_busy: float
     """Process + worker CPU seconds per wall second during the trial."""
     seconds: float
+    timed_batches: int = 0
+    """Batches inside the timed window."""
+    whole_epochs: int = 0
+    """Epochs the window covers start to end (0: a window inside one epoch, see ``measure``)."""
 
 
 @dataclass(slots=True)
@@ -104,12 +112,22 @@ def _fields(s: LoaderSettings) -> dict[str, Any]:
 
 def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             consume: Callable[[Any], None], settings: LoaderSettings,
-            batches: int = 24, skip: int | None = None) -> Trial:
+            batches: int = 24, skip: int | None = None,
+            whole_epochs: bool | None = None) -> Trial:
     """Throughput and data wait of one setting, in the real loop.
 
     The first batches are skipped: worker start-up is a one-off with persistent workers, and
     the workers fill their queues (num_workers × prefetch_factor batches) while it runs; timing
     from a full queue would credit deep queues with batches made before the clock started.
+
+    The window must not cross an epoch boundary for one setting and not for another: each new
+    epoch drains the queues and refills them, and deeper queues skip more batches, so on the
+    H200 a trial of 8 workers read half the speed of 6 because only its window crossed the
+    32-batch epoch of the demo. ``whole_epochs=False`` times inside one epoch (steady state;
+    the window is shortened to end at the boundary); ``True`` skips to an epoch boundary and
+    times whole epochs, each with its refill, as training pays it; ``None`` chooses inside
+    unless the epoch cannot hold the skip plus ``MIN_TIMED_BATCHES`` (then whole epochs
+    whatever was asked). ``autotune_loader`` chooses once for all its trials.
     """
     if skip is None:
         skip = max(3, settings.num_workers * (settings.prefetch_factor or 0) + 1)
@@ -121,12 +139,14 @@ def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         # Trials may deliberately use more workers than cores (I/O-bound fetches); torch's
         # advice against that is what the measurement itself settles.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-        return _measure(make_loader, consume, settings, batches, skip, proc, threads, t_start)
+        return _measure(make_loader, consume, settings, batches, skip, whole_epochs, proc,
+                        threads, t_start)
 
 
 def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
              consume: Callable[[Any], None], settings: LoaderSettings, batches: int, skip: int,
-             proc: psutil.Process, threads: int, t_start: float) -> Trial:
+             whole_epochs: bool | None, proc: psutil.Process, threads: int, t_start: float,
+             ) -> Trial:
     try:
         loader = make_loader(settings)
         it: Iterator[Any] = iter(loader)
@@ -140,6 +160,17 @@ def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                 it = iter(loader)
                 return next(it)
 
+        epoch = _epoch_batches(loader)
+        whole = 0
+        if epoch is not None:
+            if whole_epochs is None:
+                whole_epochs = epoch < skip + MIN_TIMED_BATCHES
+            if whole_epochs or epoch < skip + MIN_TIMED_BATCHES:
+                skip = math.ceil(skip / epoch) * epoch
+                whole = math.ceil(batches / epoch)
+                batches = whole * epoch
+            else:
+                batches = min(batches, epoch - skip)
         for _ in range(skip):
             consume(nxt())
         wait = step = 0.0
@@ -157,7 +188,17 @@ def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         busy = (_proc_cpu(proc) - c0) / max(1e-9, time.perf_counter() - w0)
     finally:
         torch.set_num_threads(threads)
-    return Trial(settings, samples / step, wait / step, busy, time.perf_counter() - t_start)
+    return Trial(settings, samples / step, wait / step, busy, time.perf_counter() - t_start,
+                 timed_batches=batches, whole_epochs=whole)
+
+
+def _epoch_batches(loader: Any) -> int | None:
+    """Batches per epoch, None when the loader cannot say (an IterableDataset)."""
+    try:
+        n = len(loader)
+    except TypeError:
+        return None
+    return n if n > 0 else None
 
 
 def consume_time(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
@@ -197,8 +238,15 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     pin = device.startswith("cuda") and torch.cuda.is_available()
     consume_s, sample_batch = consume_time(make_loader, consume)
     plan = LoaderPlan(LoaderSettings(torch_threads=max(1, int(budget))), consume_s)
+    # One window rule for every trial (see measure): whole epochs when the deepest queue this
+    # search may try (cap workers × prefetch 4) would leave no room inside an epoch.
+    epoch = _epoch_batches(make_loader(LoaderSettings()))
+    whole = epoch is not None and epoch < cap * 4 + 1 + MIN_TIMED_BATCHES
 
-    first = measure(make_loader, consume, plan.settings, batches_per_trial)
+    def measure_(s: LoaderSettings) -> Trial:
+        return measure(make_loader, consume, s, batches_per_trial, whole_epochs=whole)
+
+    first = measure_(plan.settings)
     plan.trials.append(first)
     best = first
     batch_bytes = batch_nbytes(sample_batch)
@@ -227,7 +275,7 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         s = LoaderSettings(num_workers=workers, prefetch_factor=prefetch, pin_memory=pin,
                            persistent_workers=True,
                            torch_threads=max(1, int(budget) - workers))
-        trial = measure(make_loader, consume, s, batches_per_trial)
+        trial = measure_(s)
         plan.trials.append(trial)
         gained = trial.samples_per_s >= best.samples_per_s * (1 + MIN_GAIN)
         if gained:
@@ -260,7 +308,7 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             and best.cpu_cores_busy < IO_BOUND * budget):
         # The fetch waits rather than computes: a deeper queue per worker may hide latency.
         deeper = LoaderSettings(**{**_fields(best.settings), "prefetch_factor": 4})
-        trial = measure(make_loader, consume, deeper, batches_per_trial)
+        trial = measure_(deeper)
         plan.trials.append(trial)
         if trial.samples_per_s >= best.samples_per_s * (1 + MIN_GAIN):
             best = trial
@@ -270,7 +318,9 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                    f"{best.settings.prefetch_factor}, pin_memory {best.settings.pin_memory}, "
                    f"{best.settings.torch_threads} torch threads → "
                    f"{best.samples_per_s:,.0f} samples/s, data wait "
-                   f"{best.data_wait_fraction:.1%} (consumer needs {consume_s * 1e3:.1f} ms/batch)")
+                   f"{best.data_wait_fraction:.1%} (consumer needs {consume_s * 1e3:.1f} ms/batch"
+                   + (f"; timed over whole epochs of {best.timed_batches // best.whole_epochs} "
+                      "batches, refills included" if best.whole_epochs else "") + ")")
     plan.tuning_s = time.perf_counter() - t_begin
     return plan
 
