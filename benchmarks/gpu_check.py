@@ -270,6 +270,47 @@ def tuned_loop_cuda() -> tuple[bool, str]:
             f"data wait {m.fraction('data_wait'):.1%}")
 
 
+def kernel_busy_trace() -> tuple[bool, str]:
+    """redline tune's exact device busy: a device-only trace of a few steps (kernel union).
+    A host-bound step (tiny layers) must read below its CUDA-event span, a GPU-bound one ~1."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from redline.tune.plan import TunePlan, plan_key
+    from redline.tune.setup import TrainSetup
+    from redline.tune.trial import measure
+
+    out = {}
+    for name, width, depth, batch in (("tiny", 64, 12, 32), ("large", 4096, 4, 4096)):
+        def factory(width: int = width, depth: int = depth, batch: int = batch) -> TrainSetup:
+            torch.manual_seed(0)
+            layers: list[nn.Module] = []
+            for _ in range(depth):
+                layers += [nn.Linear(width, width), nn.GELU()]
+            m = nn.Sequential(*layers).cuda()
+            ds = TensorDataset(torch.randn(batch * 8, width))
+            return TrainSetup(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=1e-3),
+                              loader=DataLoader(ds, batch_size=batch),
+                              loss_fn=lambda mm, b: mm(b[0]).float().pow(2).mean(),
+                              device="cuda")
+
+        s = factory()
+        key = plan_key(s.model, torch.device("cuda"), "fp32", next(iter(s.loader)))
+        plan = TunePlan(key=key, effective_batch=batch, micro_batch=batch)
+        out[name] = measure(factory, plan, name, steps=20, warmup=3, trace=True)
+    t, g = out["tiny"], out["large"]
+    ok = (t.device_busy_kernels_fraction is not None and t.device_busy_fraction is not None
+          and g.device_busy_kernels_fraction is not None
+          and t.device_busy_kernels_fraction < t.device_busy_fraction
+          and g.device_busy_kernels_fraction > 0.85)
+    def pct(x: float | None) -> str:
+        return "unknown" if x is None else f"{x:.1%}"
+
+    return ok, (f"tiny: kernels {pct(t.device_busy_kernels_fraction)} vs span "
+                f"{pct(t.device_busy_fraction)}; large: kernels "
+                f"{pct(g.device_busy_kernels_fraction)} vs span {pct(g.device_busy_fraction)} "
+                f"({t.device_busy_kernels_source})")
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device (torch.cuda.is_available() is False); run this on a "
@@ -285,7 +326,8 @@ def main() -> int:
         ("real CUDA OOM", real_oom),
         ("watch over a GPU loop", watch_gpu_loop),
         ("span excludes fetches", span_excludes_fetches),
-        ("batch finder on CUDA", batch_finder_cuda), ("tuned loop on CUDA", tuned_loop_cuda)]]
+        ("batch finder on CUDA", batch_finder_cuda), ("tuned loop on CUDA", tuned_loop_cuda),
+        ("kernel busy from a trace", kernel_busy_trace)]]
     w = max(len(r[0]) for r in rows)
     print(f"| {'check':<{w}} | result | detail |")
     print(f"|{'-' * (w + 2)}|--------|--------|")

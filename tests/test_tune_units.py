@@ -392,3 +392,52 @@ def test_compile_is_measured_against_the_eager_step_and_amortized(
     assert d["compile_s"] >= 0 and d["samples_per_s_before"] > 0 and d["samples_per_s_after"] > 0
     assert "over 500 steps" in d["reason"]  # the factory's run_steps
     assert res.plan.compile is d["kept"]
+
+
+def test_traced_trial_keeps_its_measured_steps_and_says_why_busy_is_unknown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trial with ``trace=True`` records its profiler steps on top of the measured ones
+    (excluded from the statistics), removes its trace folder, and on a CPU says why the
+    kernel-union busy is unknown instead of guessing."""
+    import tempfile
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from redline.tune.setup import TrainSetup
+    from redline.tune.trial import TRACE_STEPS, measure
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def factory() -> TrainSetup:
+        torch.manual_seed(0)
+        m = nn.Linear(8, 2)
+        data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+        return TrainSetup(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1),
+                          loader=DataLoader(data, batch_size=4),
+                          loss_fn=lambda mm, b: nn.functional.cross_entropy(mm(b[0]), b[1]))
+
+    plan = TunePlan(key=_key(), effective_batch=4, micro_batch=4)
+    traced = measure(factory, plan, "traced", steps=4, warmup=1, trace=True)
+    plain = measure(factory, plan, "plain", steps=4, warmup=1)
+    assert traced.steps == plain.steps == 4
+    assert TRACE_STEPS >= 3
+    assert traced.device_busy_kernels_fraction is None
+    assert traced.device_busy_kernels_source.startswith("unknown: CPU-only trace")
+    assert plain.device_busy_kernels_source == "not traced for this trial"
+    assert not list(tmp_path.glob("redline-tune-trace-*"))  # the trace folder is gone
+
+
+def test_device_only_trace_gives_the_kernel_union_busy(tmp_path: Path) -> None:
+    """``redline tune`` traces CUDA activity only (no host operators, so a host-bound loop
+    is not slowed by the profiler): no ProfilerStep marks, no cpu_op. The kernel union is read
+    over every kernel then. Kernels of the fixture: [10,30] [35,55] [40,70] [90,100] [110,130]
+    [160,180] [260,270] → busy 20+35+10+20+20+10 = 115 µs of a 260 µs window."""
+    from redline.trace import analyze_paths
+    from tests.trace_fixtures import synthetic_events, write_trace
+
+    device_only = [e for e in synthetic_events()
+                   if e["cat"] in ("kernel", "gpu_memcpy", "cuda_runtime", "ac2g")]
+    (r,) = analyze_paths([write_trace(tmp_path / "t.json.gz", device_only)]).ranks
+    assert r.temporal is not None
+    assert r.temporal.window_us == pytest.approx(260.0)
+    assert 1 - r.temporal.pct(r.temporal.idle_us) / 100 == pytest.approx(115 / 260)

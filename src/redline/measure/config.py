@@ -38,6 +38,11 @@ class WatchConfig:
     trace_steps: int = 3
     """Active (recorded) steps of the trace."""
 
+    trace_host_ops: bool = True
+    """Record host operators in the trace (what ``doctor --trace`` shows). False on CUDA records
+    device activity only: the profiler then adds ~µs per kernel launch instead of per operator,
+    so a host-bound loop keeps its speed while its kernel busy time is read (``redline tune``)."""
+
     keep_loaders: bool = False
     """Keep a reference to each DataLoader seen, so it can be rebuilt with other settings
     after the run (``redline doctor --tune-loader``); off by default: it keeps datasets alive."""

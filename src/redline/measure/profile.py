@@ -20,10 +20,12 @@ class TraceCapture:
     """Drives one profiler schedule from step boundaries."""
 
     def __init__(self, directory: str | os.PathLike[str], device_type: str,
-                 active: int = 3, wait: int = 1, warmup: int = 1) -> None:
+                 active: int = 3, wait: int = 1, warmup: int = 1,
+                 host_ops: bool = True) -> None:
         self.dir = Path(directory)
         self.path = self.dir / f"redline-trace-{os.getpid()}.json.gz"
         self.cuda = device_type == "cuda"
+        self.host_ops = host_ops or not self.cuda  # a CPU run has nothing else to record
         self._steps_total = wait + warmup + active
         self._seen = 0
         self._sched = schedule(wait=wait, warmup=warmup, active=active, repeat=1)
@@ -34,7 +36,8 @@ class TraceCapture:
     def start(self) -> bool:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            acts = (([ProfilerActivity.CPU] if self.host_ops else [])
+                    + ([ProfilerActivity.CUDA] if self.cuda else []))
             self._prof = profile(activities=acts, schedule=self._sched,
                                  on_trace_ready=self._export)
             self._prof.start()

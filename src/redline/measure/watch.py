@@ -176,7 +176,8 @@ class Watch:
         """Next stage after warm-up and FLOP counting: the optional trace, then measuring."""
         if self.config.trace_dir is not None and self.capture is None:
             self.capture = TraceCapture(self.config.trace_dir, self.device.type,
-                                        active=self.config.trace_steps)
+                                        active=self.config.trace_steps,
+                                        host_ops=self.config.trace_host_ops)
             if self.capture.start():
                 self._state = "tracing"
                 return

@@ -158,19 +158,27 @@ def _merge(ms: list[TrialMetrics]) -> TrialMetrics:
         first.peak_memory_source,
         mean([m.energy_j_per_step for m in ms]),
         first.energy_source, steps, sum(m.wall_s for m in ms),
-        step_times_s=[t for m in ms for t in m.step_times_s])
+        step_times_s=[t for m in ms for t in m.step_times_s],
+        device_busy_kernels_fraction=next((m.device_busy_kernels_fraction for m in ms
+                                           if m.device_busy_kernels_fraction is not None), None),
+        device_busy_kernels_source=next((m.device_busy_kernels_source for m in ms
+                                         if m.device_busy_kernels_fraction is not None),
+                                        first.device_busy_kernels_source))
 
 
 def compare(factory: Factory, before: TunePlan, after: TunePlan, cfg: TuneConfig,
             ) -> tuple[TrialMetrics, TrialMetrics]:
     """Before and after, alternating ``cfg.rounds`` times; the first round also counts FLOPs
-    (MFU) and peak memory."""
+    (MFU) and peak memory, and on CUDA traces a few steps for the kernel-union device busy
+    (the CUDA-event span is an upper bound that a host-bound loop inflates)."""
     rows: dict[str, list[TrialMetrics]] = {"before": [], "after": []}
+    cuda = before.key.device.startswith("cuda")
     for r in range(cfg.rounds):
         for label, pl in (("before", before), ("after", after)):
             rows[label].append(measure(factory, pl, label, steps=cfg.steps_per_trial,
                                        warmup=cfg.warmup_steps,
-                                       count_flops=r == 0 and not pl.compile, memory=r == 0))
+                                       count_flops=r == 0 and not pl.compile, memory=r == 0,
+                                       trace=r == 0 and cuda))
     return _merge(rows["before"]), _merge(rows["after"])
 
 

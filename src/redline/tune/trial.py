@@ -8,6 +8,8 @@ report ``redline doctor`` prints, so before/after numbers are defined once (repo
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -45,6 +47,10 @@ class TrialMetrics:
     wall_s: float
     step_times_s: list[float] = field(default_factory=list)
     """Each measured step's wall seconds (for the significance test of a comparison)."""
+    device_busy_kernels_fraction: float | None = None
+    """Union of kernel intervals ÷ the traced window (1 − HTA's idle share), read from a short
+    device-only profiler trace: design §3's exact device busy. None when not traced."""
+    device_busy_kernels_source: str = "not traced for this trial"
 
 
 def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -86,15 +92,19 @@ def counted_peak(factory: Factory, plan: TunePlan) -> int:
 
 
 STEP_ONLY_BATCHES = 4
+TRACE_STEPS = 5
+"""Steps recorded by a trial's device trace (after 1 skipped and 1 warm-up profiler step)."""
 """Distinct batches cycled through by a step-only trial (host memory: 4 effective batches)."""
 
 
 def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup: int,
             count_flops: bool = False, memory: bool = False, step_only: bool = False,
-            ) -> TrialMetrics:
+            trace: bool = False) -> TrialMetrics:
     """Train ``warmup`` (+1 FLOP-counting) + ``steps`` optimizer steps with ``plan`` applied to a
     fresh setup, under a watch. ``step_only``: the batches are fetched from the plan's loader
-    before the watch starts and cycled, so the trial times the training step alone."""
+    before the watch starts and cycled, so the trial times the training step alone. ``trace``:
+    also record ``TRACE_STEPS`` steps with torch.profiler (device activity only on CUDA; those
+    steps are excluded from the statistics) for the kernel-union device busy."""
     s = fresh(factory)
     device = torch.device(s.device)
     loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, device)
@@ -114,9 +124,11 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
                   for b in itertools.cycle(host))
     rapl = RaplMeter()
     t0 = time.perf_counter()
+    trace_dir = tempfile.mkdtemp(prefix="redline-tune-trace-") if trace else None
     cfg = WatchConfig(warmup_steps=warmup, count_flops=count_flops, device=str(device),
-                      sample_interval_s=0.1)
-    total = warmup + int(count_flops) + steps
+                      sample_interval_s=0.1, trace_dir=trace_dir, trace_steps=TRACE_STEPS,
+                      trace_host_ops=False)
+    total = warmup + int(count_flops) + (TRACE_STEPS + 2 if trace else 0) + steps
     try:
         with warnings.catch_warnings(), Watch(cfg) as w:
             # The loader autotune may choose more workers than cores where that measured
@@ -143,7 +155,11 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
             del it
     finally:
         loop.close()
-    rep = w.report(show=False)
+    try:
+        rep = w.report(show=False)
+    finally:
+        if trace_dir is not None:
+            shutil.rmtree(trace_dir, ignore_errors=True)
     m = rep.measurements
     t = m.timing
     energy, esrc = None, ""
@@ -164,11 +180,20 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
         else:
             psrc = "not measured for this trial"
     busy = m.device_metrics.device_span_fraction
+    kbusy, ksrc = None, "not traced for this trial"
+    if rep.trace is not None:
+        if rep.trace.idle_pct is not None:
+            kbusy = 1.0 - rep.trace.idle_pct / 100.0
+            ksrc = (f"union of kernel intervals over {TRACE_STEPS} traced steps "
+                    f"({rep.trace.device_events} device events)")
+        else:
+            ksrc = f"unknown: {rep.trace.note}"
     return TrialMetrics(label, t.throughput_samples_per_s, t.step_time_p50_s,
                         m.fraction("data_wait") if t.steps_measured else None, busy,
                         m.mfu.mfu, peak, psrc, energy, esrc, t.steps_measured,
                         time.perf_counter() - t0,
-                        step_times_s=[r.step_s for r in w.measured_steps])
+                        step_times_s=[r.step_s for r in w.measured_steps],
+                        device_busy_kernels_fraction=kbusy, device_busy_kernels_source=ksrc)
 
 
 def probe_batch(setup: TrainSetup, device: torch.device, scan: int = 256,
