@@ -242,6 +242,38 @@ def test_compiled_model_under_watch_has_no_graph_breaks_from_redline() -> None:
     torch._dynamo.reset()
 
 
+def test_compiled_model_is_not_recompiled_when_warm_up_ends() -> None:
+    """After warm-up the watch trades its global module hooks for a wrapper on the root's
+    forward; Dynamo guards on both, so for a compiled model that cost a second compile (a
+    second full compile time on a GPU). With a compiled module seen, the hooks stay."""
+    import torch._dynamo
+
+    import redline
+
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm: torch.fx.GraphModule, example: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    compiled = torch.compile(model, backend=backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with redline.watch(warmup_steps=1, count_flops=False) as w:
+            for _ in range(6):
+                compiled(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    assert len(graphs) == 1
+    m = w.report(show=False).measurements
+    assert m.timing.steps_measured >= 4
+    assert m.fraction("forward") > 0  # the root forward is still timed, by the global hooks
+    torch._dynamo.reset()
+
+
 def test_optimizer_scan_survives_dead_weak_proxies() -> None:
     """The one-time scan for optimizers walks gc objects; a dead weakref.proxy among them
     (torch.compile leaves some) must not crash the user's first backward."""

@@ -433,7 +433,7 @@ def test_device_only_trace_gives_the_kernel_union_busy(tmp_path: Path) -> None:
     over every kernel then. Kernels of the fixture: [10,30] [35,55] [40,70] [90,100] [110,130]
     [160,180] [260,270] → busy 20+35+10+20+20+10 = 115 µs of a 260 µs window."""
     from redline.trace import analyze_paths
-    from tests.trace_fixtures import synthetic_events, write_trace
+    from trace_fixtures import synthetic_events, write_trace
 
     device_only = [e for e in synthetic_events()
                    if e["cat"] in ("kernel", "gpu_memcpy", "cuda_runtime", "ac2g")]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import gc
 import operator
+import sys
 import threading
 import time
 import warnings
@@ -112,6 +113,13 @@ class _TimedForward:
         return copy.deepcopy(self.orig, memo)
 
 
+def _optimized_module_type() -> type | None:
+    """torch.compile's module wrapper class, None while Dynamo is not imported (then no module
+    can be compiled yet, and importing it here would cost a second)."""
+    mod = sys.modules.get("torch._dynamo.eval_frame")
+    return getattr(mod, "OptimizedModule", None) if mod is not None else None
+
+
 def _restore_forward(m: torch.nn.Module, previous: Any) -> None:
     """Undo the forward wrapper: back to the instance's own forward, or to the class's."""
     if previous is not None:
@@ -150,6 +158,9 @@ class Instrumentation:
             weakref.WeakKeyDictionary()
         )
         self._global_handles: list[Any] = []
+        self._compiled_seen = False
+        """A torch.compile'd module ran during discovery: the global hooks stay (see
+        switch_to_roots)."""
         self._stack: ExitStack | None = None
         self._gc_scanned = False
         self.loaders: list[LoaderInfo] = []
@@ -261,6 +272,9 @@ class Instrumentation:
         """Global pre-hook, warm-up only: learns the outermost modules while timing them."""
         if _compiling() or threading.get_ident() != self._tid:
             return
+        if not self._compiled_seen:
+            compiled = _optimized_module_type()
+            self._compiled_seen = compiled is not None and isinstance(module, compiled)
         if self._depth == 0 and module not in self._roots:
             self._roots[module] = None
             param = next(module.parameters(), None)
@@ -301,7 +315,7 @@ class Instrumentation:
     @property
     def discovering(self) -> bool:
         """True while global module hooks are still looking for the root modules."""
-        return bool(self._global_handles)
+        return bool(self._global_handles) and not self._compiled_seen
 
     def switch_to_roots(self) -> None:
         """Replace the global module hooks by a timing wrapper on each root module's
@@ -310,8 +324,15 @@ class Instrumentation:
         A wrapper on the instance's ``forward`` keeps ``Module.__call__`` on its fast path (any
         hook sends it down the slow one, ~3 µs more per call here); it is removed on exit.
         Modules whose ``forward`` cannot be replaced (TorchScript) get forward hooks instead.
+
+        Where a torch.compile'd module ran, the global hooks stay for the whole watch: Dynamo
+        guards on the global hook dicts and on the module's ``forward``, so changing either
+        recompiles the model once more (a second full compile time). Inside compiled code the
+        hooks are traced away (they return early while Dynamo traces), so they cost only on
+        the eager modules left.
         """
-        if not self._global_handles or self._stack is None or not len(self._roots):
+        if (not self._global_handles or self._stack is None or not len(self._roots)
+                or self._compiled_seen):
             return
         self._remove_global()
         self._depth = 0
