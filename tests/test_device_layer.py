@@ -274,6 +274,36 @@ def test_compiled_model_is_not_recompiled_when_warm_up_ends() -> None:
     torch._dynamo.reset()
 
 
+def test_model_compiled_in_place_is_timed_from_outside() -> None:
+    """``model.compile()`` makes Module.__call__ run a compiled ``_call_impl``: the global
+    hooks then run inside Dynamo's frames and step aside, and the forward went unseen (its
+    time counted as 'other', its device work outside the step's segments). The watch wraps
+    the compiled callable from outside, and puts it back on exit."""
+    import torch._dynamo
+
+    import redline
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    model.compile(backend="eager")
+    compiled_impl = vars(model)["_compiled_call_impl"]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with redline.watch(warmup_steps=1, count_flops=False) as w:
+            for _ in range(6):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    m = w.report(show=False).measurements
+    assert m.timing.steps_measured >= 4
+    assert m.fraction("forward") > 0.05
+    assert m.counts["forward"] >= 5
+    assert m.precision.param_dtype == "fp32"
+    assert vars(model)["_compiled_call_impl"] is compiled_impl
+    torch._dynamo.reset()
+
+
 def test_optimizer_scan_survives_dead_weak_proxies() -> None:
     """The one-time scan for optimizers walks gc objects; a dead weakref.proxy among them
     (torch.compile leaves some) must not crash the user's first backward."""

@@ -331,8 +331,13 @@ class Instrumentation:
         hooks are traced away (they return early while Dynamo traces), so they cost only on
         the eager modules left.
         """
-        if (not self._global_handles or self._stack is None or not len(self._roots)
-                or self._compiled_seen):
+        if not self._global_handles or self._stack is None or self._compiled_seen:
+            return
+        if not len(self._roots):
+            # A whole step ran and no module forward was seen outside compiled code: a model
+            # compiled in place (``model.compile()``) runs its hooks inside Dynamo's frames,
+            # where they step aside. Time those modules from outside instead.
+            self._time_compiled_in_place()
             return
         self._remove_global()
         self._depth = 0
@@ -351,6 +356,34 @@ class Instrumentation:
                     always_call=True).remove)
                 continue
             self._stack.callback(_restore_forward, m, orig if had else None)
+
+    def _time_compiled_in_place(self) -> None:
+        """Find modules compiled in place (``Module.compile()`` sets ``_compiled_call_impl``,
+        which ``Module.__call__`` calls instead of the hooks' path) and wrap that callable on
+        the outermost ones, outside the compiled code. Once, by a scan of live objects (as for
+        optimizers built before the watch); the global hooks stay, or Dynamo recompiles."""
+        self._compiled_seen = True
+        assert self._stack is not None
+        found: list[torch.nn.Module] = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for obj in gc.get_objects():
+                if issubclass(type(obj), torch.nn.Module) and \
+                        vars(obj).get("_compiled_call_impl") is not None:
+                    found.append(obj)
+        inner = {id(sub) for m in found for sub in m.modules() if sub is not m}
+        for m in found:
+            if id(m) in inner:
+                continue
+            orig = vars(m)["_compiled_call_impl"]
+            object.__setattr__(m, "_compiled_call_impl",
+                               _TimedForward(orig, self._enter_root, self._exit_root, self._tid))
+            self._stack.callback(object.__setattr__, m, "_compiled_call_impl", orig)
+            self._roots[m] = None
+            param = next(m.parameters(), None)
+            if param is not None:
+                assert self.precision.param_dtypes is not None
+                self.precision.param_dtypes[_short_dtype(param.dtype)] += 1
 
     def step_closed(self) -> None:
         """Called at each step end: no forward can be in flight then."""
