@@ -3,7 +3,8 @@
 # on the lm workload, then `redline demo` naive → tuned on both built-in workloads, on the GPU.
 # Meant for a lent GPU machine whose image has PyTorch but not every redline dependency: wheels
 # for the missing ones (orjson, ijson, lmdb) travel in .whl/ (docs/tune.md, "Checking on a
-# GPU"). Writes logs under $OUT (or ./gpu-out when $OUT is unset). About 3-4 minutes on an H200.
+# GPU"). Writes logs under $OUT (or ./gpu-out when $OUT is unset). About 3-5 minutes on an H200;
+# give the device call a timeout of ~540 s.
 #
 #   bash benchmarks/gpu_session.sh
 set -u
@@ -22,7 +23,8 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 timeout 180 python3 benchmarks/gpu_check.py 2>&1 | tee "$OUT/gpu_check.txt"
 timeout 150 python3 -m redline.cli.main tune benchmarks/tune_lm_setup.py --run-steps 100000 \
   --plan "$OUT/plan_lm.json" --fresh 2>&1 | tee "$OUT/tune_lm_compile.txt"
+# vision: the loader autotune may now ramp past 6 workers on 16 cores (whole-epoch trials).
 for w in vision lm; do
-  timeout 120 python3 -m redline.cli.main demo --workload "$w" --steps 40 \
+  timeout 240 python3 -m redline.cli.main demo --workload "$w" --steps 40 \
     --json "$OUT/demo_$w.json" 2>&1 | tee "$OUT/demo_$w.txt"
 done
