@@ -21,6 +21,25 @@ def test_vision_workload_decodes_and_learns_shapes() -> None:
     assert loss == loss and loss > 0  # finite
 
 
+def test_vision_large_is_resnet50_on_the_same_naive_loop() -> None:
+    """GPU-sized vision: torchvision's resnet50(num_classes=10) has 23,528,522 parameters;
+    the loop stays naive (no workers, 16 × 4, fp32) so the tuner has the same path to walk."""
+    from redline.workloads import WORKLOADS, vision_large_config
+
+    cfg = vision_large_config()
+    assert (cfg.model, cfg.crop, cfg.num_workers, cfg.batch_size,
+            cfg.accumulation_steps) == ("resnet50", 160, 0, 16, 4)
+    small = VisionConfig(model="resnet50", num_images=2, length=4, batch_size=2, crop=32,
+                         accumulation_steps=1)
+    w = build_vision(small)
+    assert w.name == "vision-large"
+    assert sum(p.numel() for p in w.model.parameters()) == 23_528_522
+    assert train(w, 1) > 0
+    assert "vision-large" in WORKLOADS
+    with pytest.raises(ValueError, match="resnet50"):
+        VisionConfig(model="vgg")
+
+
 def test_lm_workload_loss_decreases() -> None:
     w = build_lm(LMConfig(sequences=64, seq_len=32, batch_size=8, lr=3e-3))
     first = train(w, 1)

@@ -64,6 +64,10 @@ def run_demo(workload: str = "vision", steps: int = 30, json_path: str | None = 
     device = torch.device("cuda" if torch.cuda.is_available() and simulated is None else "cpu")
     w = build(device)
     where = simulated.label() if simulated else str(device)
+    if show and workload == "vision-large" and device.type == "cpu":
+        print("redline demo: note: vision-large (ResNet-50 on 160-pixel crops) is sized for a "
+              "GPU; on a CPU each step takes seconds. 'vision' is the CPU-sized workload.",
+              flush=True)
     if show:
         print(f"redline demo: training the built-in '{workload}' workload on {where} with its "
               f"naive defaults (num_workers=0, micro-batch {w.loader.batch_size} × "

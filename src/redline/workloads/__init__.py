@@ -1,4 +1,4 @@
-"""Built-in workloads (no download): ``vision`` and ``lm``."""
+"""Built-in workloads (no download): ``vision``, ``vision-large`` (for GPUs) and ``lm``."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import torch
 
 from redline.workloads.base import Workload, train
 from redline.workloads.lm import LMConfig, build_lm
-from redline.workloads.vision import VisionConfig, build_vision
+from redline.workloads.vision import VisionConfig, build_vision, vision_large_config
 
 WORKLOADS: dict[str, Callable[[torch.device], Workload]] = {
     "vision": lambda dev: build_vision(VisionConfig(), dev),
+    "vision-large": lambda dev: build_vision(vision_large_config(), dev),
     "lm": lambda dev: build_lm(LMConfig(), dev),
 }
 """Name → builder of the naive default configuration."""
 
 __all__ = ["WORKLOADS", "LMConfig", "VisionConfig", "Workload", "build_lm", "build_vision",
-           "train"]
+           "train", "vision_large_config"]

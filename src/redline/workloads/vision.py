@@ -1,4 +1,5 @@
-"""``vision``: a small CNN on synthetic JPEGs decoded and augmented per sample with Pillow.
+"""``vision``: a small CNN on synthetic JPEGs decoded and augmented per sample with Pillow
+(``vision-large``: ResNet-50 on the same data, for GPUs).
 
 The JPEGs are made once, in memory (no download); every ``__getitem__`` decodes one, takes a
 random resized crop, maybe flips it and normalizes it, which is real CPU preprocessing of the
@@ -21,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from redline.workloads.base import Workload
+from redline.workloads.resnet import ResNet50
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
@@ -49,6 +51,10 @@ class VisionConfig:
     prefetch_factor: int | None = None
     lr: float = 0.05
     seed: int = 0
+    model: str = "small"
+    """'small': three conv blocks, sized for a CPU demo. 'resnet50': ResNet-50, sized for a GPU
+    (the ``vision-large`` workload): a fast GPU finishes the small CNN before the CPUs can
+    decode its next batch, so only a GPU-sized model shows what tuning does to device busy."""
 
     def __post_init__(self) -> None:
         if self.accumulation_steps < 1:
@@ -59,6 +65,8 @@ class VisionConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.model not in ("small", "resnet50"):
+            raise ValueError(f"model must be 'small' or 'resnet50', got {self.model!r}")
 
 
 def _make_jpeg(rng: np.random.Generator, w: int, h: int, quality: int) -> bytes:
@@ -163,6 +171,13 @@ def build_vision(cfg: VisionConfig | None = None, device: torch.device | None = 
             kw["prefetch_factor"] = cfg.prefetch_factor
     loader = DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
                         num_workers=cfg.num_workers, pin_memory=cfg.pin_memory, **kw)
-    model = SmallCNN().to(device)
+    model = (SmallCNN() if cfg.model == "small" else ResNet50()).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    return Workload("vision", model, loader, opt, _loss, device, cfg.accumulation_steps)
+    name = "vision" if cfg.model == "small" else "vision-large"
+    return Workload(name, model, loader, opt, _loss, device, cfg.accumulation_steps)
+
+
+def vision_large_config() -> VisionConfig:
+    """The ``vision-large`` preset: ResNet-50 on 160-pixel crops of the same JPEGs, with the
+    same naive loop (no workers, 16 × 4 accumulation, fp32); sized for a GPU."""
+    return VisionConfig(model="resnet50", crop=160)
