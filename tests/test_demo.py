@@ -29,6 +29,16 @@ def test_vision_large_is_resnet50_on_the_same_naive_loop() -> None:
     cfg = vision_large_config()
     assert (cfg.model, cfg.crop, cfg.num_workers, cfg.batch_size,
             cfg.accumulation_steps) == ("resnet50", 160, 0, 16, 4)
+    # trainable in fp32 and bf16 alike: the tuner's numerics guard must be able to say yes
+    from redline.tune.precision import check_numerics
+
+    w = build_vision(VisionConfig(model="resnet50", num_images=8, length=96, batch_size=16,
+                                  crop=48, accumulation_steps=1, lr=cfg.lr))
+    it = iter(w.loader)
+    check = check_numerics(w.model, w.optimizer, [next(it) for _ in range(4)], 16,
+                           lambda m, b: w.loss_fn(m, b, w.device), "bf16", torch.device("cpu"))
+    assert check.passed, check.reason
+    assert max(check.grad_norm_fp32) < 50
     small = VisionConfig(model="resnet50", num_images=2, length=4, batch_size=2, crop=32,
                          accumulation_steps=1)
     w = build_vision(small)
