@@ -28,7 +28,7 @@ def test_vision_large_is_resnet50_on_the_same_naive_loop() -> None:
 
     cfg = vision_large_config()
     assert (cfg.model, cfg.crop, cfg.num_workers, cfg.batch_size,
-            cfg.accumulation_steps) == ("resnet50", 160, 0, 16, 4)
+            cfg.accumulation_steps) == ("resnet50", 224, 0, 16, 4)
     # trainable in fp32 and bf16 alike: the tuner's numerics guard must be able to say yes
     from redline.tune.precision import check_numerics
 

@@ -65,7 +65,7 @@ def run_demo(workload: str = "vision", steps: int = 30, json_path: str | None = 
     w = build(device)
     where = simulated.label() if simulated else str(device)
     if show and workload == "vision-large" and device.type == "cpu":
-        print("redline demo: note: vision-large (ResNet-50 on 160-pixel crops) is sized for a "
+        print("redline demo: note: vision-large (ResNet-50 on 224-pixel crops) is sized for a "
               "GPU; on a CPU each step takes seconds. 'vision' is the CPU-sized workload.",
               flush=True)
     if show:
