@@ -161,6 +161,7 @@ class Instrumentation:
         self._compiled_seen = False
         """A torch.compile'd module ran during discovery: the global hooks stay (see
         switch_to_roots)."""
+        self._scanned_for_compiled = False
         self._stack: ExitStack | None = None
         self._gc_scanned = False
         self.loaders: list[LoaderInfo] = []
@@ -336,8 +337,10 @@ class Instrumentation:
         if not len(self._roots):
             # A whole step ran and no module forward was seen outside compiled code: a model
             # compiled in place (``model.compile()``) runs its hooks inside Dynamo's frames,
-            # where they step aside. Time those modules from outside instead.
-            self._time_compiled_in_place()
+            # where they step aside. Time those modules from outside instead (one scan; a loop
+            # with no module at all keeps the global hooks, as before).
+            if not self._scanned_for_compiled:
+                self._time_compiled_in_place()
             return
         self._remove_global()
         self._depth = 0
@@ -362,7 +365,7 @@ class Instrumentation:
         which ``Module.__call__`` calls instead of the hooks' path) and wrap that callable on
         the outermost ones, outside the compiled code. Once, by a scan of live objects (as for
         optimizers built before the watch); the global hooks stay, or Dynamo recompiles."""
-        self._compiled_seen = True
+        self._scanned_for_compiled = True
         assert self._stack is not None
         found: list[torch.nn.Module] = []
         with warnings.catch_warnings():
@@ -380,6 +383,7 @@ class Instrumentation:
                                _TimedForward(orig, self._enter_root, self._exit_root, self._tid))
             self._stack.callback(object.__setattr__, m, "_compiled_call_impl", orig)
             self._roots[m] = None
+            self._compiled_seen = True
             param = next(m.parameters(), None)
             if param is not None:
                 assert self.precision.param_dtypes is not None
