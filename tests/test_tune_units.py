@@ -426,6 +426,24 @@ def test_traced_trial_keeps_its_measured_steps_and_says_why_busy_is_unknown(
     assert plain.device_busy_kernels_source == "not traced for this trial"
     assert not list(tmp_path.glob("redline-tune-trace-*"))  # the trace folder is gone
 
+    calls = [0]
+
+    def failing() -> TrainSetup:
+        s = factory()
+
+        def loss(mm: nn.Module, b: Any) -> torch.Tensor:
+            calls[0] += 1
+            if calls[0] == 4:
+                raise RuntimeError("the user's loss failed")
+            return nn.functional.cross_entropy(mm(b[0]), b[1])
+
+        s.loss_fn = loss
+        return s
+
+    with pytest.raises(RuntimeError, match="loss failed"):
+        measure(failing, plan, "failing", steps=4, warmup=1, trace=True)
+    assert not list(tmp_path.glob("redline-tune-trace-*"))  # gone when the trial fails too
+
 
 def test_device_only_trace_gives_the_kernel_union_busy(tmp_path: Path) -> None:
     """``redline tune`` traces CUDA activity only (no host operators, so a host-bound loop

@@ -92,9 +92,10 @@ def counted_peak(factory: Factory, plan: TunePlan) -> int:
 
 
 STEP_ONLY_BATCHES = 4
+"""Distinct batches cycled through by a step-only trial (host memory: 4 effective batches)."""
+
 TRACE_STEPS = 5
 """Steps recorded by a trial's device trace (after 1 skipped and 1 warm-up profiler step)."""
-"""Distinct batches cycled through by a step-only trial (host memory: 4 effective batches)."""
 
 
 def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup: int,
@@ -130,33 +131,12 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
                       trace_host_ops=False)
     total = warmup + int(count_flops) + (TRACE_STEPS + 2 if trace else 0) + steps
     try:
-        with warnings.catch_warnings(), Watch(cfg) as w:
-            # The loader autotune may choose more workers than cores where that measured
-            # faster (fetches that wait); torch's advice against it is settled by measurement.
-            warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-            # A list is not a DataLoader: wrap() times and counts its batches the same way.
-            it = w.wrap(source) if step_only else endless(source)
-            rapl_on = False
-            for i in range(total):
-                if i == total - steps:
-                    rapl_on = rapl.start()
-                    t_rapl = time.perf_counter()
-                loop.step(next(it))
-            # Where no DataLoader marks the first step, the watch learns the step from the
-            # second optimizer step and counts the first as warm-up: top up to ``steps``.
-            rapl_steps = steps
-            for _ in range(2):
-                if len(w.measured_steps) >= steps:
-                    break
-                loop.step(next(it))
-                rapl_steps += 1
-            joules = rapl.joules() if rapl_on else None
-            rapl_s = time.perf_counter() - t_rapl
-            del it
-    finally:
-        loop.close()
-    try:
-        rep = w.report(show=False)
+        try:
+            w, joules, rapl_steps, rapl_s = _train_watched(
+                loop, source, cfg, total, steps, step_only, rapl)
+        finally:
+            loop.close()
+        rep = w.report(show=False)  # reads the trace, if one was recorded
     finally:
         if trace_dir is not None:
             shutil.rmtree(trace_dir, ignore_errors=True)
@@ -194,6 +174,37 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
                         time.perf_counter() - t0,
                         step_times_s=[r.step_s for r in w.measured_steps],
                         device_busy_kernels_fraction=kbusy, device_busy_kernels_source=ksrc)
+
+
+def _train_watched(loop: TunedLoop, source: Any, cfg: WatchConfig, total: int, steps: int,
+                   step_only: bool, rapl: RaplMeter) -> tuple[Watch, float | None, int, float]:
+    """Run ``total`` steps under a watch: (the watch, RAPL joules of the measured steps or
+    None, how many steps those joules cover, over how many seconds)."""
+    with warnings.catch_warnings(), Watch(cfg) as w:
+        # The loader autotune may choose more workers than cores where that measured
+        # faster (fetches that wait); torch's advice against it is settled by measurement.
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        # A list is not a DataLoader: wrap() times and counts its batches the same way.
+        it = w.wrap(source) if step_only else endless(source)
+        rapl_on = False
+        t_rapl = time.perf_counter()
+        for i in range(total):
+            if i == total - steps:
+                rapl_on = rapl.start()
+                t_rapl = time.perf_counter()
+            loop.step(next(it))
+        # Where no DataLoader marks the first step, the watch learns the step from the
+        # second optimizer step and counts the first as warm-up: top up to ``steps``.
+        rapl_steps = steps
+        for _ in range(2):
+            if len(w.measured_steps) >= steps:
+                break
+            loop.step(next(it))
+            rapl_steps += 1
+        joules = rapl.joules() if rapl_on else None
+        rapl_s = time.perf_counter() - t_rapl
+        del it
+    return w, joules, rapl_steps, rapl_s
 
 
 def probe_batch(setup: TrainSetup, device: torch.device, scan: int = 256,
