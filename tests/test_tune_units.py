@@ -459,3 +459,51 @@ def test_device_only_trace_gives_the_kernel_union_busy(tmp_path: Path) -> None:
     assert r.temporal is not None
     assert r.temporal.window_us == pytest.approx(260.0)
     assert 1 - r.temporal.pct(r.temporal.idle_us) / 100 == pytest.approx(115 / 260)
+
+
+def _after(wait: float | None, kernels: float | None, span: float | None) -> Any:
+    from redline.tune.trial import TrialMetrics
+
+    return TrialMetrics("after", 1000.0, 0.01, wait, span, None, None, "", None, "", 10, 1.0,
+                        device_busy_kernels_fraction=kernels)
+
+
+def test_remaining_limits_say_which_bottleneck_is_left() -> None:
+    from redline.tune.limits import remaining_limits
+
+    def ids(wait: float | None, kernels: float | None, span: float | None) -> list[str]:
+        return [lim.id for lim in remaining_limits(_after(wait, kernels, span))]
+
+    # the H200 vision demo's shape: no data wait left, the span near 90 %, kernels far below
+    host = remaining_limits(_after(0.022, 0.40, 0.856))
+    assert [lim.id for lim in host] == ["host_bound"]
+    assert "40%" in host[0].evidence and "86%" in host[0].evidence
+    assert "reduce-overhead" in host[0].next_step
+    assert ids(0.01, 0.95, 0.97) == ["device_bound"]
+    assert ids(0.30, 0.35, 0.40) == ["data_bound"]  # waiting for data explains the idle device
+    assert ids(0.01, 0.60, 0.62) == ["host_bound"]  # idle between the step's device work
+    assert ids(0.01, 0.85, 0.88) == []  # nothing clear enough to name
+    assert ids(0.01, None, None) == []  # CPU: nothing is guessed about a device
+    assert ids(0.20, None, None) == ["data_bound"]
+    assert ids(None, None, None) == []
+
+
+def test_tune_table_prints_what_still_limits() -> None:
+    import io
+
+    from rich.console import Console
+
+    from redline.report.tune_render import render
+    from redline.tune.limits import remaining_limits
+    from redline.tune.path import Projection, TuneResult
+
+    after = _after(0.022, 0.40, 0.856)
+    proj = Projection(10_000, 100.0, None, None)
+    res = TuneResult(TunePlan(key=_key(), effective_batch=64, micro_batch=64),
+                     _after(0.86, 0.10, 0.13), after, proj, proj, "default", None,
+                     limits=remaining_limits(after))
+    buf = io.StringIO()
+    render(res, console=Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "still limited: host_bound" in text
+    assert "device busy (kernels)" in text and "40.0%" in text

@@ -85,6 +85,9 @@ def render(r: TuneResult, console: Console | None = None, label: str | None = No
         t.add_row(*row)
     console.print(t)
     console.print(f"run length: {r.run_steps_source}")
+    for lim in r.limits:
+        console.print(f"still limited: {lim.id} — {lim.evidence}; next: {lim.next_step}",
+                      markup=False)
     d = Table(title="decisions, in path order", title_justify="left", show_lines=False)
     d.add_column("step")
     d.add_column("kept")

@@ -22,6 +22,7 @@ from redline.data.autotune import autotune_loader, rebuild_factory
 from redline.data.prefetcher import map_tensors
 from redline.tune.batch_finder import BatchSearch, find_batch_size
 from redline.tune.kernels import AttentionSite, find_unfused_attention, has_conv2d, optimizer_impls
+from redline.tune.limits import Limit, remaining_limits
 from redline.tune.plan import PlanKey, PlanStore, TunePlan, plan_key
 from redline.tune.precision import (
     NumericsCheck,
@@ -120,6 +121,8 @@ class TuneResult:
     """Path of the remembered plan that was reused, if one was."""
     plan_path: str | None = None
     seconds: float = 0.0
+    limits: list[Limit] = field(default_factory=list)
+    """What still limits the tuned step (:func:`redline.tune.limits.remaining_limits`)."""
 
     @property
     def speedup(self) -> float | None:
@@ -507,4 +510,4 @@ def tune(factory: Factory, config: TuneConfig | None = None,
                       project(after, p.run_steps, cfg.price_per_device_hour),
                       p.run_steps_source, cfg.price_per_device_hour, search, checks, sites,
                       str(store.path(p.key)) if reused is not None else None, path_str,
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, remaining_limits(after))
