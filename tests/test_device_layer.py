@@ -242,13 +242,28 @@ def test_compiled_model_under_watch_has_no_graph_breaks_from_redline() -> None:
     torch._dynamo.reset()
 
 
+def _watch_six_steps(call: Any, model: nn.Module) -> Any:
+    """Six SGD steps of ``call`` (the model, compiled one way or another) under a watch with
+    one warm-up step; the measurements."""
+    import redline
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with redline.watch(warmup_steps=1, count_flops=False) as w:
+            for _ in range(6):
+                call(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    return w.report(show=False).measurements
+
+
 def test_compiled_model_is_not_recompiled_when_warm_up_ends() -> None:
     """After warm-up the watch trades its global module hooks for a wrapper on the root's
     forward; Dynamo guards on both, so for a compiled model that cost a second compile (a
     second full compile time on a GPU). With a compiled module seen, the hooks stay."""
     import torch._dynamo
 
-    import redline
 
     torch._dynamo.reset()
     graphs = []
@@ -259,16 +274,8 @@ def test_compiled_model_is_not_recompiled_when_warm_up_ends() -> None:
 
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
     compiled = torch.compile(model, backend=backend)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with redline.watch(warmup_steps=1, count_flops=False) as w:
-            for _ in range(6):
-                compiled(torch.randn(4, 8)).sum().backward()
-                opt.step()
-                opt.zero_grad()
+    m = _watch_six_steps(compiled, model)
     assert len(graphs) == 1
-    m = w.report(show=False).measurements
     assert m.timing.steps_measured >= 4
     assert m.fraction("forward") > 0  # the root forward is still timed, by the global hooks
     torch._dynamo.reset()
@@ -281,21 +288,12 @@ def test_model_compiled_in_place_is_timed_from_outside() -> None:
     the compiled callable from outside, and puts it back on exit."""
     import torch._dynamo
 
-    import redline
 
     torch._dynamo.reset()
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
     model.compile(backend="eager")
     compiled_impl = vars(model)["_compiled_call_impl"]
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with redline.watch(warmup_steps=1, count_flops=False) as w:
-            for _ in range(6):
-                model(torch.randn(4, 8)).sum().backward()
-                opt.step()
-                opt.zero_grad()
-    m = w.report(show=False).measurements
+    m = _watch_six_steps(model, model)
     assert m.timing.steps_measured >= 4
     assert m.fraction("forward") > 0.05
     assert m.counts["forward"] >= 5
