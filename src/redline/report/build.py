@@ -11,6 +11,7 @@ import torch
 
 from redline._version import __version__
 from redline.diagnose.engine import diagnose, rank
+from redline.diagnose.thresholds import DATA_WAIT_MIN_FRACTION
 from redline.measure.mfu import compute_mfu
 from redline.measure.peaks import peak_flops
 from redline.measure.system import cpu_budget, cpu_flags, shm_info
@@ -81,10 +82,32 @@ def _breakdown(steps: list[StepRecord]) -> list[PhaseShare]:
     total = sum(s.step_s for s in steps)
     out = []
     for ph in (*PHASES, "other"):
-        v = (sum(s.other_s for s in steps) if ph == "other"
-             else sum(s.phases[PHASES.index(ph)] for s in steps))
-        out.append(PhaseShare(ph, v / n if n else 0.0, v / total if total > 0 else 0.0))
+        per = ([s.other_s for s in steps] if ph == "other"
+               else [s.phases[PHASES.index(ph)] for s in steps])
+        v = sum(per)
+        trimmed = None
+        if n >= 3:
+            k = max(range(n), key=per.__getitem__)
+            rest = total - steps[k].step_s
+            trimmed = (v - per[k]) / rest if rest > 0 else None
+        out.append(PhaseShare(ph, v / n if n else 0.0, v / total if total > 0 else 0.0,
+                              trimmed))
     return out
+
+
+def _stall_notes(breakdown: list[PhaseShare], steps: list[StepRecord]) -> list[str]:
+    """Say so when one step's data wait alone crosses the data-starvation threshold: the
+    breakdown shows it, the rule does not fire on it, and the user should know why."""
+    dw = next(p for p in breakdown if p.phase == "data_wait")
+    if (dw.fraction_without_slowest is None or dw.fraction < DATA_WAIT_MIN_FRACTION
+            or dw.fraction_without_slowest >= DATA_WAIT_MIN_FRACTION):
+        return []
+    worst = max(steps, key=lambda s: s.phases[DATA_WAIT])
+    return [f"One fetch made most of the data wait: step {worst.index} waited "
+            f"{worst.phases[DATA_WAIT] * 1e3:,.1f} ms for its batch; without that step the loop waits "
+            f"{dw.fraction_without_slowest:.1%} of the time, not {dw.fraction:.1%}. A stall "
+            "(a GC pause, a preempted or cold read), not starvation: no data finding is raised "
+            "on it; measure more steps if it recurs."]
 
 
 def _precision(w: Watch, dev: DeviceInfo) -> PrecisionInfo:
@@ -132,6 +155,7 @@ def build_measurements(w: Watch) -> Measurements:
     assert inst is not None
     timing = _timing(w, steps)
     breakdown = _breakdown(steps)
+    notes += _stall_notes(breakdown, steps)
     budget = cpu_budget()
     shm = shm_info()
     win = w.cpu_window

@@ -73,6 +73,10 @@ class PhaseShare:
     """Mean host seconds per measured step, exclusive of nested phases."""
     fraction: float
     """Share of total measured step time, 0..1."""
+    fraction_without_slowest: float | None = None
+    """The share with the one step where this phase took longest left out (that whole step):
+    a single outlier — a GC pause, a preempted fetch, a cold read — moves ``fraction`` but not
+    this. None with fewer than 3 measured steps."""
 
 
 @dataclass(slots=True)
@@ -208,6 +212,9 @@ class Measurements:
             if p.phase == phase:
                 return p.fraction
         return 0.0
+
+    def share(self, phase: str) -> PhaseShare | None:
+        return next((p for p in self.breakdown if p.phase == phase), None)
 
 
 @dataclass(slots=True)
