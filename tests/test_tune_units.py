@@ -507,3 +507,64 @@ def test_tune_table_prints_what_still_limits() -> None:
     text = buf.getvalue()
     assert "still limited: host_bound" in text
     assert "device busy (kernels)" in text and "40.0%" in text
+
+
+class _SlowFetch(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Each sample takes 10 ms to fetch (sleeping, as storage does): a batch of 4 is 40 ms per
+    worker, so 2 workers make 200 samples/s."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import time
+
+        time.sleep(0.01)
+        return torch.ones(8), torch.tensor(i % 2)
+
+
+def test_end_to_end_trials_are_not_served_from_a_full_queue() -> None:
+    """The first steps of a trial are slow (lazy init, allocator, cuDNN); the workers fill
+    their queues meanwhile, and steps timed right after them ran at the step's own speed (the
+    H200 read 16,700 samples/s from 10 workers that make ~5,000). The measured window starts
+    at a fresh epoch and spans three queue-lengths, or whole epochs when they are short."""
+    import time
+
+    from torch.utils.data import DataLoader
+
+    from redline.tune.setup import TrainSetup
+    from redline.tune.trial import measure, measured_window
+
+    def factory(n: int) -> Any:
+        def make() -> TrainSetup:
+            torch.manual_seed(0)
+            m = nn.Linear(8, 2)
+            calls = [0]
+
+            def loss(mm: nn.Module, b: Any) -> torch.Tensor:
+                calls[0] += 1
+                if calls[0] <= 2:
+                    time.sleep(0.4)  # slow first steps: the workers fill their queues
+                return nn.functional.cross_entropy(mm(b[0]), b[1])
+
+            return TrainSetup(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1),
+                              loader=DataLoader(_SlowFetch(n), batch_size=4), loss_fn=loss)
+        return make
+
+    plan = TunePlan(key=_key(), effective_batch=4, micro_batch=4, num_workers=2,
+                    prefetch_factor=2, persistent_workers=True)
+    assert measured_window(plan, 1000, 6) == (12, True)  # 3 × (2 workers × prefetch 2)
+    assert measured_window(plan, 16, 6) == (16, True)  # a short epoch: timed whole
+    no_workers = TunePlan(key=_key(), effective_batch=4, micro_batch=4)
+    assert measured_window(no_workers, 16, 6) == (6, False)
+    # warm-up 3: the two slow steps, then the step in which the new epoch begins
+    long = measure(factory(4000), plan, "long epochs", steps=6, warmup=3)
+    assert long.steps == 12
+    assert long.throughput_samples_per_s == pytest.approx(200, rel=0.3)
+    short = measure(factory(64), plan, "16-batch epochs", steps=6, warmup=3)
+    assert short.steps == 16
+    # one epoch start per 16 batches: 8 rounds of 40 ms, the first waited for → ~200 samples/s
+    assert short.throughput_samples_per_s == pytest.approx(200, rel=0.3)

@@ -160,7 +160,7 @@ def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                 it = iter(loader)
                 return next(it)
 
-        epoch = _epoch_batches(loader)
+        epoch = epoch_batches(loader)
         whole = 0
         if epoch is not None:
             if whole_epochs is None:
@@ -192,7 +192,7 @@ def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                  timed_batches=batches, whole_epochs=whole)
 
 
-def _epoch_batches(loader: Any) -> int | None:
+def epoch_batches(loader: Any) -> int | None:
     """Batches per epoch, None when the loader cannot say (an IterableDataset)."""
     try:
         n = len(loader)
@@ -240,7 +240,7 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     plan = LoaderPlan(LoaderSettings(torch_threads=max(1, int(budget))), consume_s)
     # One window rule for every trial (see measure): whole epochs when the deepest queue this
     # search may try (cap workers × prefetch 4) would leave no room inside an epoch.
-    epoch = _epoch_batches(make_loader(LoaderSettings()))
+    epoch = epoch_batches(make_loader(LoaderSettings()))
     whole = epoch is not None and epoch < cap * 4 + 1 + MIN_TIMED_BATCHES
 
     def measure_(s: LoaderSettings) -> Trial:

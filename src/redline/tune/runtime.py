@@ -98,9 +98,7 @@ class TunedLoop:
                                   persistent_workers=plan.persistent_workers)
         base = rebuild_factory(loader, batch_size=plan.effective_batch)(settings)
         self.dataloader = base
-        self.loader: Iterable[Any] = (DevicePrefetcher(base, device)
-                                      if plan.prefetch_to_device and device.type == "cuda"
-                                      else _OnDevice(base, device))
+        self.loader: Iterable[Any] = self.on_device(base)
         if plan.channels_last:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.model: torch.nn.Module = model
@@ -115,6 +113,13 @@ class TunedLoop:
         if plan.torch_threads is not None:
             self._threads = torch.get_num_threads()
             torch.set_num_threads(plan.torch_threads)
+
+    def on_device(self, batches: Iterable[Any]) -> Iterable[Any]:
+        """``batches`` (a loader, or one epoch's iterator of it) delivered on the device the
+        way ``loader`` delivers them."""
+        if self.plan.prefetch_to_device and self.device.type == "cuda":
+            return DevicePrefetcher(batches, self.device)
+        return _OnDevice(batches, self.device)
 
     def step(self, batch: Any, micro_batch: int | None = None) -> torch.Tensor:
         """One optimizer step over an effective batch; returns its mean loss (detached, on

@@ -8,6 +8,7 @@ report ``redline doctor`` prints, so before/after numbers are defined once (repo
 from __future__ import annotations
 
 import itertools
+import math
 import shutil
 import tempfile
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from redline.data.autotune import epoch_batches
 from redline.measure.config import WatchConfig
 from redline.measure.rapl import RaplMeter
 from redline.measure.watch import Watch
@@ -97,13 +99,37 @@ STEP_ONLY_BATCHES = 4
 TRACE_STEPS = 5
 """Steps recorded by a trial's device trace (after 1 skipped and 1 warm-up profiler step)."""
 
+WHOLE_EPOCH_MAX_STEPS = 64
+"""End-to-end trials with loader workers time whole epochs when an epoch has at most 64
+effective batches (see ``measured_window``)."""
+
+
+def measured_window(plan: TunePlan, epoch: int | None, steps: int) -> tuple[int, bool]:
+    """(measured steps, restart the epoch before them) of an end-to-end trial.
+
+    With workers, batches arrive in bursts (every worker finishes one at about the same time)
+    and the queues (workers × prefetch_factor batches) fill while the first, slow steps run:
+    a few steps timed after them are served from the queue at the step's own speed. On the
+    H200 six such steps read the tuned vision demo at 16,700 samples/s where its 10 decode
+    workers make ~5,000. So the window starts at a fresh epoch (empty queues; warm workers and
+    model) and spans whole epochs where they are short — each with its one refill, as training
+    pays it — else at least three queue-lengths of steps. Without workers nothing queues."""
+    q = plan.num_workers * (plan.prefetch_factor or 2) if plan.num_workers else 0
+    if q == 0:
+        return steps, False
+    if epoch is not None and epoch <= WHOLE_EPOCH_MAX_STEPS:
+        return math.ceil(max(steps, q + 1) / epoch) * epoch, True
+    return max(steps, 3 * q), True
+
 
 def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup: int,
             count_flops: bool = False, memory: bool = False, step_only: bool = False,
             trace: bool = False) -> TrialMetrics:
     """Train ``warmup`` (+1 FLOP-counting) + ``steps`` optimizer steps with ``plan`` applied to a
-    fresh setup, under a watch. ``step_only``: the batches are fetched from the plan's loader
-    before the watch starts and cycled, so the trial times the training step alone. ``trace``:
+    fresh setup, under a watch (end to end with loader workers, the measured window may be
+    longer and starts at a fresh epoch: :func:`measured_window`). ``step_only``: the batches
+    are fetched from the plan's loader before the watch starts and cycled, so the trial times
+    the training step alone. ``trace``:
     also record ``TRACE_STEPS`` steps with torch.profiler (device activity only on CUDA; those
     steps are excluded from the statistics) for the kernel-union device busy."""
     s = fresh(factory)
@@ -123,17 +149,21 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
                 for b in itertools.islice(endless(plain), STEP_ONLY_BATCHES)]
         source = (map_tensors(b, lambda t: t.to(device, non_blocking=True))
                   for b in itertools.cycle(host))
+    measured, restart = (steps, False) if step_only else measured_window(
+        plan, epoch_batches(loop.dataloader), steps)
+    if restart:
+        warmup = max(1, warmup)  # the new epoch is begun inside the last excluded step
     rapl = RaplMeter()
     t0 = time.perf_counter()
     trace_dir = tempfile.mkdtemp(prefix="redline-tune-trace-") if trace else None
     cfg = WatchConfig(warmup_steps=warmup, count_flops=count_flops, device=str(device),
                       sample_interval_s=0.1, trace_dir=trace_dir, trace_steps=TRACE_STEPS,
                       trace_host_ops=False)
-    total = warmup + int(count_flops) + (TRACE_STEPS + 2 if trace else 0) + steps
+    total = warmup + int(count_flops) + (TRACE_STEPS + 2 if trace else 0) + measured
     try:
         try:
             w, joules, rapl_steps, rapl_s = _train_watched(
-                loop, source, cfg, total, steps, step_only, rapl)
+                loop, source, cfg, total, measured, step_only, rapl, restart)
         finally:
             loop.close()
         rep = w.report(show=False)  # reads the trace, if one was recorded
@@ -177,9 +207,12 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
 
 
 def _train_watched(loop: TunedLoop, source: Any, cfg: WatchConfig, total: int, steps: int,
-                   step_only: bool, rapl: RaplMeter) -> tuple[Watch, float | None, int, float]:
-    """Run ``total`` steps under a watch: (the watch, RAPL joules of the measured steps or
-    None, how many steps those joules cover, over how many seconds)."""
+                   step_only: bool, rapl: RaplMeter, restart: bool = False,
+                   ) -> tuple[Watch, float | None, int, float]:
+    """Run ``total`` steps under a watch, the last ``steps`` measured: (the watch, RAPL joules
+    of the measured steps or None, how many steps those joules cover, over how many seconds).
+    ``restart``: begin a new epoch of the loader inside the last excluded step, so the measured
+    steps start at an epoch boundary with empty queues."""
     with warnings.catch_warnings(), Watch(cfg) as w:
         # The loader autotune may choose more workers than cores where that measured
         # faster (fetches that wait); torch's advice against it is settled by measurement.
@@ -192,7 +225,12 @@ def _train_watched(loop: TunedLoop, source: Any, cfg: WatchConfig, total: int, s
             if i == total - steps:
                 rapl_on = rapl.start()
                 t_rapl = time.perf_counter()
-            loop.step(next(it))
+            batch = next(it)
+            if restart and i == total - steps - 1:
+                # iter() is eager: a persistent loader drains its in-flight batches and resets
+                # here, in an excluded step; later epochs come from the loader as usual.
+                it = itertools.chain(loop.on_device(iter(loop.dataloader)), endless(loop.loader))
+            loop.step(batch)
         # Where no DataLoader marks the first step, the watch learns the step from the
         # second optimizer step and counts the first as warm-up: top up to ``steps``.
         rapl_steps = steps
