@@ -568,3 +568,38 @@ def test_end_to_end_trials_are_not_served_from_a_full_queue() -> None:
     assert short.steps == 16
     # one epoch start per 16 batches: 8 rounds of 40 ms, the first waited for → ~200 samples/s
     assert short.throughput_samples_per_s == pytest.approx(200, rel=0.3)
+
+
+def test_bf16_is_tried_again_once_channels_last_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200 measured bf16 on ResNet-50 at +8.8 % in NCHW (refused) before channels_last
+    was kept; cuDNN's fast 16-bit convolutions are NHWC. A precision that passed the numerics
+    guard is tried once more after channels_last. (Speeds faked: this tests the path.)"""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from redline.tune.path import TuneConfig, _Path, tune
+    from redline.tune.setup import TrainSetup
+
+    def factory() -> TrainSetup:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+        data = TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(0, 2, (64,)))
+        return TrainSetup(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.01),
+                          loader=DataLoader(data, batch_size=8),
+                          loss_fn=lambda mm, b: nn.functional.cross_entropy(mm(b[0]), b[1]))
+
+    def ab(self: _Path, plan: TunePlan, cand: TunePlan, what: str, step_only: bool,
+           ) -> tuple[float, float, list[float], list[float]]:
+        fast = what == "channels_last" or (cand.precision == "bf16" and cand.channels_last)
+        return (1.0, 2.0, [1.0] * 12, [0.5] * 12) if fast else (1.0, 1.0, [1.0] * 12, [1.0] * 12)
+
+    monkeypatch.setattr(_Path, "ab", ab)
+    cfg = TuneConfig(steps_per_trial=2, rounds=1, warmup_steps=1, tune_loader=False,
+                     tune_batch=False, try_compile=False, reuse=False, store_dir=str(tmp_path))
+    res = tune(factory, cfg)
+    steps = {d["step"]: d for d in res.plan.decisions}
+    assert not steps["precision bf16"]["kept"]
+    assert steps["channels_last"]["kept"]
+    again = steps["precision bf16 (again, channels_last)"]
+    assert again["kept"] and "matches fp32" in again["numerics"]
+    assert res.plan.precision == "bf16" and res.plan.channels_last
