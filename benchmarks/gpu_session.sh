@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The one prepared device run: every CUDA path (gpu_check.py), `redline demo` naive → tuned on
-# the built-in workloads, then `redline tune` with torch.compile on the lm workload, on the GPU.
-# Meant for a lent GPU machine whose image has PyTorch but not every redline dependency: wheels
-# for the missing ones (orjson, ijson, lmdb) travel in .whl/ (docs/tune.md, "Checking on a
-# GPU"). Writes logs under $OUT (or ./gpu-out when $OUT is unset). About 5-8 minutes on an H200;
-# give the device call a timeout of ~580 s.
-#
-#   bash benchmarks/gpu_session.sh
+# The prepared device runs, in two parts that each fit one device call (≤ 600 s):
+#   bash benchmarks/gpu_session.sh 1   # demo vision-large (the GPU target), then gpu_check.py
+#   bash benchmarks/gpu_session.sh 2   # demo vision and lm, then `redline tune` lm with compile
+# Part 1 first: it holds what closes issue 5 (the tuned vision-large's "device busy
+# (kernels)"). Meant for a lent GPU machine whose image has PyTorch but not every redline
+# dependency: wheels for the missing ones (orjson, ijson, lmdb) travel in .whl/ (docs/tune.md,
+# "Checking on a GPU"); carry `.whl` and give the call a timeout of ~580 s. Logs go under $OUT
+# (or ./gpu-out when $OUT is unset). A step cut by its own timeout still leaves its log.
 set -u
+part="${1:-1}"
 OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -20,13 +21,22 @@ fi
 export PYTHONUNBUFFERED=1 REDLINE_CACHE_DIR="$OUT/cache"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-timeout 180 python3 benchmarks/gpu_check.py 2>&1 | tee "$OUT/gpu_check.txt"
-# Most telling first (a run cut short by its time limit still returns what it wrote):
-# vision-large is the GPU-sized workload whose tuned device busy (kernels) is the target;
-# vision's loader autotune may now ramp past 6 workers on 16 cores (whole-epoch trials).
-for w in vision-large vision lm; do
-  timeout 240 python3 -m redline.cli.main demo --workload "$w" --steps 40 \
-    --json "$OUT/demo_$w.json" 2>&1 | tee "$OUT/demo_$w.txt"
-done
-timeout 150 python3 -m redline.cli.main tune benchmarks/tune_lm_setup.py --run-steps 100000 \
-  --plan "$OUT/plan_lm.json" --fresh 2>&1 | tee "$OUT/tune_lm_compile.txt"
+demo() {  # workload, time limit (s)
+  timeout "$2" python3 -m redline.cli.main demo --workload "$1" --steps 20 \
+    --json "$OUT/demo_$1.json" > "$OUT/demo_$1.txt" 2>&1
+  echo "demo $1: exit $?"
+  grep -E "still limited|device busy|device span|throughput \(|data wait +│" "$OUT/demo_$1.txt"
+}
+if [ "$part" = 1 ]; then
+  demo vision-large 400
+  timeout 120 python3 benchmarks/gpu_check.py > "$OUT/gpu_check.txt" 2>&1
+  echo "gpu_check: exit $?"
+  grep -E "^\|" "$OUT/gpu_check.txt"
+else
+  demo vision 200
+  demo lm 150
+  timeout 150 python3 -m redline.cli.main tune benchmarks/tune_lm_setup.py --run-steps 100000 \
+    --plan "$OUT/plan_lm.json" --fresh > "$OUT/tune_lm_compile.txt" 2>&1
+  echo "tune lm with compile: exit $?"
+  grep -E "torch.compile|throughput \(|device busy" "$OUT/tune_lm_compile.txt"
+fi
