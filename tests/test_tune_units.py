@@ -529,7 +529,7 @@ class _SlowFetch(torch.utils.data.Dataset):  # type: ignore[type-arg]
 def test_end_to_end_trials_are_not_served_from_a_full_queue() -> None:
     """The first steps of a trial are slow (lazy init, allocator, cuDNN); the workers fill
     their queues meanwhile, and steps timed right after them ran at the step's own speed (the
-    H200 read 16,700 samples/s from 10 workers that make ~5,000). The measured window starts
+    H200 read 16,700 samples/s from 6 workers that make ~3,000). The measured window starts
     at a fresh epoch and spans three queue-lengths, or whole epochs when they are short."""
     import time
 

@@ -110,10 +110,11 @@ def measured_window(plan: TunePlan, epoch: int | None, steps: int) -> tuple[int,
     With workers, batches arrive in bursts (every worker finishes one at about the same time)
     and the queues (workers × prefetch_factor batches) fill while the first, slow steps run:
     a few steps timed after them are served from the queue at the step's own speed. On the
-    H200 six such steps read the tuned vision demo at 16,700 samples/s where its 10 decode
-    workers make ~5,000. So the window starts at a fresh epoch (empty queues; warm workers and
-    model) and spans whole epochs where they are short — each with its one refill, as training
-    pays it — else at least three queue-lengths of steps. Without workers nothing queues."""
+    H200 six such steps read the tuned vision demo at 16,700 samples/s from 6 decode workers
+    that make ~3,000 (~2 ms per sample each). So the window starts at a fresh epoch (empty
+    queues; warm workers and model) and spans whole epochs where they are short — each with
+    its one refill, as training pays it — else at least three queue-lengths of steps. Without
+    workers nothing queues."""
     q = plan.num_workers * (plan.prefetch_factor or 2) if plan.num_workers else 0
     if q == 0:
         return steps, False
@@ -129,9 +130,9 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
     fresh setup, under a watch (end to end with loader workers, the measured window may be
     longer and starts at a fresh epoch: :func:`measured_window`). ``step_only``: the batches
     are fetched from the plan's loader before the watch starts and cycled, so the trial times
-    the training step alone. ``trace``:
-    also record ``TRACE_STEPS`` steps with torch.profiler (device activity only on CUDA; those
-    steps are excluded from the statistics) for the kernel-union device busy."""
+    the training step alone. ``trace``: also record ``TRACE_STEPS`` steps with torch.profiler
+    (device activity only on CUDA; those steps are excluded from the statistics) for the
+    kernel-union device busy."""
     s = fresh(factory)
     device = torch.device(s.device)
     loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, device)
