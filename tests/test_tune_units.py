@@ -603,3 +603,37 @@ def test_bf16_is_tried_again_once_channels_last_is_kept(
     again = steps["precision bf16 (again, channels_last)"]
     assert again["kept"] and "matches fp32" in again["numerics"]
     assert res.plan.precision == "bf16" and res.plan.channels_last
+
+
+def test_before_is_the_users_loader_not_a_worker_less_stand_in(tmp_path: Path) -> None:
+    """A script that already loads with workers is measured "before" with them: a baseline
+    of 0 workers would credit the tuner with what the user had already done."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from redline.tune.path import TuneConfig, baseline_plan, tune
+    from redline.tune.setup import TrainSetup
+
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    loader = DataLoader(data, batch_size=8, num_workers=1, prefetch_factor=3,
+                        persistent_workers=True)
+    base = baseline_plan(_key(), 8, 8, loader)
+    assert (base.num_workers, base.prefetch_factor, base.persistent_workers) == (1, 3, True)
+    plain = baseline_plan(_key(), 8, 8, DataLoader(data, batch_size=8))
+    assert (plain.num_workers, plain.prefetch_factor, plain.persistent_workers) == (0, None,
+                                                                                     False)
+
+    def factory() -> TrainSetup:
+        torch.manual_seed(0)
+        m = nn.Linear(8, 2)
+        return TrainSetup(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1),
+                          loader=DataLoader(data, batch_size=8, num_workers=1,
+                                            prefetch_factor=3, persistent_workers=True),
+                          loss_fn=lambda mm, b: nn.functional.cross_entropy(mm(b[0]), b[1]))
+
+    said: list[str] = []
+    cfg = TuneConfig(steps_per_trial=2, rounds=1, warmup_steps=1, tune_loader=False,
+                     tune_batch=False, tune_precision=False, tune_kernels=False, reuse=False,
+                     store_dir=str(tmp_path))
+    res = tune(factory, cfg, log=said.append)
+    assert "the loader as given (1 workers, prefetch 3" in said[0]
+    assert res.before.steps >= 2 and res.after.steps >= 2

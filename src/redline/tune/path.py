@@ -185,8 +185,17 @@ def compare(factory: Factory, before: TunePlan, after: TunePlan, cfg: TuneConfig
     return _merge(rows["before"]), _merge(rows["after"])
 
 
-def baseline_plan(key: PlanKey, micro: int, effective: int) -> TunePlan:
-    return TunePlan(key=key, effective_batch=effective, micro_batch=micro)
+def baseline_plan(key: PlanKey, micro: int, effective: int,
+                  loader: DataLoader[Any] | None = None) -> TunePlan:
+    """The user's configuration as a plan: their micro-batch and accumulation, fp32, and
+    their DataLoader's settings (workers, prefetch, pinning, persistence), so "before" is
+    what they run, not a worker-less stand-in."""
+    if loader is None or loader.num_workers == 0:
+        return TunePlan(key=key, effective_batch=effective, micro_batch=micro,
+                        pin_memory=bool(loader is not None and loader.pin_memory))
+    return TunePlan(key=key, effective_batch=effective, micro_batch=micro,
+                    num_workers=loader.num_workers, prefetch_factor=loader.prefetch_factor,
+                    pin_memory=loader.pin_memory, persistent_workers=loader.persistent_workers)
 
 
 class _Path:
@@ -197,6 +206,8 @@ class _Path:
         first = next(iter(DataLoader(s.loader.dataset, batch_size=1,
                                      collate_fn=s.loader.collate_fn)))
         self.key = plan_key(s.model, self.device, "fp32", first)
+        self.user_loader = s.loader
+        """The factory's DataLoader: the baseline's loader settings come from it."""
         self.micro, self.effective = s.micro_batch, s.effective_batch
         self.memory_limit = s.memory_limit_bytes
         self.run_steps = cfg.run_steps or s.run_steps or DEFAULT_RUN_STEPS
@@ -487,9 +498,11 @@ def tune(factory: Factory, config: TuneConfig | None = None,
     t0 = time.perf_counter()
     p = _Path(factory, cfg, log)
     store = PlanStore(cfg.store_dir)
-    base = baseline_plan(p.key, p.micro, p.effective)
+    base = baseline_plan(p.key, p.micro, p.effective, p.user_loader)
     log(f"redline tune: baseline is micro-batch {p.micro} × {p.effective // p.micro} = "
-        f"effective batch {p.effective}, fp32, the loader as given")
+        f"effective batch {p.effective}, fp32, the loader as given ({base.num_workers} "
+        f"workers, prefetch {base.prefetch_factor}, pin_memory {base.pin_memory}, persistent "
+        f"{base.persistent_workers})")
     reused = store.get(p.key) if cfg.reuse else None
     search: BatchSearch | None = None
     checks: list[NumericsCheck] = []
