@@ -372,6 +372,21 @@ def test_batch_is_searched_again_after_a_16_bit_precision_is_kept(
     assert res.plan.micro_batch == 32 and res.plan.accumulation_steps == 1
     assert res.plan.precision == "bf16"
 
+    # bf16 kept only in the kernels step (precision_again, with channels_last): the batch is
+    # looked at again there, once.
+    def fp32(self: _Path, plan: TunePlan) -> tuple[TunePlan, list[Any]]:
+        return plan, []
+
+    def kernels_bf16(self: _Path, plan: TunePlan) -> tuple[TunePlan, list[Any]]:
+        return dataclasses.replace(plan, precision="bf16"), []
+
+    monkeypatch.setattr(_Path, "precision", fp32)
+    monkeypatch.setattr(_Path, "kernels", kernels_bf16)
+    cfg = dataclasses.replace(cfg, tune_kernels=True, try_compile=False)
+    res = tune(lambda: tune_tiny.redline_setup(limit=200_000, width=256), cfg)
+    again = [d for d in res.plan.decisions if d["step"] == "batch size (again)"]
+    assert len(again) == 1 and again[0]["kept"] and res.plan.micro_batch == 32
+
 
 @pytest.mark.slow
 def test_compile_is_measured_against_the_eager_step_and_amortized(

@@ -530,6 +530,14 @@ def tune(factory: Factory, config: TuneConfig | None = None,
         if cfg.tune_kernels:
             log("4/4 kernels")
             plan, sites = p.kernels(plan)
+            if (cfg.tune_batch and plan.precision in ("bf16", "fp16")
+                    and plan.micro_batch < plan.effective_batch
+                    and not any(d["step"] == "batch size (again)" for d in plan.decisions)):
+                # 16-bit kept only with channels_last (precision_again): the same reason to
+                # look at the batch again as after the precision step.
+                log("batch size, again (16-bit activations are smaller)")
+                plan, again = p.batch(plan, "batch size (again)")
+                search = again or search
         if cfg.tune_loader and any(
                 d["kept"] for d in plan.decisions if not d["step"].startswith("data")):
             # A faster step moves the bottleneck to the input pipeline: provision it for the
