@@ -29,6 +29,9 @@ def test_vision_large_is_resnet50_on_the_same_naive_loop() -> None:
     cfg = vision_large_config()
     assert (cfg.model, cfg.crop, cfg.num_workers, cfg.batch_size,
             cfg.accumulation_steps) == ("resnet50", 224, 0, 16, 4)
+    # long epochs: the per-epoch refill of the workers' queues must not be what a tuned run
+    # measures (≥ 1,000 optimizer steps between refills)
+    assert cfg.length // (cfg.batch_size * cfg.accumulation_steps) >= 1000
     # trainable in fp32 and bf16 alike: the tuner's numerics guard must be able to say yes
     from redline.tune.precision import check_numerics
 
