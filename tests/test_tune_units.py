@@ -620,6 +620,59 @@ def test_bf16_is_tried_again_once_channels_last_is_kept(
     assert res.plan.precision == "bf16" and res.plan.channels_last
 
 
+def test_cudnn_benchmark_is_a_measured_knob_for_conv_nets_on_cuda(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cudnn.benchmark is tried only where cuDNN runs the convolutions (a conv net on CUDA),
+    kept when measured faster, and the tuned loop sets it only while it runs. (The CUDA check
+    is patched and the speeds faked: this tests the path and the runtime on CPU.)"""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from redline.tune import path as path_mod
+    from redline.tune.kernels import cudnn_benchmark_applies
+    from redline.tune.path import TuneConfig, _Path, tune
+    from redline.tune.runtime import TunedLoop
+    from redline.tune.setup import TrainSetup
+
+    assert not cudnn_benchmark_applies(True, torch.device("cpu"))
+    assert cudnn_benchmark_applies(True, torch.device("cuda"))
+    assert not cudnn_benchmark_applies(False, torch.device("cuda"))
+
+    def factory() -> TrainSetup:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+        data = TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(0, 2, (64,)))
+        return TrainSetup(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.01),
+                          loader=DataLoader(data, batch_size=8),
+                          loss_fn=lambda mm, b: nn.functional.cross_entropy(mm(b[0]), b[1]))
+
+    tried: list[str] = []
+
+    def ab(self: _Path, plan: TunePlan, cand: TunePlan, what: str, step_only: bool,
+           ) -> tuple[float, float, list[float], list[float]]:
+        tried.append(what)
+        fast = cand.cudnn_benchmark and not plan.cudnn_benchmark
+        return (1.0, 1.5, [1.0] * 12, [0.66] * 12) if fast else (1.0, 1.0, [1.0] * 12, [1.0] * 12)
+
+    monkeypatch.setattr(_Path, "ab", ab)
+    cfg = TuneConfig(steps_per_trial=2, rounds=1, warmup_steps=1, tune_loader=False,
+                     tune_batch=False, tune_precision=False, try_compile=False, reuse=False,
+                     store_dir=str(tmp_path))
+    assert "cudnn.benchmark" not in {d["step"] for d in tune(factory, cfg).plan.decisions}
+    monkeypatch.setattr(path_mod, "cudnn_benchmark_applies", lambda conv, dev: conv)
+    res = tune(factory, cfg)
+    steps = {d["step"]: d for d in res.plan.decisions}
+    assert steps["cudnn.benchmark"]["kept"] and res.plan.cudnn_benchmark
+    assert tried.count("cudnn.benchmark") == 1
+    assert TunePlan.from_dict(res.plan.to_dict()).cudnn_benchmark
+
+    s = factory()
+    before = torch.backends.cudnn.benchmark
+    with TunedLoop(res.plan, s.model, s.optimizer, s.loader, s.loss_fn,
+                   torch.device("cpu")):
+        assert torch.backends.cudnn.benchmark
+    assert torch.backends.cudnn.benchmark == before
+
+
 def test_before_is_the_users_loader_not_a_worker_less_stand_in(tmp_path: Path) -> None:
     """A script that already loads with workers is measured "before" with them: a baseline
     of 0 workers would credit the tuner with what the user had already done."""

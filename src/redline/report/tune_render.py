@@ -99,7 +99,8 @@ def render(r: TuneResult, console: Console | None = None, label: str | None = No
         f"plan: micro-batch {p.micro_batch} × {p.accumulation_steps} (effective batch "
         f"{p.effective_batch}, unchanged), {p.precision}, workers {p.num_workers}, prefetch "
         f"{p.prefetch_factor}, pin_memory {p.pin_memory}, channels_last {p.channels_last}, "
-        f"compile {p.compile}, optimizer {p.optimizer_impl or 'as built'}")
+        f"cudnn.benchmark {p.cudnn_benchmark}, compile {p.compile}, "
+        f"optimizer {p.optimizer_impl or 'as built'}")
     if r.reused_plan:
         console.print(f"reused the remembered plan {r.reused_plan}")
     elif r.plan_path:

@@ -1,6 +1,7 @@
 """Kernel knobs: which apply to this model, and hand-written attention with its code location.
 
-The knobs (torch.compile, fused/foreach optimizer, channels_last) are measured by the tuning
+The knobs (torch.compile, fused/foreach optimizer, channels_last, cudnn.benchmark) are measured
+by the tuning
 path (:mod:`redline.tune.path`) and kept only when faster over the planned run; this module
 says which are candidates. Replacing hand-written attention by
 ``torch.nn.functional.scaled_dot_product_attention`` is a code change, so it is reported with
@@ -9,10 +10,11 @@ the file and line of the softmax, not applied.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,26 @@ _aten = torch.ops.aten
 def has_conv2d(model: torch.nn.Module) -> bool:
     """channels_last only changes anything for 4-D convolutions."""
     return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+
+
+def cudnn_benchmark_applies(model_has_conv: bool, device: torch.device) -> bool:
+    """cudnn.benchmark only changes convolutions run by cuDNN (CUDA); elsewhere the flag is
+    read by nothing, and a trial of it would only measure noise."""
+    return model_has_conv and device.type == "cuda"
+
+
+@contextlib.contextmanager
+def cudnn_benchmark(enabled: bool) -> Iterator[None]:
+    """``torch.backends.cudnn.benchmark`` set for the block, restored on exit (no state
+    survives the call). With fixed input shapes the one-off algorithm search per shape
+    (absorbed by a trial's warm-up steps) buys the fastest kernel for every later step
+    (PyTorch docs, "CUDA semantics: cuDNN auto-tuner")."""
+    prev = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = prev
 
 
 def optimizer_impls(optimizer: torch.optim.Optimizer) -> list[str]:

@@ -21,7 +21,13 @@ from torch.utils.data import DataLoader
 from redline.data.autotune import autotune_loader, rebuild_factory
 from redline.data.prefetcher import map_tensors
 from redline.tune.batch_finder import BatchSearch, find_batch_size
-from redline.tune.kernels import AttentionSite, find_unfused_attention, has_conv2d, optimizer_impls
+from redline.tune.kernels import (
+    AttentionSite,
+    cudnn_benchmark_applies,
+    find_unfused_attention,
+    has_conv2d,
+    optimizer_impls,
+)
 from redline.tune.limits import Limit, remaining_limits
 from redline.tune.plan import PlanKey, PlanStore, TunePlan, plan_key
 from redline.tune.precision import (
@@ -420,6 +426,9 @@ class _Path:
                                "channels_last")
             if plan.channels_last:
                 plan = self.precision_again(plan)
+        if cudnn_benchmark_applies(self.conv, self.device):
+            plan = self.decide(plan, dataclasses.replace(plan, cudnn_benchmark=True,
+                                                         decisions=[]), "cudnn.benchmark")
         for impl in self.opt_impls:
             before = plan
             plan = self.decide(plan, dataclasses.replace(plan, optimizer_impl=impl, decisions=[]),

@@ -66,6 +66,9 @@ class TunePlan:
     precision: str = "fp32"
     """'fp32' | 'tf32' | 'bf16' (autocast) | 'fp16' (autocast + GradScaler)."""
     channels_last: bool = False
+    cudnn_benchmark: bool = False
+    """``torch.backends.cudnn.benchmark`` on while the tuned loop runs: cuDNN times its
+    convolution algorithms for each new shape once and keeps the fastest (CUDA conv nets)."""
     compile: bool = False
     optimizer_impl: str | None = None
     """'fused' | 'foreach' | None (the optimizer as built)."""

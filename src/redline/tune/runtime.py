@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from redline.data.autotune import LoaderSettings, rebuild_factory
 from redline.data.prefetcher import DevicePrefetcher, map_tensors
 from redline.tune.accumulate import accumulate
+from redline.tune.kernels import cudnn_benchmark
 from redline.tune.plan import TunePlan, check_plan, plan_key
 from redline.tune.precision import autocast_for, make_scaler
 
@@ -110,6 +111,8 @@ class TunedLoop:
         if plan.precision == "tf32" and device.type == "cuda":
             from redline.tune.precision import tf32
             self._stack.enter_context(tf32(True))
+        if plan.cudnn_benchmark:
+            self._stack.enter_context(cudnn_benchmark(True))
         if plan.torch_threads is not None:
             self._threads = torch.get_num_threads()
             torch.set_num_threads(plan.torch_threads)
@@ -131,7 +134,7 @@ class TunedLoop:
                           self.scaler)
 
     def close(self) -> None:
-        """Undo process-wide settings (TF32 flags, thread count)."""
+        """Undo process-wide settings (TF32 and cudnn.benchmark flags, thread count)."""
         self._stack.close()
         if self.plan.torch_threads is not None:
             torch.set_num_threads(self._threads)
