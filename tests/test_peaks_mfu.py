@@ -48,3 +48,43 @@ def test_mfu_unknown_says_why() -> None:
         "no peak-FLOPs entry for this device and dtype")
     assert compute_mfu(None, 0.01, (1e12, "x"), "bf16").mfu is None
     assert "0 FLOPs" in (compute_mfu(0.0, 0.01, (1e12, "x"), "bf16").reason or "")
+
+
+def test_fp32_convolutions_count_against_the_tf32_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN runs fp32 convolutions in TF32 by default: a conv net "in fp32" measured against
+    the fp32 peak read MFU 74 % on an H200 while its kernels ran 32 % of the step. Its FLOPs
+    are split: convolutions at the TF32 peak, the rest at fp32."""
+    import torch
+    from torch import nn
+
+    from redline.measure.flops import FlopWindow
+    from redline.report.build import _fp32_with_tf32_convolutions
+    from redline.report.model import DeviceInfo
+
+    m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
+    win = FlopWindow()
+    win.start()
+    m(torch.randn(2, 3, 8, 8)).sum().backward()
+    win.stop()
+    conv_fwd = 2 * 2 * 8 * 6 * 6 * 3 * 3 * 3  # 2·batch·out·H·W·in·k·k
+    linear_fwd = 2 * 2 * 288 * 4
+    # forward + weight gradient (the input of the first layer needs no gradient)
+    assert win.conv_flops == 2 * conv_fwd
+    assert win.flops == win.conv_flops + 3 * linear_fwd
+
+    h200 = DeviceInfo("cuda", "NVIDIA H200", 1, "9.0")
+    fp32 = peak_flops("NVIDIA H200", "fp32")
+    tf32 = peak_flops("NVIDIA H200", "tf32")
+    assert fp32 and tf32
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    (peak, src), dtype = _fp32_with_tf32_convolutions(h200, 100.0, 99.0, fp32)
+    assert dtype == "tf32-conv+fp32" and "99% of the FLOPs are convolutions" in src
+    assert peak == pytest.approx(100 / (99 / tf32[0] + 1 / fp32[0]))
+    assert fp32[0] < peak < tf32[0]
+    # TF32 convolutions turned off, or a pre-Ampere GPU: the fp32 peak stands
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert _fp32_with_tf32_convolutions(h200, 100.0, 99.0, fp32) == (fp32, "fp32")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    v100 = DeviceInfo("cuda", "Tesla V100-SXM2-16GB", 1, "7.0")
+    v_fp32 = peak_flops(v100.name, "fp32")
+    assert v_fp32 and _fp32_with_tf32_convolutions(v100, 100.0, 99.0, v_fp32) == (v_fp32, "fp32")

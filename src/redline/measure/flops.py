@@ -21,6 +21,9 @@ class FlopWindow:
     def __init__(self) -> None:
         self._mode: FlopCounterMode | None = None
         self.flops: float | None = None
+        self.conv_flops: float | None = None
+        """The part of ``flops`` in convolutions (forward and backward): cuDNN runs fp32
+        convolutions in TF32 by default while fp32 matmuls stay fp32, so MFU needs both."""
         self.error: str | None = None
 
     @property
@@ -42,5 +45,7 @@ class FlopWindow:
         try:
             mode.__exit__(None, None, None)
             self.flops = float(mode.get_total_flops())
+            counts = mode.get_flop_counts().get("Global", {})
+            self.conv_flops = float(sum(n for op, n in counts.items() if "convolution" in str(op)))
         except Exception as e:
             self.error = f"FlopCounterMode failed: {type(e).__name__}: {e}"
