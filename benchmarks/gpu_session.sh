@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared device runs, in two parts that each fit one device call (≤ 600 s):
 #   bash benchmarks/gpu_session.sh 1   # demo vision-large (the GPU target), then gpu_check.py
-#   bash benchmarks/gpu_session.sh 2   # demo vision and lm, then `redline tune` lm with compile
+#   bash benchmarks/gpu_session.sh 2   # demo lm-large, then `redline tune` lm with compile
 # Part 1 first: it holds what closes issue 5 (the tuned vision-large's "device busy
 # (kernels)"). Meant for a lent GPU machine whose image has PyTorch but not every redline
 # dependency: wheels for the missing ones (orjson, ijson, lmdb) travel in .whl/ (docs/tune.md,
@@ -25,7 +25,8 @@ demo() {  # workload, time limit (s)
   timeout "$2" python3 -m redline.cli.main demo --workload "$1" --steps 20 \
     --json "$OUT/demo_$1.json" > "$OUT/demo_$1.txt" 2>&1
   echo "demo $1: exit $?"
-  grep -E "still limited|device busy|device span|throughput \(|data wait +│" "$OUT/demo_$1.txt"
+  grep -E "still limited|device busy|device span|throughput \(|data wait +│|MFU|  [a-z].*: .* samples/s" \
+    "$OUT/demo_$1.txt"
 }
 if [ "$part" = 1 ]; then
   demo vision-large 400
@@ -33,8 +34,7 @@ if [ "$part" = 1 ]; then
   echo "gpu_check: exit $?"
   grep -E "^\|" "$OUT/gpu_check.txt"
 else
-  demo vision 200
-  demo lm 150
+  demo lm-large 300
   timeout 150 python3 -m redline.cli.main tune benchmarks/tune_lm_setup.py --run-steps 100000 \
     --plan "$OUT/plan_lm.json" --fresh > "$OUT/tune_lm_compile.txt" 2>&1
   echo "tune lm with compile: exit $?"

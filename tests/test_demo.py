@@ -97,3 +97,26 @@ def test_demo_ends_tuned_with_the_same_effective_batch(tmp_path: Path) -> None:
     assert "lm.py:" in sdpa["location"]
     assert res.before.throughput_samples_per_s and res.after.throughput_samples_per_s
     assert res.before_projection.job_time_s is not None
+
+
+def test_lm_large_is_gpt2_small_shaped_on_the_same_naive_loop() -> None:
+    """GPU-sized lm: GPT-2 small's blocks (12 × 768, 12 heads: 85,054,464 parameters outside
+    the embeddings and the head), the same naive loop as lm (8 × 4, fp32, hand-written
+    attention). Built and stepped here at a reduced width so the test stays fast."""
+    from redline.workloads import WORKLOADS, lm_large_config
+    from redline.workloads.lm import LMConfig, build_lm
+
+    cfg = lm_large_config()
+    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.seq_len) == (12, 768, 12, 512)
+    assert (cfg.batch_size, cfg.accumulation_steps, cfg.num_workers) == (8, 4, 0)
+    blocks = sum(p.numel() for b in build_lm(LMConfig(d_model=768, n_heads=12, n_layers=12,
+                                                   sequences=8)).model.blocks
+                 for p in b.parameters())
+    assert blocks == 85_054_464
+    small = LMConfig(vocab=64, seq_len=16, d_model=32, n_layers=12, n_heads=4, sequences=32)
+    w = build_lm(small)
+    assert w.name == "lm-large" and build_lm(LMConfig(sequences=32)).name == "lm"
+    assert sum(p.numel() for b in w.model.blocks for p in b.parameters()) == 12 * (
+        12 * 32 * 32 + 13 * 32)
+    assert train(w, 1) > 0
+    assert "lm-large" in WORKLOADS

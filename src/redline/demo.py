@@ -19,6 +19,9 @@ from redline.workloads import WORKLOADS, Workload, train
 from redline.workloads.simulated import SimulatedAccelerator, build_vision_simulated
 
 DEMO_WARMUP = 3
+GPU_SIZED = {"vision-large": "ResNet-50 on 224-pixel crops",
+             "lm-large": "a GPT-2-small-shaped transformer on 512-token sequences"}
+"""Built-in workloads sized for a GPU (a note says so when they run on a CPU)."""
 
 
 def _builder(workload: str, simulated: SimulatedAccelerator | None
@@ -64,9 +67,9 @@ def run_demo(workload: str = "vision", steps: int = 30, json_path: str | None = 
     device = torch.device("cuda" if torch.cuda.is_available() and simulated is None else "cpu")
     w = build(device)
     where = simulated.label() if simulated else str(device)
-    if show and workload == "vision-large" and device.type == "cpu":
-        print("redline demo: note: vision-large (ResNet-50 on 224-pixel crops) is sized for a "
-              "GPU; on a CPU each step takes seconds. 'vision' is the CPU-sized workload.",
+    if show and workload in GPU_SIZED and device.type == "cpu":
+        print(f"redline demo: note: {workload} ({GPU_SIZED[workload]}) is sized for a GPU; on "
+              "a CPU each step takes seconds. 'vision' and 'lm' are the CPU-sized workloads.",
               flush=True)
     if show:
         print(f"redline demo: training the built-in '{workload}' workload on {where} with its "

@@ -96,10 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("demo", help="run a built-in naive workload under redline and report",
                        description="Train a built-in workload (no download) with its naive "
                        "defaults under redline.watch and print the report.")
-    m.add_argument("--workload", choices=["vision", "vision-large", "lm"], default="vision",
+    m.add_argument("--workload", choices=["vision", "vision-large", "lm", "lm-large"],
+                   default="vision",
                    help="vision: small CNN on JPEGs decoded per sample (CPU-sized); "
                    "vision-large: ResNet-50 on the same data (GPU-sized); lm: a small "
-                   "transformer language model (default: vision)")
+                   "transformer language model; lm-large: GPT-2-small-shaped (GPU-sized) "
+                   "(default: vision)")
     m.add_argument("--steps", type=_positive("--steps"), default=30,
                    help="measured steps (default: 30)")
     m.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
