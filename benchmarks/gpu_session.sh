@@ -2,6 +2,7 @@
 # The prepared device runs, in two parts that each fit one device call (≤ 600 s):
 #   bash benchmarks/gpu_session.sh 1   # demo vision-large (the GPU target), then gpu_check.py
 #   bash benchmarks/gpu_session.sh 2   # demo lm-large, then `redline tune` lm with compile
+#   bash benchmarks/gpu_session.sh 3   # gpu_check.py alone (~40 s)
 # Part 1 first: it holds what closes issue 5 (the tuned vision-large's "device busy
 # (kernels)"). Meant for a lent GPU machine whose image has PyTorch but not every redline
 # dependency: wheels for the missing ones (orjson, ijson, lmdb) travel in .whl/ (docs/tune.md,
@@ -28,11 +29,16 @@ demo() {  # workload, time limit (s)
   grep -E "still limited|device busy|device span|throughput \(|data wait +│|MFU|  [a-z].*: .* samples/s" \
     "$OUT/demo_$1.txt"
 }
-if [ "$part" = 1 ]; then
-  demo vision-large 400
+check() {
   timeout 120 python3 benchmarks/gpu_check.py > "$OUT/gpu_check.txt" 2>&1
   echo "gpu_check: exit $?"
   grep -E "^\|" "$OUT/gpu_check.txt"
+}
+if [ "$part" = 1 ]; then
+  demo vision-large 400
+  check
+elif [ "$part" = 3 ]; then
+  check
 else
   demo lm-large 300
   timeout 150 python3 -m redline.cli.main tune benchmarks/tune_lm_setup.py --run-steps 100000 \

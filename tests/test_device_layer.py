@@ -325,3 +325,47 @@ def test_optimizer_scan_survives_dead_weak_proxies() -> None:
                 opt = torch.optim.SGD(model.parameters(), lr=0.1)
             opt.step()
     assert len(holder) == 1
+
+
+def test_timer_places_each_step_on_the_device_clock() -> None:
+    FakeEvent.clock, FakeEvent.done_until = 5.0, 0.0
+    timer = CudaStepTimer(FakeEvent)
+    for i in range(2):
+        FakeEvent.clock = 5.0 + i
+        timer.work_begins()
+        FakeEvent.clock = 5.0 + i + 0.25
+        timer.step_ends(i)
+    timer.drain()
+    assert timer.device_window[0] == pytest.approx((0.0, 0.25))
+    assert timer.device_window[1] == pytest.approx((1.0, 1.25))
+    # no event outlives drain(): freed later in a forked worker, a CUDA event aborts it
+    assert not any(isinstance(v, FakeEvent) for v in vars(timer).values())
+    timer.reset()
+    assert timer.device_window == {}
+
+
+def test_span_and_throughput_use_the_device_clock_when_the_host_runs_ahead() -> None:
+    """A device-bound loop queues kernels without waiting: 10 ms of host time per step while
+    the device takes 100 ms. Host-clock ratios read span 1000 % and 10× the throughput; on
+    the device's clock the span is 100 % and the throughput what the device delivered."""
+    from redline.measure.timeline import StepRecord
+    from redline.report.build import span_fraction, wall_seconds
+
+    def rec(i: int, host_s: float, dev: tuple[float, float] | None, busy: float | None
+            ) -> StepRecord:
+        return StepRecord(i, i * host_s, (i + 1) * host_s, [0.0] * 6, samples=32,
+                          device_s=busy, device_window_s=dev)
+
+    ahead = [rec(i, 0.01, (i * 0.1, i * 0.1 + 0.1), 0.1) for i in range(5)]
+    assert wall_seconds(ahead) == pytest.approx(0.5)
+    assert span_fraction(ahead) == pytest.approx(1.0)
+    # data-bound: the host waits 200 ms per step, the device works 50 ms of it
+    starved = [rec(i, 0.2, (i * 0.2 + 0.15, i * 0.2 + 0.2), 0.05) for i in range(5)]
+    assert wall_seconds(starved) == pytest.approx(1.0)
+    assert span_fraction(starved) == pytest.approx(0.25)
+    # two runs of steps (an excluded step between): each counted on its own longer clock
+    split = [*ahead[:2], rec(7, 0.3, (0.7, 0.8), 0.1)]
+    assert wall_seconds(split) == pytest.approx(0.2 + 0.3)
+    # no device windows (CPU): the host clock
+    cpu = [rec(i, 0.02, None, None) for i in range(3)]
+    assert wall_seconds(cpu) == pytest.approx(0.06) and span_fraction([]) is None

@@ -59,6 +59,11 @@ class CudaStepTimer:
         self._pending: deque[tuple[int, list[tuple[EventLike, EventLike]]]] = deque()
         self.device_s: dict[int, float] = {}
         """Step index → device seconds (Σ over the step's work segments), once resolved."""
+        self._origin: EventLike | None = None
+        self.device_window: dict[int, tuple[float, float]] = {}
+        """Step index → (first work, end) in device seconds since the timer's first event.
+        A device-bound loop's host runs ahead of the device, so its host step times are not
+        the device's: the span fraction needs the device's own clock (see report.build)."""
 
     def work_begins(self) -> None:
         """Called at each forward/copy; opens a segment unless one is open."""
@@ -66,6 +71,8 @@ class CudaStepTimer:
             ev = self._new()
             ev.record()
             self._start = ev
+            if self._origin is None:
+                self._origin = ev
 
     def work_pauses(self) -> None:
         """Called when the host starts waiting for data; closes the open segment, if any."""
@@ -82,31 +89,39 @@ class CudaStepTimer:
             self._segments = []
         self.poll()
 
-    @staticmethod
-    def _seconds(segments: list[tuple[EventLike, EventLike]]) -> float:
-        return sum(s.elapsed_time(e) for s, e in segments) / 1e3
+    def _resolve(self, idx: int, segments: list[tuple[EventLike, EventLike]]) -> None:
+        self.device_s[idx] = sum(s.elapsed_time(e) for s, e in segments) / 1e3
+        if self._origin is not None:
+            self.device_window[idx] = (self._origin.elapsed_time(segments[0][0]) / 1e3,
+                                       self._origin.elapsed_time(segments[-1][1]) / 1e3)
 
     def poll(self) -> None:
         """Resolve finished steps without blocking (a step is done when its last event is)."""
         while self._pending and self._pending[0][1][-1][1].query():
-            idx, segments = self._pending.popleft()
-            self.device_s[idx] = self._seconds(segments)
+            self._resolve(*self._pending.popleft())
 
     def reset(self) -> None:
         """Forget every step (the steps were re-numbered)."""
         self._pending.clear()
         self._segments = []
         self.device_s.clear()
+        self.device_window.clear()
         self._start = None
+        self._origin = None
 
     def drain(self) -> None:
         """Wait for the remaining events (only at watch exit, outside the user's loop)."""
         while self._pending:
             idx, segments = self._pending.popleft()
             segments[-1][1].synchronize()
-            self.device_s[idx] = self._seconds(segments)
+            self._resolve(idx, segments)
         self._start = None
         self._segments = []
+        # No CUDA event may outlive the watch: a watch left in a reference cycle is freed
+        # by a later GC pass, and if that pass runs in a forked DataLoader worker, the
+        # event's destructor touches CUDA there and aborts the worker ("CUDA error:
+        # initialization error" in ExchangeDevice; seen on the H200, 2026-11-29).
+        self._origin = None
 
 
 SYNC_WARNING = "called a synchronizing CUDA operation"

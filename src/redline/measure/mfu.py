@@ -33,7 +33,8 @@ def compute_mfu(
     compute_dtype: str | None,
     unknown_reason: str | None = None,
 ) -> MfuResult:
-    """MFU from counted FLOPs per step, the median step time and the peak-table lookup."""
+    """MFU from counted FLOPs per step, the mean step time (the measured window's wall time
+    over its steps: steps/s as the definition has it) and the peak-table lookup."""
     achieved = None
     if flops_per_step is not None and step_time_s:
         achieved = flops_per_step / step_time_s

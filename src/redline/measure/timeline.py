@@ -47,6 +47,9 @@ class StepRecord:
     """'warmup', 'measured', or 'excluded' (a step slowed on purpose, e.g. FLOP counting)."""
     device_s: float | None = None
     """Device seconds from the first device work of the step to its end (CUDA events), if known."""
+    device_window_s: tuple[float, float] | None = None
+    """(first device work, end) of the step on the device's clock (seconds since the watch's
+    first CUDA event), if known."""
 
     @property
     def phase_s(self) -> dict[str, float]:

@@ -122,6 +122,7 @@ class Watch:
             self.cuda_timer.drain()
             for rec in self.tracker.steps:
                 rec.device_s = self.cuda_timer.device_s.get(rec.index)
+                rec.device_window_s = self.cuda_timer.device_window.get(rec.index)
             self.cuda_memory = read_memory(self.device)
         if self.window_start is not None:
             self.cpu_window = self.cpu.window()

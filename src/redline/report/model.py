@@ -61,7 +61,9 @@ class StepTiming:
     step_time_mean_s: float | None
     samples_per_step: float | None
     throughput_samples_per_s: float | None
-    """Samples per second over the measured steps (sum of samples / sum of step time)."""
+    """Samples per second over the measured steps: Σ samples ÷ their wall time, on the device's
+    clock where the device ran longer than the host (a device-bound loop whose host queued
+    work ahead; see ``report.build.wall_seconds``)."""
     steps_per_s: float | None
 
 
