@@ -120,3 +120,23 @@ def test_lm_large_is_gpt2_small_shaped_on_the_same_naive_loop() -> None:
         12 * 32 * 32 + 13 * 32)
     assert train(w, 1) > 0
     assert "lm-large" in WORKLOADS
+
+
+def test_demo_default_is_gpu_sized_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vision on a CPU (and for the simulated accelerator); lm-large on a GPU, where the small
+    CNN cannot keep the device busy. The CLI passes the choice through when none is named."""
+    from redline.cli import main as cli
+    from redline.demo import default_workload
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_workload() == "vision"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_workload() == "lm-large"
+    assert default_workload(simulated=True) == "vision"
+
+    seen: list[str] = []
+    monkeypatch.setattr("redline.demo.run_demo", lambda w, **kw: seen.append(w))
+    assert cli.main(["demo"]) == 0
+    assert cli.main(["demo", "--workload", "lm"]) == 0
+    assert cli.main(["demo", "--simulated-accelerator"]) == 0
+    assert seen == ["lm-large", "lm", "vision"]

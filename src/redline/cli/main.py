@@ -97,11 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a built-in workload (no download) with its naive "
                        "defaults under redline.watch and print the report.")
     m.add_argument("--workload", choices=["vision", "vision-large", "lm", "lm-large"],
-                   default="vision",
+                   default=None,
                    help="vision: small CNN on JPEGs decoded per sample (CPU-sized); "
                    "vision-large: ResNet-50 on the same data (GPU-sized); lm: a small "
                    "transformer language model; lm-large: GPT-2-small-shaped (GPU-sized) "
-                   "(default: vision)")
+                   "(default: lm-large on a GPU, else vision)")
     m.add_argument("--steps", type=_positive("--steps"), default=30,
                    help="measured steps (default: 30)")
     m.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
@@ -212,16 +212,17 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from redline.demo import run_demo
+    from redline.demo import default_workload, run_demo
     from redline.workloads.simulated import SimulatedAccelerator
 
-    if args.simulated_accelerator and args.workload != "vision":
+    if args.simulated_accelerator and args.workload not in (None, "vision"):
         print(f"redline demo: error: --simulated-accelerator paces the 'vision' workload only "
               f"(its data path is what the simulation shows); got --workload {args.workload}",
               file=sys.stderr)
         return 2
     try:
-        run_demo(args.workload, steps=args.steps, json_path=args.json,
+        run_demo(args.workload or default_workload(args.simulated_accelerator),
+                 steps=args.steps, json_path=args.json,
                  tune_after=not args.no_tune,
                  simulated=SimulatedAccelerator() if args.simulated_accelerator else None)
     except OSError as e:
