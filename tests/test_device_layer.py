@@ -349,7 +349,7 @@ def test_span_and_throughput_use_the_device_clock_when_the_host_runs_ahead() -> 
     the device takes 100 ms. Host-clock ratios read span 1000 % and 10× the throughput; on
     the device's clock the span is 100 % and the throughput what the device delivered."""
     from redline.measure.timeline import StepRecord
-    from redline.report.build import span_fraction, wall_seconds
+    from redline.report.build import span_fraction, step_times, wall_seconds
 
     def rec(i: int, host_s: float, dev: tuple[float, float] | None, busy: float | None
             ) -> StepRecord:
@@ -358,10 +358,16 @@ def test_span_and_throughput_use_the_device_clock_when_the_host_runs_ahead() -> 
 
     ahead = [rec(i, 0.01, (i * 0.1, i * 0.1 + 0.1), 0.1) for i in range(5)]
     assert wall_seconds(ahead) == pytest.approx(0.5)
+    # per step, the device's periods (what the rank test compares), not 10 ms enqueues
+    assert step_times(ahead) == pytest.approx([0.1] * 5)
+    uneven = [rec(0, 0.01, (0.0, 0.1), 0.1), rec(1, 0.01, (0.1, 0.3), 0.2),
+              rec(2, 0.01, (0.3, 0.35), 0.05)]
+    assert step_times(uneven) == pytest.approx([0.1, 0.2, 0.05])
     assert span_fraction(ahead) == pytest.approx(1.0)
     # data-bound: the host waits 200 ms per step, the device works 50 ms of it
     starved = [rec(i, 0.2, (i * 0.2 + 0.15, i * 0.2 + 0.2), 0.05) for i in range(5)]
     assert wall_seconds(starved) == pytest.approx(1.0)
+    assert step_times(starved) == pytest.approx([0.2] * 5)  # the host's, it ran longer
     assert span_fraction(starved) == pytest.approx(0.25)
     # two runs of steps (an excluded step between): each counted on its own longer clock
     split = [*ahead[:2], rec(7, 0.3, (0.7, 0.8), 0.1)]

@@ -57,9 +57,9 @@ def _device_info(dev: torch.device) -> DeviceInfo:
 
 def _timing(w: Watch, steps: list[StepRecord]) -> StepTiming:
     all_steps = w.steps
-    times = [s.step_s for s in steps]
+    times = step_times(steps)
     samples = [s.samples for s in steps if s.samples is not None]
-    total = wall_seconds(steps)
+    total = sum(times)
     return StepTiming(
         step_source=w.tracker.source,
         steps_total=len(all_steps),
@@ -265,28 +265,38 @@ def build_measurements(w: Watch) -> Measurements:
     )
 
 
-def wall_seconds(steps: list[StepRecord]) -> float:
-    """The time ``steps`` took, on whichever clock ran longer.
+def step_times(steps: list[StepRecord]) -> list[float]:
+    """Seconds per step, on whichever clock ran longer over each run of consecutive steps.
 
     Host step times are right while the host leads (data- or launch-bound loops). In a
     device-bound loop the host runs ahead, queueing kernels until CUDA's launch queue is full:
     over a window its host time can be shorter than the device's. On an H200 a step of a few
     large matmuls read "span 1452 %" (20 steps fit in the queue: the host never waited), and
-    its throughput would have been the host's enqueue rate. So each run of consecutive steps
-    counts max(host seconds, device seconds from its first work to its last end)."""
-    total = 0.0
+    its throughput would have been the host's enqueue rate. Where a run's device time (first
+    work → last end) exceeds its host time, its steps are timed on the device's clock: from
+    one step's first work to the next one's (the last: to its own end)."""
+    out: list[float] = []
     run: list[StepRecord] = []
     for s in [*steps, None]:
         if s is not None and (not run or s.index == run[-1].index + 1):
             run.append(s)
             continue
         if run:
-            host = sum(r.step_s for r in run)
-            first, last = run[0].device_window_s, run[-1].device_window_s
-            device = last[1] - first[0] if first is not None and last is not None else 0.0
-            total += max(host, device)
+            host = [r.step_s for r in run]
+            wins = [r.device_window_s for r in run]
+            known = [w for w in wins if w is not None]
+            if len(known) == len(wins) and known[-1][1] - known[0][0] > sum(host):
+                ends = [w[0] for w in known[1:]] + [known[-1][1]]
+                out += [e - w[0] for w, e in zip(known, ends, strict=True)]
+            else:
+                out += host
         run = [s] if s is not None else []
-    return total
+    return out
+
+
+def wall_seconds(steps: list[StepRecord]) -> float:
+    """The time ``steps`` took: Σ :func:`step_times`."""
+    return sum(step_times(steps))
 
 
 def span_fraction(steps: list[StepRecord]) -> float | None:

@@ -23,6 +23,7 @@ from redline.data.autotune import epoch_batches
 from redline.measure.config import WatchConfig
 from redline.measure.rapl import RaplMeter
 from redline.measure.watch import Watch
+from redline.report.build import step_times
 from redline.tune.memory_budget import MemoryBudget
 from redline.tune.plan import TunePlan
 from redline.tune.runtime import TunedLoop
@@ -203,7 +204,7 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
                         m.fraction("data_wait") if t.steps_measured else None, busy,
                         m.mfu.mfu, peak, psrc, energy, esrc, t.steps_measured,
                         time.perf_counter() - t0,
-                        step_times_s=[r.step_s for r in w.measured_steps],
+                        step_times_s=step_times(w.measured_steps),
                         device_busy_kernels_fraction=kbusy, device_busy_kernels_source=ksrc)
 
 
