@@ -591,23 +591,29 @@ def test_end_to_end_trials_are_not_served_from_a_full_queue() -> None:
     assert short.throughput_samples_per_s == pytest.approx(200, rel=0.3)
 
 
+def _tiny_conv_setup() -> Any:
+    """A conv net small enough for path tests with faked speeds (a fresh TrainSetup)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from redline.tune.setup import TrainSetup
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    data = TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(0, 2, (64,)))
+    return TrainSetup(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.01),
+                      loader=DataLoader(data, batch_size=8),
+                      loss_fn=lambda mm, b: nn.functional.cross_entropy(mm(b[0]), b[1]))
+
+
 def test_bf16_is_tried_again_once_channels_last_is_kept(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The H200 measured bf16 on ResNet-50 at +8.8 % in NCHW (refused) before channels_last
     was kept; cuDNN's fast 16-bit convolutions are NHWC. A precision that passed the numerics
     guard is tried once more after channels_last. (Speeds faked: this tests the path.)"""
-    from torch.utils.data import DataLoader, TensorDataset
 
     from redline.tune.path import TuneConfig, _Path, tune
-    from redline.tune.setup import TrainSetup
 
-    def factory() -> TrainSetup:
-        torch.manual_seed(0)
-        m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
-        data = TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(0, 2, (64,)))
-        return TrainSetup(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.01),
-                          loader=DataLoader(data, batch_size=8),
-                          loss_fn=lambda mm, b: nn.functional.cross_entropy(mm(b[0]), b[1]))
+    factory = _tiny_conv_setup
 
     def ab(self: _Path, plan: TunePlan, cand: TunePlan, what: str, step_only: bool,
            ) -> tuple[float, float, list[float], list[float]]:
@@ -631,25 +637,17 @@ def test_cudnn_benchmark_is_a_measured_knob_for_conv_nets_on_cuda(
     """cudnn.benchmark is tried only where cuDNN runs the convolutions (a conv net on CUDA),
     kept when measured faster, and the tuned loop sets it only while it runs. (The CUDA check
     is patched and the speeds faked: this tests the path and the runtime on CPU.)"""
-    from torch.utils.data import DataLoader, TensorDataset
 
     from redline.tune import path as path_mod
     from redline.tune.kernels import cudnn_benchmark_applies
     from redline.tune.path import TuneConfig, _Path, tune
     from redline.tune.runtime import TunedLoop
-    from redline.tune.setup import TrainSetup
 
     assert not cudnn_benchmark_applies(True, torch.device("cpu"))
     assert cudnn_benchmark_applies(True, torch.device("cuda"))
     assert not cudnn_benchmark_applies(False, torch.device("cuda"))
 
-    def factory() -> TrainSetup:
-        torch.manual_seed(0)
-        m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
-        data = TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(0, 2, (64,)))
-        return TrainSetup(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.01),
-                          loader=DataLoader(data, batch_size=8),
-                          loss_fn=lambda mm, b: nn.functional.cross_entropy(mm(b[0]), b[1]))
+    factory = _tiny_conv_setup
 
     tried: list[str] = []
 
