@@ -114,7 +114,7 @@ def test_lm_large_is_gpt2_small_shaped_on_the_same_naive_loop() -> None:
                  for p in b.parameters())
     assert blocks == 85_054_464
     small = LMConfig(vocab=64, seq_len=16, d_model=32, n_layers=12, n_heads=4, sequences=32)
-    w = build_lm(small)
+    w = build_lm(small, name="lm-large")
     assert w.name == "lm-large" and build_lm(LMConfig(sequences=32)).name == "lm"
     assert sum(p.numel() for b in w.model.blocks for p in b.parameters()) == 12 * (
         12 * 32 * 32 + 13 * 32)

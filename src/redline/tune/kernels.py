@@ -1,9 +1,8 @@
 """Kernel knobs: which apply to this model, and hand-written attention with its code location.
 
 The knobs (torch.compile, fused/foreach optimizer, channels_last, cudnn.benchmark) are measured
-by the tuning
-path (:mod:`redline.tune.path`) and kept only when faster over the planned run; this module
-says which are candidates. Replacing hand-written attention by
+by the tuning path (:mod:`redline.tune.path`) and kept only when faster over the planned run;
+this module says which are candidates. Replacing hand-written attention by
 ``torch.nn.functional.scaled_dot_product_attention`` is a code change, so it is reported with
 the file and line of the softmax, not applied.
 """

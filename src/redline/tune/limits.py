@@ -1,8 +1,9 @@
 """What still limits the tuned step, from the after-measurement: where the path ends, the user
 learns which bottleneck is left and what no knob of the path can change.
 
-One rule per bottleneck, in the order of design §1 (data before device), each from measured
-numbers only; where a number is unknown the rule says nothing rather than guess.
+One rule per bottleneck (data, host, device), each from measured numbers only, listed by the
+share of the step each accounts for; where a number is unknown the rule says nothing rather
+than guess.
 """
 
 from __future__ import annotations

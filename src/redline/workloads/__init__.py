@@ -15,7 +15,7 @@ WORKLOADS: dict[str, Callable[[torch.device], Workload]] = {
     "vision": lambda dev: build_vision(VisionConfig(), dev),
     "vision-large": lambda dev: build_vision(vision_large_config(), dev),
     "lm": lambda dev: build_lm(LMConfig(), dev),
-    "lm-large": lambda dev: build_lm(lm_large_config(), dev),
+    "lm-large": lambda dev: build_lm(lm_large_config(), dev, "lm-large"),
 }
 """Name → builder of the naive default configuration."""
 

@@ -113,7 +113,8 @@ def _loss(model: nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
     return loss
 
 
-def build_lm(cfg: LMConfig | None = None, device: torch.device | None = None) -> Workload:
+def build_lm(cfg: LMConfig | None = None, device: torch.device | None = None,
+             name: str = "lm") -> Workload:
     cfg = cfg or LMConfig()
     device = device or torch.device("cpu")
     torch.manual_seed(cfg.seed)
@@ -121,7 +122,6 @@ def build_lm(cfg: LMConfig | None = None, device: torch.device | None = None) ->
                         shuffle=True, drop_last=True, num_workers=cfg.num_workers)
     model = TinyGPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    name = "lm-large" if cfg.n_layers >= lm_large_config().n_layers else "lm"
     return Workload(name, model, loader, opt, _loss, device, cfg.accumulation_steps)
 
 
