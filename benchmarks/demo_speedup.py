@@ -42,7 +42,7 @@ def main() -> int:
             ratios.append(res.speedup)
             p = res.plan
             plans.append(f"{p.micro_batch}×{p.accumulation_steps} {p.precision} "
-                         f"w{p.num_workers} cl={p.channels_last} opt={p.optimizer_impl}")
+                         f"w{p.loader.num_workers} cl={p.channels_last} opt={p.optimizer_impl}")
             b, a = res.before, res.after
             print(f"{variant}: {b.throughput_samples_per_s:,.0f} → "
                   f"{a.throughput_samples_per_s:,.0f} samples/s = {res.speedup:.2f}× "

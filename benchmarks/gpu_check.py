@@ -242,6 +242,7 @@ def tuned_loop_cuda() -> tuple[bool, str]:
     """apply_plan on CUDA: prefetcher, bf16 autocast, micro-batches, fused AdamW; device busy."""
     from torch.utils.data import DataLoader, TensorDataset
 
+    from redline.core.loader import LoaderSettings
     from redline.tune import TunePlan, apply_plan
     from redline.tune.plan import plan_key
 
@@ -251,8 +252,9 @@ def tuned_loop_cuda() -> tuple[bool, str]:
     loader = DataLoader(ds, batch_size=64)
     key = plan_key(model, torch.device("cuda"), "fp32", next(iter(loader)))
     plan = TunePlan(key=key, effective_batch=256, micro_batch=128, precision="bf16",
-                    num_workers=2, prefetch_factor=2, pin_memory=True,
-                    persistent_workers=True, prefetch_to_device=True, optimizer_impl="fused")
+                    loader=LoaderSettings(num_workers=2, prefetch_factor=2, pin_memory=True,
+                                          persistent_workers=True),
+                    prefetch_to_device=True, optimizer_impl="fused")
 
     def loss_fn(m: nn.Module, b: list[torch.Tensor]) -> torch.Tensor:
         return m(b[0]).float().pow(2).mean()

@@ -47,8 +47,8 @@ def main() -> None:
         for pf in ([None] if w == 0 else [1, 2, 4]):
             for pin in (False, True):
                 s = LoaderSettings(num_workers=w, prefetch_factor=pf, pin_memory=pin,
-                                   persistent_workers=w > 0, torch_threads=max(1, int(cpus) - w))
-                grid.append(measure(make, consume, s, args.batches))
+                                   persistent_workers=w > 0)
+                grid.append(measure(make, consume, s, max(1, int(cpus) - w), args.batches))
     grid_s = time.perf_counter() - t0
     plan = autotune_loader(make, consume, cpus=cpus, batches_per_trial=args.batches)
     best = max(grid, key=lambda t: t.samples_per_s)

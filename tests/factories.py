@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from redline.measure.mfu import MfuResult
-from redline.report.model import (
+from redline.core.loader import LoaderSettings
+from redline.core.measurements import (
     DeviceInfo,
     DeviceMetrics,
     EffectiveConfig,
@@ -15,10 +15,12 @@ from redline.report.model import (
     LoaderReport,
     Measurements,
     MetricTier,
+    MfuResult,
     PhaseShare,
     PrecisionInfo,
     StepTiming,
 )
+from redline.tune.plan import PlanKey
 
 
 def breakdown(**fractions: float) -> list[PhaseShare]:
@@ -30,8 +32,11 @@ def breakdown(**fractions: float) -> list[PhaseShare]:
 
 
 def loader(**kw: Any) -> LoaderReport:
-    base = LoaderReport(batch_size=32, num_workers=0, pin_memory=False, prefetch_factor=None,
-                        persistent_workers=False, dataset_type="DS",
+    """A loader report; ``num_workers``, ``prefetch_factor``, ``pin_memory`` and
+    ``persistent_workers`` go into its settings."""
+    settings = LoaderSettings(**{k: kw.pop(k) for k in list(kw)
+                                 if k in LoaderSettings.__dataclass_fields__})
+    base = LoaderReport(batch_size=32, settings=settings, dataset_type="DS",
                         multiprocessing_context=None, iterators=1, worker_starts=0,
                         worker_startup_mean_s=None, worker_startup_total_s=0.0,
                         batch_bytes=32 * 3 * 224 * 224 * 4)
@@ -56,10 +61,7 @@ def measurements(*, device: str = "cpu", phases: dict[str, float] | None = None,
         dm = DeviceMetrics(0.9, 0.09, 2**30, 2**31, 80 * 2**30, None, 0, 0.0)
     dm = replace(dm, **(dev or {}))
     cfg = EffectiveConfig(device=device, batch_size=li.batch_size if li else 32,
-                          num_workers=li.num_workers if li else None,
-                          pin_memory=li.pin_memory if li else None,
-                          prefetch_factor=li.prefetch_factor if li else None,
-                          persistent_workers=li.persistent_workers if li else None,
+                          loader=li.settings if li else None,
                           precision=precision, torch_threads=h.torch_threads,
                           data_source="DataLoader")
     cfg = replace(cfg, **config)
@@ -75,4 +77,9 @@ def measurements(*, device: str = "cpu", phases: dict[str, float] | None = None,
     )
 
 
-__all__ = ["H2DMetrics", "breakdown", "loader", "measurements"]
+__all__ = ["H2DMetrics", "breakdown", "loader", "measurements", "plan_key"]
+
+
+def plan_key(sig: str = "abc") -> PlanKey:
+    """A plan key for a CPU model whose samples are 8 floats."""
+    return PlanKey(sig, "m.Net", "cpu:x86_64", "fp32", "(8,):float32")

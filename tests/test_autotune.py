@@ -43,7 +43,7 @@ def test_decode_heavy_data_gets_more_workers_than_trivial_data() -> None:
     assert "no workers needed" in light.reason or "no gain" in light.reason
     assert heavy.settings.num_workers > light.settings.num_workers, heavy.reason
     assert heavy.best.samples_per_s > heavy.trials[0].samples_per_s * 1.05
-    assert heavy.settings.persistent_workers and heavy.settings.torch_threads >= 1
+    assert heavy.settings.persistent_workers and heavy.torch_threads >= 1
     assert heavy.reason.startswith(("data wait fell", "1 workers", "2 workers", "3 workers",
                                     "4 workers", "the 2 usable CPUs", "reached"))
     assert heavy.consume_s_per_batch == pytest.approx(0.02, rel=0.5)

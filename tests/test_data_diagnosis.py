@@ -86,7 +86,8 @@ def test_decoding_fetch_is_cpu_preprocessing_in_process() -> None:
 def test_sleeping_workers_are_storage_fetch() -> None:
     loader = DataLoader(SleepyDataset(), batch_size=16, num_workers=2)
     rep = _run(loader, TinyNet(), steps=12)
-    assert rep.measurements.config.num_workers == 2
+    assert rep.measurements.config.loader is not None
+    assert rep.measurements.config.loader.num_workers == 2
     ids = _ids(rep)
     assert {"data_starvation", "storage_fetch"} <= ids
     assert "cpu_preprocessing" not in ids

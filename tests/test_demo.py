@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from redline.demo import run_demo
 from redline.tune import TuneConfig
+from redline.tune.decision import Knob
 from redline.workloads import LMConfig, VisionConfig, build_lm, build_vision, train
 
 
@@ -18,7 +20,8 @@ def test_vision_workload_decodes_and_learns_shapes() -> None:
     assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32
     assert y.shape == (8,)
     loss = train(w, 3)
-    assert loss == loss and loss > 0  # finite
+    # cross-entropy over 10 classes from a fresh model: finite, near log(10) ≈ 2.3
+    assert math.isfinite(loss) and 0.5 < loss < 10
 
 
 def test_vision_large_is_resnet50_on_the_same_naive_loop() -> None:
@@ -72,7 +75,8 @@ def test_demo_vision_finds_the_data_bottleneck() -> None:
     ids = {f.id for f in rep.findings}
     assert "data_starvation" in ids and "cpu_preprocessing" in ids
     assert rep.measurements.timing.steps_measured == 6
-    assert rep.measurements.config.num_workers == 0
+    assert rep.measurements.config.loader is not None
+    assert rep.measurements.config.loader.num_workers == 0
 
 
 def test_demo_lm_runs() -> None:
@@ -90,11 +94,11 @@ def test_demo_ends_tuned_with_the_same_effective_batch(tmp_path: Path) -> None:
     assert res is not None
     assert rep.measurements.config.batch_size == 8
     assert res.plan.effective_batch == 8 * 4  # naive: micro 8 × 4 accumulation
-    steps = [d["step"] for d in res.plan.decisions]
-    assert steps[:2] == ["data pipeline", "batch size"]
-    assert "sdpa" in steps  # TinyGPT's hand-written attention, with its location
-    sdpa = next(d for d in res.plan.decisions if d["step"] == "sdpa")
-    assert "lm.py:" in sdpa["location"]
+    knobs = [d.knob for d in res.plan.decisions]
+    assert knobs[:2] == [Knob.LOADER, Knob.BATCH]
+    # TinyGPT's hand-written attention, with its location
+    sdpa = next(d for d in res.plan.decisions if d.knob is Knob.SDPA)
+    assert "lm.py:" in str(sdpa.details["location"]) and not sdpa.kept
     assert res.before.throughput_samples_per_s and res.after.throughput_samples_per_s
     assert res.before_projection.job_time_s is not None
 

@@ -348,8 +348,8 @@ def test_span_and_throughput_use_the_device_clock_when_the_host_runs_ahead() -> 
     """A device-bound loop queues kernels without waiting: 10 ms of host time per step while
     the device takes 100 ms. Host-clock ratios read span 1000 % and 10× the throughput; on
     the device's clock the span is 100 % and the throughput what the device delivered."""
+    from redline.measure.stats import span_fraction, step_times, wall_seconds
     from redline.measure.timeline import StepRecord
-    from redline.report.build import span_fraction, step_times, wall_seconds
 
     def rec(i: int, host_s: float, dev: tuple[float, float] | None, busy: float | None
             ) -> StepRecord:

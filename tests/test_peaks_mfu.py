@@ -50,16 +50,16 @@ def test_mfu_unknown_says_why() -> None:
     assert "0 FLOPs" in (compute_mfu(0.0, 0.01, (1e12, "x"), "bf16").reason or "")
 
 
-def test_fp32_convolutions_count_against_the_tf32_peak(monkeypatch: pytest.MonkeyPatch) -> None:
-    """cuDNN runs fp32 convolutions in TF32 by default: a conv net "in fp32" measured against
-    the fp32 peak read MFU 74 % on an H200 while its kernels ran 32 % of the step. Its FLOPs
-    are split: convolutions at the TF32 peak, the rest at fp32."""
+def test_fp32_convolutions_count_against_the_tf32_peak() -> None:
+    """cuDNN runs fp32 convolutions in TF32 by default: a conv net "in fp32" held to the fp32
+    peak alone reads an MFU far above what its kernels achieve. Its FLOPs are split:
+    convolutions at the TF32 peak, the rest at fp32."""
     import torch
     from torch import nn
 
+    from redline.core.measurements import DeviceInfo
     from redline.measure.flops import FlopWindow
-    from redline.report.build import _fp32_with_tf32_convolutions
-    from redline.report.model import DeviceInfo
+    from redline.measure.mfu import fp32_with_tf32_convolutions
 
     m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
     win = FlopWindow()
@@ -76,15 +76,42 @@ def test_fp32_convolutions_count_against_the_tf32_peak(monkeypatch: pytest.Monke
     fp32 = peak_flops("NVIDIA H200", "fp32")
     tf32 = peak_flops("NVIDIA H200", "tf32")
     assert fp32 and tf32
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    (peak, src), dtype = _fp32_with_tf32_convolutions(h200, 100.0, 99.0, fp32)
+    (peak, src), dtype = fp32_with_tf32_convolutions(h200, 100.0, 99.0, fp32, True)
     assert dtype == "tf32-conv+fp32" and "99% of the FLOPs are convolutions" in src
     assert peak == pytest.approx(100 / (99 / tf32[0] + 1 / fp32[0]))
     assert fp32[0] < peak < tf32[0]
     # TF32 convolutions turned off, or a pre-Ampere GPU: the fp32 peak stands
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    assert _fp32_with_tf32_convolutions(h200, 100.0, 99.0, fp32) == (fp32, "fp32")
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert fp32_with_tf32_convolutions(h200, 100.0, 99.0, fp32, False) == (fp32, "fp32")
     v100 = DeviceInfo("cuda", "Tesla V100-SXM2-16GB", 1, "7.0")
     v_fp32 = peak_flops(v100.name, "fp32")
-    assert v_fp32 and _fp32_with_tf32_convolutions(v100, 100.0, 99.0, v_fp32) == (v_fp32, "fp32")
+    assert v_fp32
+    assert fp32_with_tf32_convolutions(v100, 100.0, 99.0, v_fp32, True) == (v_fp32, "fp32")
+
+
+def test_mfu_divides_by_the_mean_step_time_as_its_source_says() -> None:
+    """MFU = counted FLOPs × steps/s ÷ peak, steps/s over the measured window (1 ÷ the mean
+    step time), and the report's source line says so."""
+    from redline.core.measurements import DeviceInfo
+    from redline.measure.mfu import mfu_for
+
+    h100 = DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 1, "9.0")
+    bf16 = peak_flops(h100.name, "bf16")
+    assert bf16
+    r = mfu_for(h100, "bf16-autocast", 1e14, 0.0, 0.5, counted=True)
+    assert r.compute_dtype == "bf16" and r.peak_flops_per_s == bf16[0]
+    assert r.mfu == pytest.approx(1e14 / 0.5 / bf16[0])
+    cpu = mfu_for(DeviceInfo("cpu", "x86_64", 1), "fp32", 1e9, 0.0, 0.5, counted=True)
+    assert cpu.mfu is None and "CPU" in (cpu.reason or "")
+    off = mfu_for(h100, "bf16-autocast", None, None, 0.5, counted=False)
+    assert off.mfu is None and "turned off" in (off.reason or "")
+    unknown = mfu_for(DeviceInfo("cuda", "NVIDIA Imaginary X1", 1, "9.0"), "bf16-autocast",
+                      1e14, 0.0, 0.5, counted=True)
+    assert unknown.mfu is None and "no peak-FLOPs entry" in (unknown.reason or "")
+
+
+def test_the_mfu_source_names_the_mean_step_time() -> None:
+    import redline
+
+    with redline.watch(warmup_steps=0, count_flops=False) as w:
+        pass
+    assert "mean step time" in w.report(show=False).measurements.sources["mfu"]

@@ -36,12 +36,14 @@ def report() -> redline.Report:
 def test_report_validates_against_schema(report: redline.Report) -> None:
     d = to_dict(report)
     jsonschema.validate(d, schema())
-    assert d["schema"] == "redline.report/1"
+    assert d["schema"] == "redline.report/2"
     m = d["measurements"]
     assert m["timing"]["steps_measured"] == 10 - 2 - 1
     assert m["config"] == {
-        "device": "cpu", "batch_size": 32, "num_workers": 0, "pin_memory": False,
-        "prefetch_factor": None, "persistent_workers": False, "precision": "fp32",
+        "device": "cpu", "batch_size": 32,
+        "loader": {"num_workers": 0, "prefetch_factor": None, "pin_memory": False,
+                   "persistent_workers": False},
+        "precision": "fp32",
         "torch_threads": torch.get_num_threads(), "data_source": "DataLoader"}
     assert m["tier"]["tier"] == "cpu"
     assert m["mfu"]["mfu"] is None and "CPU" in m["mfu"]["reason"]
@@ -51,6 +53,7 @@ def test_report_validates_against_schema(report: redline.Report) -> None:
     assert m["mfu"]["flops_per_step"] == 3 * fwd - 2 * 32 * 16 * 32
     assert sum(p["fraction"] for p in m["breakdown"]) == pytest.approx(1.0, abs=1e-6)
     assert set(m["sources"]) >= {"step_time", "data_wait", "cpu", "mfu"}
+    assert m["loaders"][0]["settings"] == m["config"]["loader"]
 
 
 def test_schema_rejects_a_broken_report(report: redline.Report) -> None:

@@ -93,6 +93,6 @@ def test_tuning_on_the_simulated_accelerator_keeps_the_batch_and_bf16(tmp_path: 
     p = res.plan
     assert p.effective_batch == 64 and p.micro_batch == 64 and p.accumulation_steps == 1
     assert p.precision == "bf16"
-    kept = {d["step"]: d["kept"] for d in p.decisions}
+    kept = {d.label: d.kept for d in p.decisions}
     assert kept["batch size"] and kept["precision bf16"]
     assert res.speedup is not None and res.speedup > 1.5

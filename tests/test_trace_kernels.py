@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from redline.diagnose import diagnose_trace
 from redline.trace import analyze_paths
 from trace_fixtures import _x, synthetic_events, write_trace
 
 
 def _ids(a) -> set[str]:
-    return {f.id for f in a.findings}
+    return {f.id for f in diagnose_trace(a)}
 
 
 def test_launch_stats_copies_and_top_kernels(tmp_path: Path) -> None:
@@ -37,7 +38,7 @@ def test_launch_stats_copies_and_top_kernels(tmp_path: Path) -> None:
 
 def test_trace_findings_with_ceilings(tmp_path: Path) -> None:
     a = analyze_paths([write_trace(tmp_path / "t.json.gz")])
-    f = {x.id: x for x in a.findings}
+    f = {x.id: x for x in diagnose_trace(a)}
     # communication alone: 50 µs of comm minus 15 overlapped = 35 of a 170 µs window
     assert f["comm_not_overlapped"].ceiling_speedup == pytest.approx(1 / (1 - 35 / 170))
     # pageable H2D copy: 10 of 170 µs
@@ -46,7 +47,7 @@ def test_trace_findings_with_ceilings(tmp_path: Path) -> None:
     assert f["fp32_matmul_on_tensor_cores"].ceiling_speedup == pytest.approx(
         1 / (1 - 40 / 170 * 7 / 8))
     assert "launch_bound" not in f and "memory_bound_kernels" not in f  # 0 short; 20/60 < 40 %
-    ceilings = [x.ceiling_speedup or 0 for x in a.findings]
+    ceilings = [x.ceiling_speedup or 0 for x in diagnose_trace(a)]
     assert ceilings == sorted(ceilings, reverse=True)
 
 
@@ -78,7 +79,7 @@ def test_unfused_attention_and_memory_bound(tmp_path: Path) -> None:
             ev.append(_x("kernel", name, t + 1, dur, stream=7, correlation=corr))
             t += dur + 1
     a = analyze_paths([write_trace(tmp_path / "a.json.gz", ev, cc=(7, 0))])
-    f = {x.id: x for x in a.findings}
+    f = {x.id: x for x in diagnose_trace(a)}
     assert f["unfused_attention"].evidence["occurrences"] == 20
     assert "scaled_dot_product_attention" in f["unfused_attention"].fix
     # softmax + elementwise + reduce = 70 of 90 µs of compute per round
@@ -102,7 +103,7 @@ def test_straggler_from_arrival_skew(tmp_path: Path) -> None:
     a = analyze_paths([tmp_path])
     s1 = next(s for s in a.stragglers if s.rank == 1)
     assert (s1.last_arrivals, s1.collectives, s1.mean_lateness_us) == (5, 5, 500)
-    f = next(x for x in a.findings if x.id == "straggler")
+    f = next(x for x in diagnose_trace(a) if x.id == "straggler")
     assert f.evidence["rank"] == 1
 
 

@@ -11,18 +11,21 @@ from typing import TYPE_CHECKING, Any
 from redline._version import __version__
 
 if TYPE_CHECKING:
+    from redline.core.errors import RedlineError
+    from redline.core.findings import Finding
+    from redline.core.report import Report
     from redline.measure.config import WatchConfig
-    from redline.measure.watch import Watch, watch
-    from redline.report.model import Finding, Report
+    from redline.report.watch import Watch, watch
 
-__all__ = ["Finding", "Report", "Watch", "WatchConfig", "__version__", "watch"]
+__all__ = ["Finding", "RedlineError", "Report", "Watch", "WatchConfig", "__version__", "watch"]
 
 _LAZY = {
     "WatchConfig": "redline.measure.config",
-    "Watch": "redline.measure.watch",
-    "watch": "redline.measure.watch",
-    "Finding": "redline.report.model",
-    "Report": "redline.report.model",
+    "Watch": "redline.report.watch",
+    "watch": "redline.report.watch",
+    "Finding": "redline.core.findings",
+    "Report": "redline.core.report",
+    "RedlineError": "redline.core.errors",
 }
 
 

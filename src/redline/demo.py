@@ -8,12 +8,15 @@ from typing import Any
 
 import torch
 
+from redline.core.report import Report
 from redline.measure.config import WatchConfig
-from redline.measure.watch import Watch
 from redline.report.json_io import write_json
-from redline.report.model import Report
 from redline.report.terminal import print_report
-from redline.tune.path import TuneConfig, TuneResult, tune
+from redline.report.tune_render import render as render_tune
+from redline.report.watch import Watch
+from redline.tune.config import TuneConfig
+from redline.tune.path import tune
+from redline.tune.result import TuneResult
 from redline.tune.setup import TrainSetup
 from redline.workloads import WORKLOADS, Workload, train
 from redline.workloads.simulated import SimulatedAccelerator, build_vision_simulated
@@ -58,10 +61,11 @@ def workload_factory(workload: str, device: torch.device,
 def default_workload(simulated: bool = False) -> str:
     """The demo's workload when none is named: ``lm-large`` on a GPU, ``vision`` elsewhere.
 
-    The CPU-sized ``vision`` cannot keep a GPU busy whatever is tuned (an H200 finishes its
-    step before 16 CPUs decode the next batch), and ``vision-large`` stays decode- and
-    launch-bound there (tuned: kernels 32 % of the step on an H200, 2026-11-29); the tuned
-    ``lm-large`` ran kernels 97 % of the step. The simulated accelerator paces ``vision``."""
+    The CPU-sized ``vision`` cannot keep a GPU busy whatever is tuned (a data-centre GPU
+    finishes its step before the host's CPUs decode the next batch), and ``vision-large`` stays
+    decode- and launch-bound there (the tuned table's ``still limited`` line says so); the
+    tuned ``lm-large`` keeps a GPU's kernels busy most of the step. The simulated accelerator
+    paces ``vision``."""
     if not simulated and torch.cuda.is_available():
         return "lm-large"
     return "vision"
@@ -106,8 +110,7 @@ def run_demo(workload: str = "vision", steps: int = 30, json_path: str | None = 
         result = tune(workload_factory(workload, device, simulated), cfg,
                       log=(lambda s: print(s, flush=True)) if show else (lambda s: None))
         if show:
-            from redline.report.tune_render import render
-            render(result, label=simulated.label() if simulated else None)
+            render_tune(result, label=simulated.label() if simulated else None)
     if show and device.type == "cuda" and workload == "lm-large":
         print("redline demo: the input-pipeline side of the story on this GPU: "
               "`redline demo --workload vision-large` (ResNet-50 fed by JPEGs decoded on "

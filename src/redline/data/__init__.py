@@ -1,6 +1,7 @@
 """Data-path fixes: loader autotune, a device prefetcher and a cache of preprocessed samples."""
 
-from redline.data.autotune import LoaderPlan, LoaderSettings, autotune_loader
+from redline.core.loader import LoaderSettings
+from redline.data.autotune import LoaderPlan, autotune_loader
 from redline.data.cache import CachedDataset, CacheStats
 from redline.data.prefetcher import DevicePrefetcher, PrefetchStats, map_tensors
 from redline.data.stores import LmdbStore, RedisStore

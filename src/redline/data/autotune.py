@@ -1,6 +1,6 @@
 """DataLoader autotune: settings found by measuring the real loop, not by folklore.
 
-"4–8 workers per GPU" is a starting point (data_pipeline_anchors.md §5). This measures instead:
+"4–8 workers per GPU" is a common starting point; this measures instead:
 it times the consumer with data ready (the device's consumption rate), then raises
 ``num_workers`` (and ``prefetch_factor`` when the fetch waits rather than computes) while each
 step measurably helps, and stops as soon as the loop waits for data ≤ 2 % of the step, the
@@ -9,6 +9,7 @@ usable CPUs are saturated, or /dev/shm / RAM would not hold more batches in flig
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -21,11 +22,12 @@ import psutil
 import torch
 from torch.utils.data import DataLoader
 
+from redline.core.loader import LoaderSettings
 from redline.measure.loader import batch_nbytes, batch_samples
 from redline.measure.system import cpu_budget, shm_info
 
 WAIT_TARGET = 0.02
-"""Stop once data wait is ≤ 2 % of the step (issue 4)."""
+"""Stop once data wait is ≤ 2 % of the step: what is left is below the noise of one trial."""
 MIN_GAIN = 0.05
 """A setting is kept only if it raises throughput by ≥ 5 % (below that it is noise here)."""
 SATURATED = 0.9
@@ -40,29 +42,11 @@ SHM_SHARE = 0.5
 """Batches in flight may use at most half of the free /dev/shm."""
 
 
-@dataclass(frozen=True, slots=True)
-class LoaderSettings:
-    """The knobs autotune sets."""
-
-    num_workers: int = 0
-    prefetch_factor: int | None = None
-    """Batches in flight per worker (None with num_workers=0)."""
-    pin_memory: bool = False
-    persistent_workers: bool = False
-    torch_threads: int = 1
-    """Intra-op threads of the training process while workers run."""
-
-    def loader_kwargs(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
-        if self.num_workers > 0:
-            kw["prefetch_factor"] = self.prefetch_factor or 2
-            kw["persistent_workers"] = self.persistent_workers
-        return kw
-
-
 @dataclass(slots=True)
 class Trial:
     settings: LoaderSettings
+    torch_threads: int
+    """Intra-op threads of the training process during the trial."""
     samples_per_s: float
     data_wait_fraction: float
     cpu_cores_busy: float
@@ -79,6 +63,8 @@ class LoaderPlan:
     """The chosen settings, every trial behind them, and why."""
 
     settings: LoaderSettings
+    torch_threads: int
+    """Intra-op threads of the training process chosen with ``settings``."""
     consume_s_per_batch: float
     """Time the consumer needs per batch with data ready (the device's consumption rate)."""
     trials: list[Trial] = field(default_factory=list)
@@ -106,12 +92,8 @@ def _proc_cpu(p: psutil.Process) -> float:
     return total
 
 
-def _fields(s: LoaderSettings) -> dict[str, Any]:
-    return {f: getattr(s, f) for f in LoaderSettings.__dataclass_fields__}
-
-
 def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
-            consume: Callable[[Any], None], settings: LoaderSettings,
+            consume: Callable[[Any], None], settings: LoaderSettings, torch_threads: int = 1,
             batches: int = 24, skip: int | None = None,
             whole_epochs: bool | None = None) -> Trial:
     """Throughput and data wait of one setting, in the real loop.
@@ -132,19 +114,20 @@ def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     if skip is None:
         skip = max(3, settings.num_workers * (settings.prefetch_factor or 0) + 1)
     threads = torch.get_num_threads()
-    torch.set_num_threads(settings.torch_threads)
+    torch.set_num_threads(torch_threads)
     proc = psutil.Process()
     t_start = time.perf_counter()
     with warnings.catch_warnings():
         # Trials may deliberately use more workers than cores (I/O-bound fetches); torch's
         # advice against that is what the measurement itself settles.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-        return _measure(make_loader, consume, settings, batches, skip, whole_epochs, proc,
-                        threads, t_start)
+        return _measure(make_loader, consume, settings, torch_threads, batches, skip,
+                        whole_epochs, proc, threads, t_start)
 
 
 def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
-             consume: Callable[[Any], None], settings: LoaderSettings, batches: int, skip: int,
+             consume: Callable[[Any], None], settings: LoaderSettings, torch_threads: int,
+             batches: int, skip: int,
              whole_epochs: bool | None, proc: psutil.Process, threads: int, t_start: float,
              ) -> Trial:
     try:
@@ -188,7 +171,8 @@ def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         busy = (_proc_cpu(proc) - c0) / max(1e-9, time.perf_counter() - w0)
     finally:
         torch.set_num_threads(threads)
-    return Trial(settings, samples / step, wait / step, busy, time.perf_counter() - t_start,
+    return Trial(settings, torch_threads, samples / step, wait / step, busy,
+                 time.perf_counter() - t_start,
                  timed_batches=batches, whole_epochs=whole)
 
 
@@ -237,16 +221,16 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     cap = max_workers if max_workers is not None else max(1, int(2 * budget))
     pin = device.startswith("cuda") and torch.cuda.is_available()
     consume_s, sample_batch = consume_time(make_loader, consume)
-    plan = LoaderPlan(LoaderSettings(torch_threads=max(1, int(budget))), consume_s)
+    plan = LoaderPlan(LoaderSettings(), max(1, int(budget)), consume_s)
     # One window rule for every trial (see measure): whole epochs when the deepest queue this
     # search may try (cap workers × prefetch 4) would leave no room inside an epoch.
     epoch = epoch_batches(make_loader(LoaderSettings()))
     whole = epoch is not None and epoch < cap * 4 + 1 + MIN_TIMED_BATCHES
 
-    def measure_(s: LoaderSettings) -> Trial:
-        return measure(make_loader, consume, s, batches_per_trial, whole_epochs=whole)
+    def measure_(s: LoaderSettings, threads: int) -> Trial:
+        return measure(make_loader, consume, s, threads, batches_per_trial, whole_epochs=whole)
 
-    first = measure_(plan.settings)
+    first = measure_(plan.settings, plan.torch_threads)
     plan.trials.append(first)
     best = first
     batch_bytes = batch_nbytes(sample_batch)
@@ -273,9 +257,8 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             reason = "batches in flight would use over a quarter of the free RAM"
             break
         s = LoaderSettings(num_workers=workers, prefetch_factor=prefetch, pin_memory=pin,
-                           persistent_workers=True,
-                           torch_threads=max(1, int(budget) - workers))
-        trial = measure_(s)
+                           persistent_workers=True)
+        trial = measure_(s, max(1, int(budget) - workers))
         plan.trials.append(trial)
         gained = trial.samples_per_s >= best.samples_per_s * (1 + MIN_GAIN)
         if gained:
@@ -307,16 +290,16 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     if (best.settings.num_workers and best.data_wait_fraction > WAIT_TARGET
             and best.cpu_cores_busy < IO_BOUND * budget):
         # The fetch waits rather than computes: a deeper queue per worker may hide latency.
-        deeper = LoaderSettings(**{**_fields(best.settings), "prefetch_factor": 4})
-        trial = measure_(deeper)
+        deeper = dataclasses.replace(best.settings, prefetch_factor=4)
+        trial = measure_(deeper, best.torch_threads)
         plan.trials.append(trial)
         if trial.samples_per_s >= best.samples_per_s * (1 + MIN_GAIN):
             best = trial
             reason += "; prefetch_factor 4 helped"
-    plan.settings = best.settings
+    plan.settings, plan.torch_threads = best.settings, best.torch_threads
     plan.reason = (f"{reason}. Chosen: {best.settings.num_workers} workers, prefetch "
                    f"{best.settings.prefetch_factor}, pin_memory {best.settings.pin_memory}, "
-                   f"{best.settings.torch_threads} torch threads → "
+                   f"{best.torch_threads} torch threads → "
                    f"{best.samples_per_s:,.0f} samples/s, data wait "
                    f"{best.data_wait_fraction:.1%} (consumer needs {consume_s * 1e3:.1f} ms/batch"
                    + (f"; timed over whole epochs of {best.timed_batches // best.whole_epochs} "

@@ -14,8 +14,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
+from redline.core.errors import RedlineError
 
-class StoreFull(Exception):
+
+class StoreFull(RedlineError):
     """The store reached its size bound (or the disk/memory behind it is full)."""
 
 

@@ -1,6 +1,20 @@
-"""Findings (design §4) from measurements."""
+"""Diagnosis: every rule and threshold, one function per finding id (design catalogue in
+:data:`redline.core.findings.CATALOGUE`), over a watch's measurements or a trace analysis."""
 
-from redline.diagnose.engine import diagnose, rank
-from redline.diagnose.finding import CATALOGUE, ceiling_speedup
+from redline.diagnose.advise import MeasuredLoader, with_loader_not_tuned, with_measured_loader
+from redline.diagnose.engine import (
+    JOB_RULES,
+    NOT_DIAGNOSED,
+    RULES,
+    TRACE_RULES,
+    diagnose,
+    diagnose_trace,
+)
+from redline.diagnose.limits import remaining_limits
+from redline.diagnose.stall import stall_note
 
-__all__ = ["CATALOGUE", "ceiling_speedup", "diagnose", "rank"]
+__all__ = [
+    "JOB_RULES", "NOT_DIAGNOSED", "RULES", "TRACE_RULES", "MeasuredLoader", "diagnose",
+    "diagnose_trace", "remaining_limits", "stall_note", "with_loader_not_tuned",
+    "with_measured_loader",
+]

@@ -1,16 +1,16 @@
 """Device-side findings from always-on data: host_sync, small_batch, no_mixed_precision,
-fp32_matmul_on_tensor_cores. (Trace-based kernel findings live with trace analysis.)"""
+fp32_matmul_on_tensor_cores. (The trace-based rules are in :mod:`redline.diagnose.trace_rules`.)"""
 
 from __future__ import annotations
 
-from redline.diagnose.finding import ceiling_speedup
+from redline.core.findings import Finding, ceiling_speedup
+from redline.core.measurements import Measurements
 from redline.diagnose.thresholds import (
     MIN_COMPUTE_FRACTION,
     SMALL_BATCH_MAX_BUSY,
     SMALL_BATCH_MAX_MEMORY_FRACTION,
 )
 from redline.measure.peaks import peak_flops
-from redline.report.model import Finding, Measurements
 
 
 def _cc(m: Measurements) -> float:
@@ -118,8 +118,3 @@ def fp32_matmul_on_tensor_cores(m: Measurements) -> list[Finding]:
         ceiling,
         "torch.set_float32_matmul_precision('high') (TF32 matmuls, 10-bit mantissa inputs) — "
         "one line, no other code change.")]
-
-
-def device_findings(m: Measurements) -> list[Finding]:
-    return [*host_sync(m), *small_batch(m), *no_mixed_precision(m),
-            *fp32_matmul_on_tensor_cores(m)]

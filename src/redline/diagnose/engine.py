@@ -1,20 +1,70 @@
-"""Run every rule over the measurements and rank the findings by the gain they promise."""
+"""The rule registry: one function per finding id, run over the measurements of a watch or
+over a trace analysis, and the findings ranked by the gain they promise.
+
+Every id of :data:`redline.core.findings.CATALOGUE` has a rule here, or is listed in
+:data:`NOT_DIAGNOSED` with the reason (a test holds this).
+"""
 
 from __future__ import annotations
 
-from redline.diagnose.data import data_findings, h2d_findings
-from redline.diagnose.device import device_findings
-from redline.diagnose.finding import SEVERITY_RANK
-from redline.diagnose.host import host_findings
-from redline.report.model import Finding, Measurements
+from collections.abc import Callable
 
+from redline.core.findings import Finding, rank
+from redline.core.measurements import Measurements
+from redline.diagnose import data, device, host, trace_rules
+from redline.trace.analyze import RankAnalysis, TraceAnalysis
 
-def rank(findings: list[Finding]) -> list[Finding]:
-    """Largest ceiling speedup first; findings without one after, by severity."""
-    return sorted(findings, key=lambda f: (f.ceiling_speedup is None,
-                                           -(f.ceiling_speedup or 0.0),
-                                           SEVERITY_RANK.get(f.severity, 9)))
+Rule = Callable[[Measurements], list[Finding]]
+TraceRule = Callable[[RankAnalysis], list[Finding]]
+JobRule = Callable[[TraceAnalysis], list[Finding]]
+
+RULES: dict[str, Rule] = {
+    "data_starvation": data.data_starvation,
+    "cpu_preprocessing": data.cpu_preprocessing,
+    "storage_fetch": data.storage_fetch,
+    "h2d_copy": data.h2d_copy,
+    "thread_oversubscription": host.thread_oversubscription,
+    "shm_too_small": host.shm_too_small,
+    "copy_on_access_dataset": host.copy_on_access_dataset,
+    "worker_respawn": host.worker_respawn,
+    "host_sync": device.host_sync,
+    "small_batch": device.small_batch,
+    "no_mixed_precision": device.no_mixed_precision,
+    "fp32_matmul_on_tensor_cores": device.fp32_matmul_on_tensor_cores,
+}
+"""Rules over the always-on measurements of one process."""
+
+TRACE_RULES: dict[str, TraceRule] = {
+    "launch_bound": trace_rules.launch_bound,
+    "memory_bound_kernels": trace_rules.memory_bound_kernels,
+    "fp32_matmul_on_tensor_cores": trace_rules.fp32_matmul_on_tensor_cores,
+    "unfused_attention": trace_rules.unfused_attention,
+    "comm_not_overlapped": trace_rules.comm_not_overlapped,
+    "host_sync": trace_rules.host_sync,
+    "h2d_copy": trace_rules.h2d_copy,
+}
+"""Rules over one rank's trace analysis."""
+
+JOB_RULES: dict[str, JobRule] = {
+    "straggler": trace_rules.straggler,
+}
+"""Rules over all ranks' traces of one job."""
+
+NOT_DIAGNOSED: dict[str, str] = {
+    "sync_every_microbatch": "needs the collectives of a multi-process job counted per "
+                             "optimizer step; redline measures one process",
+}
+"""Catalogue ids no rule produces yet, with the reason."""
 
 
 def diagnose(m: Measurements) -> list[Finding]:
-    return rank([*data_findings(m), *h2d_findings(m), *host_findings(m), *device_findings(m)])
+    """Every always-on rule over ``m``, ranked."""
+    return rank([f for rule in RULES.values() for f in rule(m)])
+
+
+def diagnose_trace(a: TraceAnalysis) -> list[Finding]:
+    """Every trace rule over each rank with device events, and the job rules, ranked."""
+    found = [f for r in a.ranks if r.temporal is not None
+             for rule in TRACE_RULES.values() for f in rule(r)]
+    found += [f for rule in JOB_RULES.values() for f in rule(a)]
+    return rank(found)

@@ -3,19 +3,20 @@ worker_respawn (design §2 B3)."""
 
 from __future__ import annotations
 
-from redline.diagnose.finding import ceiling_speedup, severity_for
+from redline.core.findings import Finding, ceiling_speedup, severity_for
+from redline.core.measurements import Measurements
 from redline.diagnose.thresholds import WORKER_RESPAWN_MIN_FRACTION
-from redline.report.model import Finding, Measurements
 
 
 def thread_oversubscription(m: Measurements) -> list[Finding]:
     """Main-process intra-op threads + busy workers > usable CPUs.
 
-    DataLoader workers run with 1 torch thread each, the training process keeps its default
-    (one per core); on 2 cores a main process at 2 threads beside busy workers ran 9× slower
-    than at 1 thread (data_pipeline_anchors.md §9a).
+    DataLoader workers run with 1 torch thread each (``torch.utils.data._utils.worker`` sets
+    it), the training process keeps its default of one per core: intra-op threads that spin
+    while workers hold the cores slow every op of the step (PyTorch docs, "CPU threading and
+    TorchScript inference": oversubscription).
     """
-    nw = m.config.num_workers or 0
+    nw = m.config.loader.num_workers if m.config.loader is not None else 0
     h = m.host
     if nw == 0 or h.workers_cpu_cores is None:
         return []
@@ -38,20 +39,21 @@ def thread_oversubscription(m: Measurements) -> list[Finding]:
 
 def shm_too_small(m: Measurements) -> list[Finding]:
     """Batches in flight (workers × prefetch × batch bytes) exceed free /dev/shm: workers die
-    with 'Bus error' or hang (pytorch#5040, #16979; data_pipeline_anchors.md §8.3)."""
+    with 'Bus error' or hang (pytorch#5040, #16979)."""
     out: list[Finding] = []
     free = m.host.shm_free_bytes
     for li in m.loaders:
-        if li.num_workers == 0 or li.batch_bytes is None or free is None:
+        ls = li.settings
+        if ls.num_workers == 0 or li.batch_bytes is None or free is None:
             continue
-        need = li.num_workers * (li.prefetch_factor or 2) * li.batch_bytes
+        need = ls.num_workers * (ls.prefetch_factor or 2) * li.batch_bytes
         if need <= free:
             continue
         out.append(Finding(
             "shm_too_small", "high",
             f"/dev/shm has {free / 2**20:.0f} MiB free; batches in flight need {need / 2**20:.0f} MiB",
             {"shm_free_mib": round(free / 2**20, 1), "needed_mib": round(need / 2**20, 1),
-             "num_workers": li.num_workers, "prefetch_factor": li.prefetch_factor,
+             "num_workers": ls.num_workers, "prefetch_factor": ls.prefetch_factor,
              "batch_mib": round(li.batch_bytes / 2**20, 3)},
             None,
             "Enlarge /dev/shm (docker --shm-size=8g or --ipc=host; a Kubernetes emptyDir with "
@@ -65,17 +67,18 @@ def copy_on_access_dataset(m: Measurements) -> list[Finding]:
     worker (refcount writes; pytorch#13246)."""
     out: list[Finding] = []
     for li in m.loaders:
-        if li.num_workers == 0 or not li.python_containers:
+        nw = li.settings.num_workers
+        if nw == 0 or not li.python_containers:
             continue
         for c in li.python_containers:
             est = int(str(c["est_bytes"]))
-            total = est * li.num_workers
+            total = est * nw
             out.append(Finding(
                 "copy_on_access_dataset", "high" if total >= 2**30 else "medium",
                 f"{c['path']} is a Python {c['type']} of {c['items']:,} items read by "
-                f"{li.num_workers} workers",
+                f"{nw} workers",
                 {"attribute": str(c["path"]), "type": str(c["type"]), "items": int(str(c["items"])),
-                 "est_mib": round(est / 2**20, 1), "num_workers": li.num_workers,
+                 "est_mib": round(est / 2**20, 1), "num_workers": nw,
                  "projected_copies_mib": round(total / 2**20, 1)},
                 None,
                 "Store it as a numpy array / torch tensor (strings: one uint8 buffer + offsets, "
@@ -92,7 +95,7 @@ def worker_respawn(m: Measurements) -> list[Finding]:
         return out
     wall = step * m.timing.steps_total
     for li in m.loaders:
-        if li.persistent_workers or li.worker_starts < 2 or li.worker_startup_mean_s is None:
+        if li.settings.persistent_workers or li.worker_starts < 2 or li.worker_startup_mean_s is None:
             continue
         removable_s = li.worker_startup_mean_s * (li.worker_starts - 1)
         share = removable_s / (wall + removable_s) if wall > 0 else 0.0
@@ -105,13 +108,8 @@ def worker_respawn(m: Measurements) -> list[Finding]:
             {"worker_starts": li.worker_starts,
              "startup_mean_s": round(li.worker_startup_mean_s, 4),
              "startup_total_s": round(li.worker_startup_total_s, 4),
-             "share_of_wall": round(share, 4), "num_workers": li.num_workers},
+             "share_of_wall": round(share, 4), "num_workers": li.settings.num_workers},
             ceiling_speedup(share),
             "DataLoader(..., persistent_workers=True) keeps workers (and their dataset copy) "
             "alive across epochs."))
     return out
-
-
-def host_findings(m: Measurements) -> list[Finding]:
-    return [*thread_oversubscription(m), *shm_too_small(m), *copy_on_access_dataset(m),
-            *worker_respawn(m)]

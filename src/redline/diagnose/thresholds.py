@@ -1,33 +1,80 @@
-"""Thresholds of the rules, each with its source."""
+"""Every threshold of the rules, each with its source.
+
+The always-on rules (:mod:`~redline.diagnose.data`, :mod:`~redline.diagnose.host`,
+:mod:`~redline.diagnose.device`), the trace rules (:mod:`~redline.diagnose.trace_rules`), the
+stall note (:mod:`~redline.diagnose.stall`) and the limits left after tuning
+(:mod:`~redline.diagnose.limits`) read them from here and nowhere else.
+"""
 
 DATA_WAIT_MIN_FRACTION = 0.05
-"""Data wait ≥ 5 % of step time → data_starvation. PyTorch TB-profiler plugin rule
-'DataLoader ÷ step > 5 %' (gpu_metrics_anchors.md, bottleneck rules)."""
+"""Data wait ≥ 5 % of step time → data_starvation. The PyTorch TensorBoard profiler plugin's
+rule 'DataLoader time ÷ step time > 5 %' (``torch_tb_profiler``, its input-pipeline
+recommendation)."""
 
 CPU_BOUND_MIN_FRACTION = 0.5
 """A fetch is CPU work when the CPU it burned is ≥ half its wall time; below that the fetcher
-mostly waited (storage, network, sleep). redline's own split (data_pipeline_anchors.md §10.1)."""
+mostly waited (storage, network, sleep). The split is redline's own: CPU time against wall time
+of the same fetches, the measurable side of DS-Analyzer's fetch-vs-preprocess split (Mohan et
+al., "Analyzing and Mitigating Data Stalls in DNN Training", VLDB 2021)."""
 
 SECONDARY_MIN_SHARE = 0.3
 """The minor side of the split is reported too when it makes ≥ 30 % of the data wait (and
 ≥ 5 % of the step): a mixed pipeline needs both fixes."""
 
+CPUS_SATURATED = 0.9
+"""The usable CPUs count as saturated at ≥ 90 % busy (training process + workers): more
+workers would only compete for them."""
+
 H2D_MIN_FRACTION = 0.05
 """Host→device copies ≥ 5 % of step time (same order as the data-wait rule)."""
 
-SYNC_MIN_IDLE_FRACTION = 0.05
-"""Host syncs are reported when the device idles ≥ 5 % of the step inside its work span."""
-
 SMALL_BATCH_MAX_MEMORY_FRACTION = 0.5
 """Peak reserved memory < 50 % of the device and the device not kept busy → room for a larger
-batch (TB plugin's 'GPU utilization < 0.5 → increase batch size' rule, by memory headroom)."""
+batch (the TensorBoard profiler plugin's 'GPU utilization < 0.5 → increase batch size' rule,
+read as memory headroom)."""
 
 SMALL_BATCH_MAX_BUSY = 0.8
-"""Device span below 80 % of step time; DCGM: SM-active ≥ 0.8 'necessary' for effective use."""
+"""Device span below 80 % of step time. NVIDIA DCGM documents SM activity ≥ 0.8 as necessary
+for effective use of the GPU (DCGM user guide, profiling metrics, ``DCGM_FI_PROF_SM_ACTIVE``)."""
 
 WORKER_RESPAWN_MIN_FRACTION = 0.01
-"""Worker start-up ≥ 1 % of the measured wall time is worth `persistent_workers=True`."""
+"""Worker start-up ≥ 1 % of the measured wall time is worth ``persistent_workers=True``."""
 
 MIN_COMPUTE_FRACTION = 0.3
 """Precision findings need the device to compute ≥ 30 % of the step; below that, faster math
-changes little (Amdahl) and the data or host findings come first (design §1 order)."""
+changes little (Amdahl) and the data or host findings come first (the path's order)."""
+
+# -- trace rules ------------------------------------------------------------------------------
+
+TRACE_SHARE_MIN = 0.05
+"""A trace finding needs ≥ 5 % of the traced window at stake."""
+
+COMM_EXPOSED_MIN_FRACTION = 0.10
+"""Exposed communication ≥ 10 % of the window (the TensorBoard profiler plugin's rule
+'communication ÷ step > 10 %')."""
+
+SHORT_KERNELS_MIN_FRACTION = 0.5
+"""launch_bound needs at least half the kernels to run shorter than the CPU call that
+launched them (Holistic Trace Analysis's 'short GPU kernels' of its CUDA kernel launch
+statistics)."""
+
+MEMORY_BOUND_MIN_SHARE_OF_COMPUTE = 0.4
+"""memory_bound_kernels needs elementwise / reduction / normalization kernels to take ≥ 40 %
+of the compute time: below that, fusing them is not where the time goes."""
+
+TF32_OVER_FP32_GEMM_SPEEDUP = 8.0
+"""TF32 tensor cores run an fp32 GEMM at least 8× the SIMT fp32 rate on Ampere and Hopper
+(A100: 156 vs 19.5 TFLOP/s; H100 SXM: 495 vs 67, NVIDIA datasheets)."""
+
+STRAGGLER_MIN_SKEW = 0.05
+"""A rank that arrives late at collectives by ≥ 5 % of the window is reported."""
+
+# -- the stall note and the limits left after tuning -----------------------------------------
+
+HOST_GAP_MIN = 0.1
+"""The CUDA-event span exceeds the kernel-union busy by ≥ 10 points of the step: the device
+idles between kernels inside the step's own work, i.e. the host does not launch fast enough
+(the span brackets the work, the union counts only kernels; docs/report.md)."""
+
+DEVICE_BOUND_MIN_BUSY = 0.9
+"""Kernels run ≥ 90 % of the step: the device is the bottleneck."""

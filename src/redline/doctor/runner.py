@@ -17,13 +17,18 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.console import Console
+
+from redline.core.errors import RedlineError
+from redline.core.report import Report
+from redline.data.advise import tune_starved_loader
 from redline.measure.config import WatchConfig
-from redline.measure.watch import Watch
 from redline.report.json_io import write_json
-from redline.report.model import Report
+from redline.report.terminal import print_report
+from redline.report.watch import Watch
 
 
-class DoctorError(Exception):
+class DoctorError(RedlineError):
     """A usage error: nothing was run. The message says what was received and what to do."""
 
 
@@ -205,19 +210,13 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = 5,
         detail = msg if detail is None else f"{detail}. {msg}"
     report = w.report(show=False, command=list(cmd), status=status, status_detail=detail)
     if tune_loader and w.inst is not None:
-        from redline.data.advise import tune_starved_loader
-
         if show and any(f.id == "data_starvation" for f in report.findings):
             print("redline doctor: the loop starves for data; timing DataLoader settings in it "
                   "(--tune-loader)...", file=sys.stderr)
-        tune_starved_loader(report, w.inst.loaders)
+        report, _ = tune_starved_loader(report, w.inst.loaders)
         for li in w.inst.loaders:
             li.loader = None  # release the user's loader and dataset
     if show:
-        from rich.console import Console
-
-        from redline.report.terminal import print_report
-
         print_report(report, Console(stderr=True))
     written = write_json(report, json_path) if json_path else None
     if written is not None and show:

@@ -11,7 +11,9 @@ class WatchConfig:
 
     warmup_steps: int = 3
     """Steps at the start that are recorded but left out of the statistics (allocator warm-up,
-    worker start, cudnn autotune). Default: 3."""
+    worker start, cudnn autotune). Default: 3. With 0, every step counts from entry; the FLOP
+    count and the trace then take the steps after the first exact step boundary, which are
+    still excluded from step statistics (the CPU/NVML sampling window runs through them)."""
 
     max_steps: int | None = None
     """Measured steps (after warm-up) after which ``on_limit`` is called; None = no limit."""

@@ -202,8 +202,8 @@ class Instrumentation:
                     info.loader = loader
                 inst._loader_by_id[id(loader)] = info
                 inst.loaders.append(info)
-            spawns = info.num_workers > 0 and (
-                not info.persistent_workers or getattr(loader, "_iterator", None) is None
+            spawns = info.settings.num_workers > 0 and (
+                not info.settings.persistent_workers or getattr(loader, "_iterator", None) is None
             )
             t0 = clock()
             tracker.enter(DATA_WAIT, t0)

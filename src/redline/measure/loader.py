@@ -10,10 +10,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from redline.core.loader import LoaderSettings
+
 COPY_ON_ACCESS_MIN_ITEMS = 100_000
 """A Python container this long in a Dataset is flagged when workers fork: reading each item
 bumps its refcount and dirties its page, so each worker ends up with a private copy
-(pytorch#13246; 1M strings cost ~163 MB private per worker, data_pipeline_anchors.md §9c)."""
+(pytorch#13246)."""
 
 
 @dataclass(slots=True)
@@ -33,10 +35,7 @@ class LoaderInfo:
     """Configuration and behaviour of one DataLoader seen by the watch."""
 
     batch_size: int | None
-    num_workers: int
-    pin_memory: bool
-    prefetch_factor: int | None
-    persistent_workers: bool
+    settings: LoaderSettings
     dataset_type: str
     multiprocessing_context: str | None
     iterators: int = 0
@@ -91,10 +90,7 @@ def loader_info(loader: DataLoader[Any]) -> LoaderInfo:
         ctx_name = ctx.get_start_method() if ctx is not None else _default_start_method()
     return LoaderInfo(
         batch_size=loader.batch_size,
-        num_workers=nw,
-        pin_memory=bool(loader.pin_memory),
-        prefetch_factor=loader.prefetch_factor if nw > 0 else None,
-        persistent_workers=bool(loader.persistent_workers),
+        settings=LoaderSettings.of(loader),
         dataset_type=type(loader.dataset).__name__,
         multiprocessing_context=ctx_name,
         containers=find_python_containers(loader.dataset) if nw > 0 else [],

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
+
+from redline.core.measurements import NvmlSummary
 
 CLOCK_EVENT_REASONS: dict[int, str] = {
     0x1: "gpu_idle",
@@ -30,25 +31,6 @@ CLOCK_EVENT_REASONS: dict[int, str] = {
     0x100: "display_clock_setting",
 }
 """``nvmlClocksEventReasons`` bits (NVML API docs)."""
-
-
-@dataclass(slots=True)
-class NvmlSummary:
-    """NVML readings over the measured window (means over samples unless said otherwise)."""
-
-    samples: int
-    util_gpu_pct: float | None
-    util_memory_pct: float | None
-    memory_used_peak_bytes: int | None
-    power_w: float | None
-    energy_j: float | None
-    """Energy counter delta over the window (None before Volta or if unreadable)."""
-    sm_clock_mhz: float | None
-    clock_event_reasons: list[str] = field(default_factory=list)
-    gpm_sm_active_pct: float | None = None
-    gpm_tensor_active_pct: float | None = None
-    gpm_reason: str | None = None
-    """Why GPM metrics are missing, if they are."""
 
 
 def import_pynvml() -> tuple[ModuleType | None, str | None]:

@@ -7,12 +7,12 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from redline.report.model import Report
+from redline.core.files import write_text_atomic
+from redline.core.report import Report
 
 
 def _clean(v: Any) -> Any:
@@ -46,27 +46,3 @@ def write_json(report: Report, path: str | os.PathLike[str]) -> Path:
     """
     return write_text_atomic(json.dumps(to_dict(report), indent=2, allow_nan=False, default=str),
                              path)
-
-
-def write_text_atomic(text: str, path: str | os.PathLike[str]) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename, so
-    a crash or a full disk leaves either the old file or the whole new one."""
-    dest = Path(path)
-    directory = dest.parent if str(dest.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise OSError(e.errno, f"cannot write {dest}: {e.strerror}") from e
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise OSError(e.errno, f"cannot write {dest}: {e.strerror}") from e
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return dest

@@ -6,7 +6,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from redline.report.model import Finding, Report
+from redline.core.findings import Finding
+from redline.core.report import Report
 
 _SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 
@@ -55,10 +56,13 @@ def render(report: Report, console: Console) -> None:
         f"device [bold]{m.device.name}[/bold] ({m.device.type}) · metric tier [bold]{m.tier.tier}"
         f"[/bold] · steps {t.steps_measured} measured, {t.steps_warmup} warm-up, "
         f"{t.steps_excluded} excluded · step = {t.step_source or 'none seen'}")
+    ld = cfg.loader
+    loader = ("no DataLoader" if ld is None else
+              f"workers {ld.num_workers} · pin_memory {ld.pin_memory} · prefetch "
+              f"{ld.prefetch_factor} · persistent {ld.persistent_workers}")
     console.print(
-        f"config: batch {cfg.batch_size} · workers {cfg.num_workers} · pin_memory "
-        f"{cfg.pin_memory} · prefetch {cfg.prefetch_factor} · persistent {cfg.persistent_workers}"
-        f" · precision {cfg.precision} · torch threads {cfg.torch_threads} · data {cfg.data_source}")
+        f"config: batch {cfg.batch_size} · {loader} · precision {cfg.precision} · torch threads "
+        f"{cfg.torch_threads} · data {cfg.data_source}")
     tput = t.throughput_samples_per_s
     mfu = m.mfu
     mfu_s = f"{mfu.mfu:.1%}" if mfu.mfu is not None else f"unknown ({mfu.reason})"

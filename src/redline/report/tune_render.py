@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from redline.tune.path import TuneResult
+from redline.tune.result import TuneResult
 
 TUNE_SCHEMA = "redline.tune/1"
 
@@ -93,12 +93,13 @@ def render(r: TuneResult, console: Console | None = None, label: str | None = No
     d.add_column("kept")
     d.add_column("why")
     for e in p.decisions:
-        d.add_row(str(e["step"]), "yes" if e.get("kept") else "no", str(e.get("reason", "")))
+        d.add_row(e.label, "yes" if e.kept else "no", e.reason)
     console.print(d)
     console.print(
         f"plan: micro-batch {p.micro_batch} × {p.accumulation_steps} (effective batch "
-        f"{p.effective_batch}, unchanged), {p.precision}, workers {p.num_workers}, prefetch "
-        f"{p.prefetch_factor}, pin_memory {p.pin_memory}, channels_last {p.channels_last}, "
+        f"{p.effective_batch}, unchanged), {p.precision}, workers {p.loader.num_workers}, "
+        f"prefetch {p.loader.prefetch_factor}, pin_memory {p.loader.pin_memory}, "
+        f"channels_last {p.channels_last}, "
         f"cudnn.benchmark {p.cudnn_benchmark}, compile {p.compile}, "
         f"optimizer {p.optimizer_impl or 'as built'}")
     if r.reused_plan:
@@ -112,6 +113,7 @@ def render(r: TuneResult, console: Console | None = None, label: str | None = No
 
 def to_dict(r: TuneResult) -> dict[str, Any]:
     d = dataclasses.asdict(r)
+    d["plan"] = r.plan.to_dict()
     d["speedup"] = r.speedup
     if r.batch_search is not None:
         d["batch_search"]["trials"] = r.batch_search.trials

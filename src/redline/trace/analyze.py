@@ -1,4 +1,5 @@
-"""Facade: analyse one or more rank traces and collect the results."""
+"""Facade: analyse one or more rank traces and collect the numbers (findings are judged by
+:func:`redline.diagnose.diagnose_trace`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from redline.diagnose.engine import rank as rank_findings
-from redline.diagnose.finding import ceiling_speedup, severity_for
-from redline.report.model import Finding
 from redline.trace.breakdown import (
     Temporal,
     comm_comp_overlap_pct,
@@ -16,7 +14,8 @@ from redline.trace.breakdown import (
     kernel_types,
     temporal,
 )
-from redline.trace.findings import trace_findings
+from redline.trace.events import RankTrace, TraceError
+from redline.trace.families import KernelFamilies, kernel_families
 from redline.trace.kernels import (
     CopyStat,
     KernelStat,
@@ -29,7 +28,7 @@ from redline.trace.kernels import (
     stragglers,
     top_kernels,
 )
-from redline.trace.load import RankTrace, TraceError, load_trace, trace_files
+from redline.trace.load import load_trace, trace_files
 from redline.trace.select import COMMUNICATION, filter_iterations, kernel_type
 
 
@@ -47,7 +46,7 @@ class RankAnalysis:
     launches: LaunchStats | None = None
     copies: list[CopyStat] = field(default_factory=list)
     syncs: list[SyncStat] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
+    families: KernelFamilies = field(default_factory=KernelFamilies)
     compute_capability: float | None = None
 
     @property
@@ -66,8 +65,6 @@ class TraceAnalysis:
     hta_compat: bool
     warnings: list[str] = field(default_factory=list)
     stragglers: list[Straggler] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    """Job-level findings (straggler) plus every rank's, ranked by ceiling speedup."""
 
     @property
     def kernel_types_us(self) -> dict[str, float]:
@@ -81,24 +78,16 @@ class TraceAnalysis:
 def analyze_rank(t: RankTrace, hta_compat: bool = False) -> RankAnalysis:
     events = filter_iterations(t)
     device = [e for e in events if e.stream != -1]
-    r = RankAnalysis(
+    return RankAnalysis(
         rank=t.rank, path=t.path, device_name=t.device_name, device_events=len(device),
         temporal=temporal(device),
         idle_by_stream=idle_by_stream(events, hta_compat=hta_compat),
         kernel_types_us=dict(kernel_types(device)),
         comm_comp_overlap_pct=comm_comp_overlap_pct(device),
         top_kernels=top_kernels(device), launches=launch_stats(events),
-        copies=copy_stats(device), syncs=host_syncs(events),
+        copies=copy_stats(device), syncs=host_syncs(events), families=kernel_families(device),
         compute_capability=t.compute_capability,
     )
-    if r.temporal is not None and r.launches is not None:
-        r.findings = trace_findings(device, r.temporal, r.idle_sum_over_streams, r.launches,
-                                    r.copies, r.syncs, t.compute_capability)
-    return r
-
-
-STRAGGLER_MIN_SKEW = 0.05
-"""A rank that arrives late at collectives by ≥ 5 % of the window is reported."""
 
 
 def analyze_paths(paths: list[str | Path], hta_compat: bool = False) -> TraceAnalysis:
@@ -120,25 +109,6 @@ def analyze_paths(paths: list[str | Path], hta_compat: bool = False) -> TraceAna
     comm = {t.rank: [e for e in filter_iterations(t)
                      if e.stream != -1 and kernel_type(e) == COMMUNICATION] for t in ordered}
     result.stragglers = stragglers(comm)
-    findings = [f for r in result.ranks for f in r.findings]
-    if result.stragglers:
-        worst = max(result.stragglers, key=lambda s: s.mean_lateness_us)
-        window = max((r.temporal.window_us for r in result.ranks if r.temporal), default=0.0)
-        late_total = worst.mean_lateness_us * worst.collectives
-        share = late_total / window if window else 0.0
-        if share >= STRAGGLER_MIN_SKEW:
-            findings.append(Finding(
-                "straggler", severity_for(share),
-                f"Rank {worst.rank} arrives last at {worst.last_arrivals} of "
-                f"{worst.collectives} collectives, {worst.mean_lateness_us:.0f} µs late on average",
-                {"rank": worst.rank, "last_arrivals": worst.last_arrivals,
-                 "collectives": worst.collectives,
-                 "mean_lateness_us": round(worst.mean_lateness_us, 1),
-                 "share_of_window": round(share, 4)},
-                ceiling_speedup(share),
-                f"Find what rank {worst.rank} does more of (data loading, a slower GPU or host, "
-                "uneven batches or sequence lengths); every other rank waits for it."))
-    result.findings = rank_findings(findings)
     for r in result.ranks:
         if r.temporal is None:
             result.warnings.append(f"{r.path}: no GPU events (kernels, memcpy, memset) in the "

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from redline.trace.load import Event
+from redline.trace.events import Event
 from redline.trace.select import (
     COMMUNICATION,
     COMPUTATION,

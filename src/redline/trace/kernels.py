@@ -9,7 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from redline.trace.breakdown import merge
-from redline.trace.load import Event
+from redline.trace.events import Event
 
 LAUNCH_APIS = frozenset({
     "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cuLaunchKernel",

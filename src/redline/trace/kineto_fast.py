@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from redline.trace.select import NO_DEVICE_WORK
+from redline.core.errors import RedlineError
+from redline.trace.events import NO_DEVICE_WORK
 
 SEP = b"\n  },\n  {"
 OPEN = b'"traceEvents": [\n  {'
@@ -37,7 +38,7 @@ class Readable(Protocol):
     def read(self, n: int = ..., /) -> bytes: ...
 
 
-class LayoutError(ValueError):
+class LayoutError(RedlineError, ValueError):
     """The bytes are not in Kineto's layout, or an event block did not parse."""
 
 

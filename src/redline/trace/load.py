@@ -16,12 +16,20 @@ import re
 import warnings
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from redline.trace.events import (
+    GPU_CATEGORIES,
+    KEPT_CATEGORIES,
+    NO_DEVICE_WORK,
+    RUNTIME_CATEGORIES,
+    Event,
+    RankTrace,
+    TraceError,
+)
 from redline.trace.kineto_fast import (
     OPEN,
     LayoutError,
@@ -29,60 +37,6 @@ from redline.trace.kineto_fast import (
     split_stream,
     split_whole,
 )
-from redline.trace.select import NO_DEVICE_WORK
-
-GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
-"""Event categories that run on the device (Kineto names them the same for CUDA and ROCm)."""
-
-RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
-"""Host-side runtime calls (cudaLaunchKernel, hipLaunchKernel, cudaStreamSynchronize, ...)."""
-
-KEPT_CATEGORIES = GPU_CATEGORIES | RUNTIME_CATEGORIES
-"""Events the analyses read (plus ProfilerStep annotations, kept by name)."""
-
-
-class TraceError(ValueError):
-    """A trace file that cannot be read: the message names the file and where it broke."""
-
-
-@dataclass(slots=True)
-class Event:
-    """One complete ('X') event, times in microseconds (the trace's unit)."""
-
-    name: str
-    cat: str
-    ts: float
-    end: float
-    stream: int
-    """Device stream for device events; -1 for host events."""
-    corr: int
-    """Correlation id linking a runtime call to the device work it launched; -1 if none."""
-    nbytes: int = -1
-    """Bytes moved (memcpy / memset events), -1 when not recorded."""
-
-    @property
-    def dur(self) -> float:
-        return self.end - self.ts
-
-
-@dataclass(slots=True)
-class RankTrace:
-    """The events of one rank's trace file."""
-
-    path: str
-    rank: int
-    events: list[Event]
-    device_name: str | None
-    float_timestamps: bool
-    """True when the file has fractional (nanosecond-resolution) timestamps."""
-    metadata: dict[str, Any] = field(default_factory=dict)
-    compute_capability: float | None = None
-    """From deviceProperties (CUDA traces); None when the trace does not say."""
-
-    @property
-    def gpu_events(self) -> list[Event]:
-        return [e for e in self.events if e.stream != -1]
-
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 

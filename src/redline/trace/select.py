@@ -3,29 +3,10 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from redline.trace.load import Event, RankTrace
+from redline.trace.events import RUNTIME_CATEGORIES, Event, RankTrace
 
 COMPUTATION, COMMUNICATION, MEMORY, SYNC = "COMPUTATION", "COMMUNICATION", "MEMORY", "SYNC"
-NO_DEVICE_WORK = frozenset({
-    "cudaEventQuery", "cudaEventRecord", "cudaEventRecordWithFlags", "cudaStreamIsCapturing",
-    "cudaStreamGetPriority", "cudaDeviceGetStreamPriorityRange", "cudaGetDevice",
-    "cudaSetDevice", "cudaGetLastError", "cudaPeekAtLastError", "cudaFuncSetAttribute",
-    "cudaFuncGetAttributes", "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
-    "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "cudaStreamGetCaptureInfo",
-    "cudaStreamGetCaptureInfo_v2", "cudaEventElapsedTime", "cudaEventCreate",
-    "cudaEventCreateWithFlags", "cudaEventDestroy", "cudaPointerGetAttributes",
-    "cudaDeviceGetAttribute", "cudaGetDeviceCount", "cudaGetDeviceProperties",
-    "hipEventQuery", "hipEventRecord", "hipStreamIsCapturing", "hipGetDevice", "hipSetDevice",
-    "hipGetLastError", "hipFuncSetAttribute", "hipEventCreateWithFlags", "hipEventDestroy",
-    "hipPointerGetAttributes", "hipDeviceGetAttribute", "hipStreamGetPriority",
-})
-"""Runtime calls that launch nothing on the device and block nothing: skipped when reading
-(they are most runtime events — 9 of 15 thousand in the V100 trace — and no analysis reads
-them). Unknown calls are kept."""
-
 KERNEL_TYPES = (COMPUTATION, COMMUNICATION, MEMORY)
 """Types in the kernel-type breakdown, in HTA's order (which names overlaps: 'A overlapping B')."""
 
@@ -69,7 +50,5 @@ def filter_iterations(t: RankTrace) -> list[Event]:
 
 def runtime_launch_ts(events: list[Event]) -> dict[int, float]:
     """Correlation id → start of the runtime call that launched it."""
-    from redline.trace.load import RUNTIME_CATEGORIES
-
     return {e.corr: e.ts for e in events
             if e.stream == -1 and e.corr != -1 and e.cat in RUNTIME_CATEGORIES}

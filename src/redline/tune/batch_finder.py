@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from redline.core.errors import RedlineError
 from redline.tune.memory_budget import MemoryBudget
 
 MAX_TRIALS = 4
 """Issue 5's budget of trials (probes + verifications)."""
 
 
-class BatchDoesNotFitError(RuntimeError):
+class BatchDoesNotFitError(RedlineError, RuntimeError):
     """Even one sample per micro-batch exceeds the device memory."""
 
 

@@ -3,7 +3,7 @@
 A plan is keyed by the model's signature (class and parameter names, shapes and dtypes), the
 device (type and name), the precision the user trained in and the input shapes (per sample):
 the same script on the same GPU reuses its plan; another model, GPU or sequence length does
-not (autotune_anchors.md, "what none of them does" §10).
+not.
 """
 
 from __future__ import annotations
@@ -18,13 +18,21 @@ from typing import Any
 
 import torch
 
-from redline.report.json_io import write_text_atomic
+from redline.core.errors import RedlineError
+from redline.core.files import write_text_atomic
+from redline.core.loader import LoaderSettings
+from redline.tune.decision import Decision
 
-PLAN_SCHEMA = "redline.plan/1"
+PLAN_SCHEMA = "redline.plan/2"
+"""Version 2 embeds the DataLoader settings (``loader``) and types the decisions."""
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
-class PlanMismatchError(ValueError):
+class PlanError(RedlineError, ValueError):
+    """A plan file that cannot be used; the message names the file and the field."""
+
+
+class PlanMismatchError(PlanError):
     """A plan applied to a model, device or inputs it was not made for."""
 
 
@@ -55,10 +63,9 @@ class TunePlan:
     micro_batch: int
     """Samples per forward/backward; ``effective_batch`` is split into micro-batches of this
     size, the last one weighted by its size."""
-    num_workers: int = 0
-    prefetch_factor: int | None = None
-    pin_memory: bool = False
-    persistent_workers: bool = False
+    loader: LoaderSettings = field(default_factory=LoaderSettings)
+    """The DataLoader settings to rebuild the loader with (its batch size is the effective
+    batch)."""
     torch_threads: int | None = None
     """Intra-op threads of the training process; None = leave as is."""
     prefetch_to_device: bool = False
@@ -73,7 +80,7 @@ class TunePlan:
     optimizer_impl: str | None = None
     """'fused' | 'foreach' | None (the optimizer as built)."""
     schema: str = PLAN_SCHEMA
-    decisions: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
     """One entry per step of the path: what was tried, measured numbers, kept or why not."""
     notes: list[str] = field(default_factory=list)
 
@@ -92,15 +99,25 @@ class TunePlan:
         return -(-self.effective_batch // self.micro_batch)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["decisions"] = [x.to_dict() for x in self.decisions]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TunePlan:
-        if d.get("schema") != PLAN_SCHEMA:
-            raise ValueError(f"not a redline plan: schema is {d.get('schema')!r}, expected "
+        """Raises ValueError (wrong schema or values) or TypeError (missing or unknown
+        fields)."""
+        schema = d.get("schema")
+        if schema == "redline.plan/1":
+            raise ValueError("the plan was made by an earlier redline (schema redline.plan/1, "
+                             "loader settings not yet embedded); run `redline tune` again")
+        if schema != PLAN_SCHEMA:
+            raise ValueError(f"not a redline plan: schema is {schema!r}, expected "
                              f"{PLAN_SCHEMA!r}")
         d = dict(d)
         d["key"] = PlanKey(**d["key"])
+        d["loader"] = LoaderSettings(**d.get("loader", {}))
+        d["decisions"] = [Decision.from_dict(x) for x in d.get("decisions", [])]
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -111,6 +128,12 @@ def save_plan(plan: TunePlan, path: str | os.PathLike[str]) -> None:
 
 
 def load_plan(path: str | os.PathLike[str]) -> TunePlan:
+    """Read a plan written by :func:`save_plan` or ``redline tune``.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        PlanError: the file is not a usable plan; the message names it and says why.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -118,14 +141,14 @@ def load_plan(path: str | os.PathLike[str]) -> TunePlan:
         raise FileNotFoundError(f"no plan at {str(path)!r}: run `redline tune SCRIPT` to make "
                                 "one") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not JSON ({e}); expected a plan written by redline tune") \
+        raise PlanError(f"{path} is not JSON ({e}); expected a plan written by redline tune") \
             from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} holds a JSON {type(data).__name__}, expected a redline plan")
+        raise PlanError(f"{path} holds a JSON {type(data).__name__}, expected a redline plan")
     try:
         return TunePlan.from_dict(data)
-    except TypeError as e:
-        raise ValueError(f"{path} is a malformed redline plan: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise PlanError(f"{path} is not a usable redline plan: {e}") from None
 
 
 def model_signature(model: torch.nn.Module) -> tuple[str, str]:

@@ -3,9 +3,10 @@
 Candidates: bf16 autocast (CUDA with bf16 support, and CPU); fp16 autocast + GradScaler where
 bf16 is not supported (pre-Ampere GPUs); TF32 matmuls on Ampere and newer (compute capability
 ≥ 8.0, where tensor cores run TF32). Lightning and Accelerate only check device support
-(autotune_anchors.md §6); here each candidate is also run for N steps against fp32 from the
-same initial weights and batches (:func:`check_numerics`) and refused with the reason when its
-losses or gradient norms drift, or when it overflows.
+(``Trainer(precision=...)``, ``Accelerator(mixed_precision=...)``); here each candidate is
+also run for N steps against fp32 from the same initial weights and batches
+(:func:`check_numerics`) and refused with the reason when its losses or gradient norms drift,
+or when it overflows.
 """
 
 from __future__ import annotations
@@ -19,30 +20,13 @@ from typing import Any
 
 import torch
 
+from redline.core.errors import RedlineError
 from redline.tune.accumulate import accumulate
+from redline.tune.config import NumericsTolerance
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RedlineError, RuntimeError):
     """The loss is NaN/inf already in fp32: a bug in the model or data, not in precision."""
-
-
-@dataclass(kw_only=True, slots=True)
-class NumericsTolerance:
-    """How far a lower precision may drift from fp32 over the guard's steps."""
-
-    loss_rel: float = 0.05
-    """Max |loss − loss_fp32| ÷ |loss_fp32| at any step. bf16 keeps 8 mantissa bits (unit
-    round-off 2⁻⁸ ≈ 0.4 %); a few steps of drift compound it, and 5 % separates that noise from
-    divergence (a real loss-scale overflow or saturation moves the loss by far more)."""
-    grad_norm_rel: float = 0.10
-    """Max relative difference of the global gradient norm at any step."""
-    max_overflow_steps: int = 1
-    """fp16: GradScaler may skip this many steps while it calibrates its scale (it starts at
-    2¹⁶ and halves on each overflow); more means the gradients do not fit fp16."""
-
-    def __post_init__(self) -> None:
-        if self.loss_rel <= 0 or self.grad_norm_rel <= 0 or self.max_overflow_steps < 0:
-            raise ValueError("tolerances must be > 0 (overflow steps >= 0)")
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ same parameters before any step, so there is no state to carry).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -20,12 +21,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from redline.data.autotune import LoaderSettings, rebuild_factory
+from redline.data.autotune import rebuild_factory
 from redline.data.prefetcher import DevicePrefetcher, map_tensors
 from redline.tune.accumulate import accumulate
 from redline.tune.kernels import cudnn_benchmark
 from redline.tune.plan import TunePlan, check_plan, plan_key
-from redline.tune.precision import autocast_for, make_scaler
+from redline.tune.precision import autocast_for, make_scaler, tf32
 
 
 def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str | None) -> torch.optim.Optimizer:
@@ -93,10 +94,8 @@ class TunedLoop:
                  loader: DataLoader[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
                  device: torch.device) -> None:
         self.plan, self.device, self.loss_fn = plan, device, loss_fn
-        settings = LoaderSettings(num_workers=plan.num_workers,
-                                  prefetch_factor=plan.prefetch_factor,
-                                  pin_memory=plan.pin_memory and device.type == "cuda",
-                                  persistent_workers=plan.persistent_workers)
+        settings = dataclasses.replace(
+            plan.loader, pin_memory=plan.loader.pin_memory and device.type == "cuda")
         base = rebuild_factory(loader, batch_size=plan.effective_batch)(settings)
         self.dataloader = base
         self.loader: Iterable[Any] = self.on_device(base)
@@ -109,7 +108,6 @@ class TunedLoop:
         self.scaler = make_scaler(plan.precision, device)
         self._stack = contextlib.ExitStack()
         if plan.precision == "tf32" and device.type == "cuda":
-            from redline.tune.precision import tf32
             self._stack.enter_context(tf32(True))
         if plan.cudnn_benchmark:
             self._stack.enter_context(cudnn_benchmark(True))

@@ -32,10 +32,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from redline.core.errors import RedlineError
+
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
-class SetupError(RuntimeError):
+class SetupError(RedlineError, RuntimeError):
     """The factory or what it returned cannot be used; the message says what to change."""
 
 

@@ -2,7 +2,8 @@
 
 Every trial builds its model, optimizer and loader anew (the factory is seeded by the user), so
 no trial inherits memory, weights or optimizer state from another. Metrics come from the same
-report ``redline doctor`` prints, so before/after numbers are defined once (report/model.py).
+measurements ``redline doctor`` reports (:mod:`redline.measure.summary`), so before/after
+numbers are defined once.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from redline.data.autotune import epoch_batches
+from redline.core.loader import LoaderSettings
+from redline.data.autotune import epoch_batches, rebuild_factory
+from redline.data.prefetcher import map_tensors
 from redline.measure.config import WatchConfig
+from redline.measure.loader import batch_nbytes
 from redline.measure.rapl import RaplMeter
-from redline.measure.watch import Watch
-from redline.report.build import step_times
+from redline.measure.recorder import Recorder
+from redline.measure.stats import step_times
+from redline.measure.summary import build_measurements, recorded_trace
 from redline.tune.memory_budget import MemoryBudget
 from redline.tune.plan import TunePlan
 from redline.tune.runtime import TunedLoop
@@ -116,7 +121,8 @@ def measured_window(plan: TunePlan, epoch: int | None, steps: int) -> tuple[int,
     queues; warm workers and model) and spans whole epochs where they are short — each with
     its one refill, as training pays it — else at least three queue-lengths of steps. Without
     workers nothing queues."""
-    q = plan.num_workers * (plan.prefetch_factor or 2) if plan.num_workers else 0
+    ls = plan.loader
+    q = ls.num_workers * (ls.prefetch_factor or 2) if ls.num_workers else 0
     if q == 0:
         return steps, False
     if epoch is not None and epoch <= WHOLE_EPOCH_MAX_STEPS:
@@ -140,9 +146,6 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
     source: Any = loop.loader
     if step_only:
         # From a worker-less copy of the loader: no worker processes competing for the CPUs.
-        from redline.data.autotune import LoaderSettings, rebuild_factory
-        from redline.data.prefetcher import map_tensors
-
         plain = rebuild_factory(s.loader, batch_size=plan.effective_batch)(LoaderSettings())
         # Kept on the host (pinned for CUDA) and copied per step: 4 effective batches resident
         # on the device could exceed the memory the batch finder planned for.
@@ -168,11 +171,11 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
                 loop, source, cfg, total, measured, step_only, rapl, restart)
         finally:
             loop.close()
-        rep = w.report(show=False)  # reads the trace, if one was recorded
+        m = build_measurements(w)
+        traced, _ = recorded_trace(w)  # reads the trace, if one was recorded
     finally:
         if trace_dir is not None:
             shutil.rmtree(trace_dir, ignore_errors=True)
-    m = rep.measurements
     t = m.timing
     energy, esrc = None, ""
     if m.device_metrics.nvml is not None and m.device_metrics.nvml.energy_j is not None \
@@ -193,13 +196,13 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
             psrc = "not measured for this trial"
     busy = m.device_metrics.device_span_fraction
     kbusy, ksrc = None, "not traced for this trial"
-    if rep.trace is not None:
-        if rep.trace.idle_pct is not None:
-            kbusy = 1.0 - rep.trace.idle_pct / 100.0
+    if traced is not None:
+        if traced.idle_pct is not None:
+            kbusy = 1.0 - traced.idle_pct / 100.0
             ksrc = (f"union of kernel intervals over {TRACE_STEPS} traced steps "
-                    f"({rep.trace.device_events} device events)")
+                    f"({traced.device_events} device events)")
         else:
-            ksrc = f"unknown: {rep.trace.note}"
+            ksrc = f"unknown: {traced.note}"
     return TrialMetrics(label, t.throughput_samples_per_s, t.step_time_p50_s,
                         m.fraction("data_wait") if t.steps_measured else None, busy,
                         m.mfu.mfu, peak, psrc, energy, esrc, t.steps_measured,
@@ -210,12 +213,12 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
 
 def _train_watched(loop: TunedLoop, source: Any, cfg: WatchConfig, total: int, steps: int,
                    step_only: bool, rapl: RaplMeter, restart: bool = False,
-                   ) -> tuple[Watch, float | None, int, float]:
+                   ) -> tuple[Recorder, float | None, int, float]:
     """Run ``total`` steps under a watch, the last ``steps`` measured: (the watch, RAPL joules
     of the measured steps or None, how many steps those joules cover, over how many seconds).
     ``restart``: begin a new epoch of the loader inside the last excluded step, so the measured
     steps start at an epoch boundary with empty queues."""
-    with warnings.catch_warnings(), Watch(cfg) as w:
+    with warnings.catch_warnings(), Recorder(cfg) as w:
         # The loader autotune may choose more workers than cores where that measured
         # faster (fetches that wait); torch's advice against it is settled by measurement.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
@@ -251,9 +254,6 @@ def probe_batch(setup: TrainSetup, device: torch.device, scan: int = 256,
                 ) -> tuple[Any, str]:
     """A maker of batches of any size built from the dataset's largest sample (by bytes), and
     how it was found. Variable-length data then cannot exceed what the batch finder probed."""
-    from redline.data.prefetcher import map_tensors
-    from redline.measure.loader import batch_nbytes
-
     ds = setup.loader.dataset
     collate = setup.loader.collate_fn
     n = len(ds) if hasattr(ds, "__len__") and hasattr(ds, "__getitem__") else None

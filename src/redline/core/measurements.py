@@ -1,21 +1,51 @@
-"""The report: every number redline shows, with its unit in its name and its source.
+"""Everything a watch measured, before diagnosis: one dataclass per section of the report.
 
-Serialized by :func:`redline.report.json_io.to_dict` to JSON that validates against
-``redline/report/schema.json`` (schema id :data:`SCHEMA_VERSION`). Unknown values are ``None``
-and the report says why (``tier.missing``, ``mfu.reason``); they are never guessed.
+Every number carries its unit in its name (``_s`` seconds, ``_bytes``, ``_fraction`` 0..1,
+``_pct`` 0..100, ``_per_s``, ``_cores`` CPU-seconds per wall-second) and the report's
+``sources`` say where it came from. Unknown values are ``None`` and the report says why
+(``tier.missing``, ``mfu.reason``); they are never guessed. Serialized by
+:mod:`redline.report.json_io` against ``redline/report/schema.json``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from redline.measure.mfu import MfuResult
-from redline.measure.nvml import NvmlSummary
+from redline.core.loader import LoaderSettings
 
-SCHEMA_VERSION = "redline.report/1"
 
-STATUSES = ("completed", "step_limit", "script_error", "interrupted", "no_steps")
-"""How the measured run ended."""
+@dataclass(slots=True)
+class NvmlSummary:
+    """NVML readings over the measured window (means over samples unless said otherwise)."""
+
+    samples: int
+    util_gpu_pct: float | None
+    util_memory_pct: float | None
+    memory_used_peak_bytes: int | None
+    power_w: float | None
+    energy_j: float | None
+    """Energy counter delta over the window (None before Volta or if unreadable)."""
+    sm_clock_mhz: float | None
+    clock_event_reasons: list[str] = field(default_factory=list)
+    gpm_sm_active_pct: float | None = None
+    gpm_tensor_active_pct: float | None = None
+    gpm_reason: str | None = None
+    """Why GPM metrics are missing, if they are."""
+
+
+@dataclass(slots=True)
+class MfuResult:
+    """Model FLOPs utilization and how it was obtained."""
+
+    flops_per_step: float | None
+    achieved_flops_per_s: float | None
+    peak_flops_per_s: float | None
+    compute_dtype: str | None
+    mfu: float | None
+    """Fraction 0..1, or None when anything it needs is unknown (see ``reason``)."""
+    peak_source: str | None
+    reason: str | None
+    """Why MFU is unknown, if it is."""
 
 
 @dataclass(slots=True)
@@ -35,10 +65,8 @@ class EffectiveConfig:
     device: str
     batch_size: int | None
     """Samples per batch: the DataLoader's batch_size, else the leading dimension seen."""
-    num_workers: int | None
-    pin_memory: bool | None
-    prefetch_factor: int | None
-    persistent_workers: bool | None
+    loader: LoaderSettings | None
+    """The settings of the DataLoader the loop read from; None when none was seen."""
     precision: str | None
     """'fp32', 'tf32', 'bf16-autocast', 'fp16-autocast', 'bf16', 'fp16'."""
     torch_threads: int
@@ -63,7 +91,7 @@ class StepTiming:
     throughput_samples_per_s: float | None
     """Samples per second over the measured steps: Σ samples ÷ their wall time, on the device's
     clock where the device ran longer than the host (a device-bound loop whose host queued
-    work ahead; see ``report.build.wall_seconds``)."""
+    work ahead; see :func:`redline.measure.stats.step_times`)."""
     steps_per_s: float | None
 
 
@@ -79,6 +107,10 @@ class PhaseShare:
     """The share with the one step where this phase took longest left out (that whole step):
     a single outlier — a GC pause, a preempted fetch, a cold read — moves ``fraction`` but not
     this. None with fewer than 3 measured steps."""
+    slowest_step: int | None = None
+    """Index of the measured step where this phase took longest (None without steps)."""
+    slowest_step_s: float | None = None
+    """Seconds of this phase in that step."""
 
 
 @dataclass(slots=True)
@@ -135,10 +167,7 @@ class DeviceMetrics:
 @dataclass(slots=True)
 class LoaderReport:
     batch_size: int | None
-    num_workers: int
-    pin_memory: bool
-    prefetch_factor: int | None
-    persistent_workers: bool
+    settings: LoaderSettings
     dataset_type: str
     multiprocessing_context: str | None
     iterators: int
@@ -175,21 +204,6 @@ class MetricTier:
 
 
 @dataclass(slots=True)
-class Finding:
-    """One diagnosis (design §4 ids), with the numbers that triggered it."""
-
-    id: str
-    severity: str
-    """'high' | 'medium' | 'low'."""
-    title: str
-    evidence: dict[str, float | int | str | bool | None]
-    ceiling_speedup: float | None
-    """step_time ÷ (step_time − removable time), removable measured (design §3); None when
-    the removable time cannot be measured from this data (said in ``fix``/``title``)."""
-    fix: str
-
-
-@dataclass(slots=True)
 class Measurements:
     """Everything measured, before diagnosis."""
 
@@ -217,34 +231,3 @@ class Measurements:
 
     def share(self, phase: str) -> PhaseShare | None:
         return next((p for p in self.breakdown if p.phase == phase), None)
-
-
-@dataclass(slots=True)
-class TraceSummary:
-    """The short profiler trace recorded by ``doctor --trace`` and what its analysis found."""
-
-    path: str | None
-    """Chrome-trace file (open it in Perfetto), None when none was written."""
-    steps: int
-    """Steps covered (wait + warm-up + active), excluded from the statistics."""
-    device_events: int
-    window_us: float | None
-    idle_pct: float | None
-    compute_pct: float | None
-    non_compute_pct: float | None
-    note: str | None
-    """Why kernel-level numbers are missing (CPU-only trace, profiler error), if they are."""
-
-
-@dataclass(slots=True)
-class Report:
-    schema: str
-    redline_version: str
-    torch_version: str
-    created_utc: str
-    command: list[str] | None
-    status: str
-    status_detail: str | None
-    measurements: Measurements
-    findings: list[Finding]
-    trace: TraceSummary | None = None

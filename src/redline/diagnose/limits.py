@@ -1,5 +1,5 @@
-"""What still limits the tuned step, from the after-measurement: where the path ends, the user
-learns which bottleneck is left and what no knob of the path can change.
+"""What still limits a tuned step: where the tuning path ends, the user learns which
+bottleneck is left and what no knob of the path can change.
 
 One rule per bottleneck (data, host, device), each from measured numbers only, listed by the
 share of the step each accounts for; where a number is unknown the rule says nothing rather
@@ -8,42 +8,30 @@ than guess.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from redline.diagnose.thresholds import DATA_WAIT_MIN_FRACTION, SMALL_BATCH_MAX_BUSY
-from redline.tune.trial import TrialMetrics
-
-HOST_GAP_MIN = 0.1
-"""The CUDA-event span exceeds the kernel-union busy by ≥ 10 points of the step: the device
-idles between kernels inside the step's own work, i.e. the host does not launch fast enough
-(the span brackets the work, the union counts only kernels; design §3)."""
-
-DEVICE_BOUND_MIN_BUSY = 0.9
-"""Kernels run ≥ 90 % of the step: the device is the bottleneck (the demo target, issue 5)."""
+from redline.core.findings import Limit
+from redline.diagnose.thresholds import (
+    DATA_WAIT_MIN_FRACTION,
+    DEVICE_BOUND_MIN_BUSY,
+    HOST_GAP_MIN,
+    SMALL_BATCH_MAX_BUSY,
+)
 
 
-@dataclass(frozen=True, slots=True)
-class Limit:
-    """One bottleneck left after tuning."""
+def remaining_limits(data_wait_fraction: float | None, kernels_busy_fraction: float | None,
+                     span_fraction: float | None) -> list[Limit]:
+    """The bottlenecks left in a tuned configuration, largest share of the step first.
 
-    id: str
-    """'data_bound' | 'host_bound' | 'device_bound'."""
-    evidence: str
-    """The measured numbers that show it."""
-    next_step: str
-    """What could still move it (outside the path's knobs, or at a cost the path won't pay)."""
-    step_fraction: float | None = None
-    """Share of the step it accounts for: the data wait, the device idle that the data wait
-    does not explain, or the kernels' busy share. Limits are listed largest first."""
+    Args:
+        data_wait_fraction: share of the step the loop waits for data.
+        kernels_busy_fraction: union of kernel intervals ÷ the traced window (CUDA).
+        span_fraction: CUDA-event span ÷ step time (an upper bound of busy).
 
-
-def remaining_limits(after: TrialMetrics) -> list[Limit]:
-    """The bottlenecks left in the tuned configuration (empty when nothing is known), largest
-    share of the step first. Data and host can both limit one loop: the H200's tuned ResNet-50
-    waited for data 7 % of each step while its kernels ran 32 % and the CUDA-event span 94 %;
-    the 61 % between is the host launching kernels, the larger of the two."""
+    Data and host can both limit one loop: a step that waits for data 7 % of the time while its
+    kernels run 32 % and its CUDA-event span 94 % spends the 61 % between launching kernels, the
+    larger of the two.
+    """
     out: list[Limit] = []
-    wait = after.data_wait_fraction
+    wait = data_wait_fraction
     if wait is not None and wait >= DATA_WAIT_MIN_FRACTION:
         out.append(Limit(
             "data_bound",
@@ -52,7 +40,7 @@ def remaining_limits(after: TrialMetrics) -> list[Limit]:
             "the input pipeline is at its limit on these CPUs: cache the deterministic part "
             "of preprocessing (redline.data.CachedDataset), store smaller or pre-decoded "
             "samples, decode on the GPU, or give the job more CPU cores per device", wait))
-    kernels, span = after.device_busy_kernels_fraction, after.device_busy_fraction
+    kernels, span = kernels_busy_fraction, span_fraction
     if kernels is None:
         return out
     # The device idles (1 − kernels) of the step; the data wait explains part of it, the

@@ -8,15 +8,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from redline.core.findings import Finding
 from redline.report.terminal import render_findings
 from redline.trace.analyze import TraceAnalysis
 
 TRACE_SCHEMA = "redline.trace/1"
 
 
-def to_dict(a: TraceAnalysis) -> dict[str, Any]:
+def to_dict(a: TraceAnalysis, findings: list[Finding]) -> dict[str, Any]:
     """JSON form; times in µs (the trace's unit), fractions 0..1, percentages 0..100."""
     d = dataclasses.asdict(a)
+    d["findings"] = [dataclasses.asdict(f) for f in findings]
     for r, rd in zip(a.ranks, d["ranks"], strict=True):
         rd["idle_sum_over_streams"] = r.idle_sum_over_streams
         rd["idle_by_stream"] = {str(k): v for k, v in r.idle_by_stream.items()}
@@ -28,7 +30,7 @@ def to_dict(a: TraceAnalysis) -> dict[str, Any]:
     return {"schema": TRACE_SCHEMA, **d}
 
 
-def render(a: TraceAnalysis, console: Console) -> None:
+def render(a: TraceAnalysis, findings: list[Finding], console: Console) -> None:
     mode = "HTA-compatible rounding" if a.hta_compat else "exact times"
     console.rule(f"[bold]redline trace[/bold] · {len(a.ranks)} rank(s) · {mode}")
     t = Table(title="Where GPU time goes, per rank (window = first to last device event)",
@@ -87,8 +89,8 @@ def render(a: TraceAnalysis, console: Console) -> None:
     for st in a.stragglers:
         console.print(f"rank {st.rank}: last at {st.last_arrivals}/{st.collectives} collectives, "
                       f"{st.mean_lateness_us:.0f} µs late on average")
-    if a.findings:
-        render_findings(a.findings, console)
+    if findings:
+        render_findings(findings, console)
     else:
         console.print("[green]No finding[/green] from this trace.")
     for w in a.warnings:

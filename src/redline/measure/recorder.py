@@ -1,10 +1,11 @@
-"""``redline.watch()``: always-on measurement of an unmodified training loop.
+"""The recorder behind ``redline.watch()``: always-on measurement of an unmodified loop.
 
-    with redline.watch() as w:
+    with Recorder(WatchConfig()) as r:
         for batch in loader: ...   # the user's loop, unchanged
-    w.report()
+    measurements = build_measurements(r)   # redline.measure.summary
 
-On entry the watch installs its hooks (data loaders, root modules, autograd, optimizers,
+:class:`redline.report.watch.Watch` (what ``redline.watch()`` returns) adds ``report()``. On
+entry the recorder installs its hooks (data loaders, root modules, autograd, optimizers,
 host→device copies) and samplers (CPU/psutil, CUDA events, NVML); on exit it removes all of
 them. Nothing it does synchronizes the device inside the loop.
 """
@@ -19,17 +20,18 @@ from typing import TypeVar
 
 import torch
 
+from redline.core.measurements import NvmlSummary
 from redline.measure.config import WatchConfig
 from redline.measure.cpu import CpuSampler, CpuWindow
 from redline.measure.cuda import CudaMemory, CudaStepTimer, SyncCounter, read_memory
 from redline.measure.flops import FlopWindow
 from redline.measure.hooks import Instrumentation
-from redline.measure.nvml import NvmlSampler, NvmlSummary, import_pynvml
+from redline.measure.nvml import NvmlSampler, import_pynvml
 from redline.measure.profile import TraceCapture
 from redline.measure.timeline import StepRecord, StepTracker
-from redline.report.model import Report
 
 T = TypeVar("T")
+R = TypeVar("R", bound="Recorder")
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -44,8 +46,8 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
-class Watch:
-    """Context manager that records a per-step timeline. Use :func:`redline.watch`."""
+class Recorder:
+    """Context manager that records a per-step timeline (see :func:`redline.watch`)."""
 
     def __init__(self, config: WatchConfig | None = None,
                  on_limit: Callable[[], None] | None = None) -> None:
@@ -74,7 +76,7 @@ class Watch:
         self._entered = False
 
     # -- context ---------------------------------------------------------------------------
-    def __enter__(self) -> Watch:
+    def __enter__(self: R) -> R:
         if self._entered:
             raise RuntimeError("a Watch can be entered once; create a new redline.watch()")
         self._entered = True
@@ -98,7 +100,7 @@ class Watch:
         self._stack = stack
         self.t_enter = time.perf_counter()
         self.tracker.restart(self.t_enter)
-        if self.config.warmup_steps == 0 and not self.config.count_flops:
+        if self.config.warmup_steps == 0:
             self._begin_window()
         return self
 
@@ -173,16 +175,31 @@ class Watch:
         self._state = "measuring"
         self.tracker.restart(time.perf_counter())
 
-    def _after_flops(self) -> None:
-        """Next stage after warm-up and FLOP counting: the optional trace, then measuring."""
+    def _start_extras(self) -> bool:
+        """At an exact step boundary: begin the FLOP count or the trace, if one is still due
+        (each takes excluded steps); False when none is."""
+        if self.config.count_flops and self.flops.flops is None and self.flops.error is None:
+            self.flops.start()
+            if self.flops.active:
+                self._state = "flops"
+                return True
         if self.config.trace_dir is not None and self.capture is None:
             self.capture = TraceCapture(self.config.trace_dir, self.device.type,
                                         active=self.config.trace_steps,
                                         host_ops=self.config.trace_host_ops)
             if self.capture.start():
                 self._state = "tracing"
-                return
-        self._begin_window()
+                return True
+        return False
+
+    def _resume(self) -> None:
+        """Back to measuring after excluded steps: the window begins now, or, with no warm-up
+        (where it began at entry), goes on with the next step."""
+        if self.window_start is None:
+            self._begin_window()
+        else:
+            self._state = "measuring"
+            self.tracker.restart(time.perf_counter())
 
     def _on_reset(self) -> None:
         """Closed steps were folded into one (first ``step()`` call): start warm-up again."""
@@ -194,7 +211,7 @@ class Watch:
         self._state = "warmup"
         self._measured = 0
         self.window_start = None
-        if self.config.warmup_steps == 0 and not self.config.count_flops:
+        if self.config.warmup_steps == 0:
             self._begin_window()
 
     def _on_close(self, rec: StepRecord, exact: bool) -> None:
@@ -212,23 +229,19 @@ class Watch:
         state = self._state
         if state == "warmup":
             rec.kind = "warmup"
-            if exact and rec.index + 1 >= self.config.warmup_steps:
-                if self.config.count_flops and self.flops.flops is None:
-                    self.flops.start()
-                    if self.flops.active:
-                        self._state = "flops"
-                        return
-                self._after_flops()
+            if exact and rec.index + 1 >= self.config.warmup_steps and not self._start_extras():
+                self._begin_window()
         elif state == "flops":
             rec.kind = "excluded"
             self.flops.stop()
-            self._after_flops()
+            if not self._start_extras():
+                self._resume()
         elif state == "tracing":
             rec.kind = "excluded"
             assert self.capture is not None
             self.capture.step()
             if self.capture.done:
-                self._begin_window()
+                self._resume()
         else:
             rec.kind = "measured"
             self._measured += 1
@@ -236,34 +249,5 @@ class Watch:
             if (limit is not None and self._measured == limit and self._on_limit is not None
                     and self._stack is not None):
                 self._on_limit()
-
-    # -- results ---------------------------------------------------------------------------
-    def report(self, show: bool = True, command: list[str] | None = None,
-               status: str | None = None, status_detail: str | None = None) -> Report:
-        """Build the report (and print it to the terminal when ``show``)."""
-        from redline.report.build import build_report
-        from redline.report.terminal import print_report
-
-        if self._stack is not None:
-            raise RuntimeError("report() is available after the `with redline.watch()` block")
-        rep = build_report(self, command=command, status=status, status_detail=status_detail)
-        if show:
-            print_report(rep)
-        return rep
-
-
-def watch(
-    *,
-    warmup_steps: int = 3,
-    max_steps: int | None = None,
-    count_flops: bool = True,
-    device: str | None = None,
-    sample_interval_s: float = 0.2,
-    detect_syncs: bool = True,
-) -> Watch:
-    """Measure the training loop run inside the ``with`` block. See :class:`WatchConfig`."""
-    return Watch(WatchConfig(
-        warmup_steps=warmup_steps, max_steps=max_steps, count_flops=count_flops,
-        device=device, sample_interval_s=sample_interval_s, detect_syncs=detect_syncs,
-    ))
-
+            if exact:
+                self._start_extras()  # no warm-up: FLOPs and trace at the first exact boundary

@@ -1,0 +1,43 @@
+"""The model layer: what every other layer speaks in.
+
+Findings and limits, the measurements and the report, DataLoader settings, the exception base
+and atomic file writes. Nothing here imports torch or any other part of redline, so every layer
+above can use it.
+"""
+
+from redline.core.errors import RedlineError
+from redline.core.files import write_text_atomic
+from redline.core.findings import (
+    CATALOGUE,
+    SEVERITIES,
+    Finding,
+    Limit,
+    ceiling_speedup,
+    rank,
+    severity_for,
+)
+from redline.core.loader import LoaderSettings
+from redline.core.measurements import (
+    DeviceInfo,
+    DeviceMetrics,
+    EffectiveConfig,
+    H2DMetrics,
+    HostMetrics,
+    LoaderReport,
+    Measurements,
+    MetricTier,
+    MfuResult,
+    NvmlSummary,
+    PhaseShare,
+    PrecisionInfo,
+    StepTiming,
+)
+from redline.core.report import SCHEMA_VERSION, STATUSES, Report, TraceSummary
+
+__all__ = [
+    "CATALOGUE", "SCHEMA_VERSION", "SEVERITIES", "STATUSES", "DeviceInfo", "DeviceMetrics",
+    "EffectiveConfig", "Finding", "H2DMetrics", "HostMetrics", "Limit", "LoaderReport",
+    "LoaderSettings", "Measurements", "MetricTier", "MfuResult", "NvmlSummary", "PhaseShare",
+    "PrecisionInfo", "RedlineError", "Report", "StepTiming", "TraceSummary", "ceiling_speedup",
+    "rank", "severity_for", "write_text_atomic",
+]

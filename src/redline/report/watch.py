@@ -1,0 +1,51 @@
+"""``redline.watch()``: always-on measurement of an unmodified training loop, and its report.
+
+    with redline.watch() as w:
+        for batch in loader: ...   # the user's loop, unchanged
+    w.report()
+
+The recording is :class:`redline.measure.recorder.Recorder`'s; this adds the report (diagnosis
+and rendering), which sits above measurement in the layers.
+"""
+
+from __future__ import annotations
+
+from redline.core.report import Report
+from redline.measure.config import WatchConfig
+from redline.measure.recorder import Recorder
+from redline.report.build import build_report
+from redline.report.terminal import print_report
+
+
+class Watch(Recorder):
+    """Context manager that records a per-step timeline; :meth:`report` after the block."""
+
+    def report(self, show: bool = True, command: list[str] | None = None,
+               status: str | None = None, status_detail: str | None = None) -> Report:
+        """Build the report (and print it to the terminal when ``show``)."""
+        if self._stack is not None:
+            raise RuntimeError("report() is available after the `with redline.watch()` block")
+        rep = build_report(self, command=command, status=status, status_detail=status_detail)
+        if show:
+            print_report(rep)
+        return rep
+
+
+_DEFAULTS = WatchConfig()
+
+
+def watch(
+    *,
+    warmup_steps: int = _DEFAULTS.warmup_steps,
+    max_steps: int | None = _DEFAULTS.max_steps,
+    count_flops: bool = _DEFAULTS.count_flops,
+    device: str | None = _DEFAULTS.device,
+    sample_interval_s: float = _DEFAULTS.sample_interval_s,
+    detect_syncs: bool = _DEFAULTS.detect_syncs,
+) -> Watch:
+    """Measure the training loop run inside the ``with`` block. See :class:`WatchConfig` for
+    each argument."""
+    return Watch(WatchConfig(
+        warmup_steps=warmup_steps, max_steps=max_steps, count_flops=count_flops,
+        device=device, sample_interval_s=sample_interval_s, detect_syncs=detect_syncs,
+    ))

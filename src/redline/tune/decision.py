@@ -1,0 +1,77 @@
+"""What the tuning path decided at each step, typed: which knob, what was tried, kept or not,
+and the measured numbers behind it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+Detail = str | int | float | bool | None
+
+
+class Knob(str, Enum):
+    """The path's knobs, in the order it visits them."""
+
+    LOADER = "data pipeline"
+    BATCH = "batch size"
+    PRECISION = "precision"
+    CHANNELS_LAST = "channels_last"
+    CUDNN_BENCHMARK = "cudnn.benchmark"
+    OPTIMIZER = "optimizer"
+    COMPILE = "torch.compile"
+    SDPA = "sdpa"
+
+
+_VALUE_IN_LABEL = (Knob.PRECISION, Knob.OPTIMIZER)
+
+
+@dataclass(slots=True)
+class Decision:
+    """One step of the path: a knob tried (or refused before trying) and the outcome."""
+
+    knob: Knob
+    kept: bool
+    reason: str
+    """Why, in words and numbers."""
+    value: str | None = None
+    """The setting tried: 'bf16', 'fused', a micro-batch size; None for on/off knobs."""
+    again: bool = False
+    """A second visit of this knob after a later change made it worth another look."""
+    context: str | None = None
+    """What changed since the first visit (e.g. 'channels_last'), for a second visit."""
+    samples_per_s_before: float | None = None
+    samples_per_s_after: float | None = None
+    measured: str | None = None
+    """'step alone' or 'end to end' (None when nothing was measured)."""
+    p_value: float | None = None
+    """One-sided Mann–Whitney p-value of the per-step times, when the test could decide."""
+    numerics: str | None = None
+    """The precision guard's verdict, for a precision that passed it."""
+    details: dict[str, Detail] = field(default_factory=dict)
+    """Knob-specific numbers (the batch finder's trials, the autotune's reason, compile time,
+    the location of hand-written attention, …)."""
+
+    @property
+    def label(self) -> str:
+        """The step as the table prints it, e.g. 'precision bf16 (again, channels_last)'."""
+        s = self.knob.value
+        if self.knob in _VALUE_IN_LABEL and self.value is not None:
+            s += f" {self.value}"
+        if self.again:
+            s += f" (again{', ' + self.context if self.context else ''})"
+        return s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["knob"] = self.knob.value
+        return {"step": self.label, **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Decision:
+        """Raises ValueError (unknown knob) or TypeError (missing or unknown fields)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["knob"] = Knob(d.get("knob"))
+        return cls(**kw)

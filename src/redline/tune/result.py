@@ -1,0 +1,89 @@
+"""What ``redline tune`` returns: the plan, before/after measured side by side, and the planned
+job projected at each speed."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from redline.core.findings import Limit
+from redline.tune.batch_finder import BatchSearch
+from redline.tune.kernels import AttentionSite
+from redline.tune.plan import TunePlan
+from redline.tune.precision import NumericsCheck
+from redline.tune.trial import TrialMetrics
+
+
+@dataclass(slots=True)
+class Projection:
+    """The planned job at a measured speed."""
+
+    run_steps: int
+    job_time_s: float | None
+    cost: float | None
+    """Currency units at the configured price per device-hour; None without a price."""
+    energy_kwh: float | None
+
+
+@dataclass(slots=True)
+class TuneResult:
+    plan: TunePlan
+    before: TrialMetrics
+    after: TrialMetrics
+    before_projection: Projection
+    after_projection: Projection
+    run_steps_source: str
+    price_per_device_hour: float | None
+    batch_search: BatchSearch | None = None
+    numerics: list[NumericsCheck] = field(default_factory=list)
+    attention_sites: list[AttentionSite] = field(default_factory=list)
+    reused_plan: str | None = None
+    """Path of the remembered plan that was reused, if one was."""
+    plan_path: str | None = None
+    seconds: float = 0.0
+    limits: list[Limit] = field(default_factory=list)
+    """What still limits the tuned step (:func:`redline.diagnose.remaining_limits`)."""
+
+    @property
+    def speedup(self) -> float | None:
+        a, b = self.after.throughput_samples_per_s, self.before.throughput_samples_per_s
+        return a / b if a and b else None
+
+
+def project(m: TrialMetrics, run_steps: int, price: float | None, devices: int = 1) -> Projection:
+    """Job time, cost and energy of ``run_steps`` optimizer steps at ``m``'s speed."""
+    t = m.step_time_s * run_steps if m.step_time_s else None
+    cost = t / 3600 * price * devices if t is not None and price is not None else None
+    e = m.energy_j_per_step * run_steps / 3.6e6 if m.energy_j_per_step is not None else None
+    return Projection(run_steps, t, cost, e)
+
+
+def merge_trials(ms: list[TrialMetrics]) -> TrialMetrics:
+    """One row from alternating trials of one configuration: throughput over all measured
+    steps, medians of step times, means of fractions; memory, MFU and energy from the trials
+    that measured them."""
+
+    def mean(xs: list[float | None]) -> float | None:
+        v = [x for x in xs if x is not None]
+        return statistics.fmean(v) if v else None
+
+    steps = sum(m.steps for m in ms)
+    tp = [(m.throughput_samples_per_s, m.steps) for m in ms if m.throughput_samples_per_s]
+    first = ms[0]
+    return TrialMetrics(
+        first.label,
+        sum(t * n for t, n in tp) / sum(n for _, n in tp) if tp else None,
+        mean([m.step_time_s for m in ms]),
+        mean([m.data_wait_fraction for m in ms]),
+        mean([m.device_busy_fraction for m in ms]),
+        mean([m.mfu for m in ms]),
+        next((m.peak_memory_bytes for m in ms if m.peak_memory_bytes is not None), None),
+        first.peak_memory_source,
+        mean([m.energy_j_per_step for m in ms]),
+        first.energy_source, steps, sum(m.wall_s for m in ms),
+        step_times_s=[t for m in ms for t in m.step_times_s],
+        device_busy_kernels_fraction=next((m.device_busy_kernels_fraction for m in ms
+                                           if m.device_busy_kernels_fraction is not None), None),
+        device_busy_kernels_source=next((m.device_busy_kernels_source for m in ms
+                                         if m.device_busy_kernels_fraction is not None),
+                                        first.device_busy_kernels_source))
