@@ -31,7 +31,7 @@ from torch import nn
 from redline.tune.memory_budget import MemoryBudget
 
 LIMITS = {"mlp": 300 * 2**20, "lm": 256 * 2**20}
-"""Budgets: the MLP's as in autotune_anchors.md §7; the lm's puts its max in the hundreds."""
+"""Simulated device memory per model (the largest batch each allows is printed by the run)."""
 START = 8192
 
 

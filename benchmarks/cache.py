@@ -5,7 +5,7 @@ deterministic = JPEG decode + resize to 112×112 (uint8 tensor, what is cached);
 random = random 96×96 crop + flip + float normalize (re-run every access).
 
 Run: .venv/bin/python benchmarks/cache.py [--samples 512]
-Targets (issue 4): epoch 2 ≥ 5× faster than uncached; cached reads ≥ 50 % of raw page-cache
+Targets: epoch 2 ≥ 5× faster than uncached; cached reads ≥ 50 % of raw page-cache
 read throughput. Also reported: the Redis store (a local redis-server on loopback, when
 installed) vs the LMDB store, epoch-2 throughput.
 """

@@ -3,7 +3,7 @@ accelerator, each ratio measured side by side (before and after alternate within
 
     PYTHONPATH=src .venv/bin/python benchmarks/demo_speedup.py [--repeats N] [--only VARIANT]
 
-Targets (issue 5): ≥ 1.5× on 2 CPU cores; ≥ 3× with the simulated accelerator. Takes a few
+Targets: ≥ 1.5× on 2 CPU cores; ≥ 3× with the simulated accelerator. Takes a few
 minutes per repeat on 2 cores. The plan store is a temporary folder, so every run searches.
 """
 

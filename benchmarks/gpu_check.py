@@ -298,9 +298,8 @@ def kernel_busy_trace() -> tuple[bool, str]:
         s = factory()
         key = plan_key(s.model, torch.device("cuda"), "fp32", next(iter(s.loader)))
         plan = TunePlan(key=key, effective_batch=batch, micro_batch=batch)
-        # step_only: batches prefetched and cycled. On the H200 (2026-11-29) the large case
-        # read 58 % end to end: its 64 MiB batches, collated row by row on the CPU, were
-        # the bottleneck, not the GPU.
+        # step_only: batches prefetched and cycled. End to end, the large case's 64 MiB
+        # batches, collated row by row on the CPU, would be the bottleneck, not the GPU.
         out[name] = measure(factory, plan, name, steps=20, warmup=3, trace=True,
                             step_only=True)
     t, g = out["tiny"], out["large"]
@@ -308,8 +307,8 @@ def kernel_busy_trace() -> tuple[bool, str]:
           and g.device_busy_kernels_fraction is not None
           and t.device_busy_kernels_fraction < t.device_busy_fraction
           and g.device_busy_kernels_fraction > 0.85
-          # the H200 read span 1452 % for "large" on the host clock (20 steps fit in the
-          # launch queue); on the device's clock a span cannot pass 100 %
+          # on the host clock a device-bound step reads a span far above 100 % (many steps
+          # fit in the launch queue); on the device's clock a span cannot pass 100 %
           and g.device_busy_fraction is not None and g.device_busy_fraction <= 1.02)
     def pct(x: float | None) -> str:
         return "unknown" if x is None else f"{x:.1%}"
@@ -321,8 +320,8 @@ def kernel_busy_trace() -> tuple[bool, str]:
 
 
 def conv_mfu() -> tuple[bool, str]:
-    """An fp32 conv net's MFU counts its convolutions at the TF32 peak (cuDNN's default); the
-    H200 read 74 % against the fp32 peak for a ResNet-50 whose kernels ran 32 % of the step."""
+    """An fp32 conv net's MFU counts its convolutions at the TF32 peak (cuDNN's default), not
+    at the fp32 peak, which would read an MFU far above what its kernels achieve."""
     model = nn.Sequential(nn.Conv2d(64, 256, 3, padding=1), nn.ReLU(),
                           nn.Conv2d(256, 64, 3, padding=1)).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)

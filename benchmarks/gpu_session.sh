@@ -3,8 +3,8 @@
 #   bash benchmarks/gpu_session.sh 1   # demo vision-large (the GPU target), then gpu_check.py
 #   bash benchmarks/gpu_session.sh 2   # demo lm-large, then `redline tune` lm with compile
 #   bash benchmarks/gpu_session.sh 3   # gpu_check.py alone (~40 s)
-# Part 1 first: it holds what closes issue 5 (the tuned vision-large's "device busy
-# (kernels)"). Meant for a lent GPU machine whose image has PyTorch but not every redline
+# Part 1 first: it holds the GPU target (the tuned vision-large's "device busy (kernels)").
+# Meant for a lent GPU machine whose image has PyTorch but not every redline
 # dependency: wheels for the missing ones (orjson, ijson, lmdb) travel in .whl/ (docs/tune.md,
 # "Checking on a GPU"); carry `.whl` and give the call a timeout of ~580 s. Logs go under $OUT
 # (or ./gpu-out when $OUT is unset). A step cut by its own timeout still leaves its log.

@@ -6,7 +6,7 @@ searches time the same loop; at the end autotune's pick and the grid's best are 
 alternately (5 times each) so the throughput ratio is side by side.
 
 Run: .venv/bin/python benchmarks/loader_autotune.py [--device-ms 15] [--batches 16]
-Target (issue 4): ≥ 95 % of the grid's best throughput using ≤ 15 % of the grid's time.
+Target: ≥ 95 % of the grid's best throughput using ≤ 15 % of the grid's time.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ its share of a 10 ms step, and watch's cost as a fraction of the profiler's; and
 the training thread's CPU time per step, which the VM's stalls barely touch.
 
 Run: .venv/bin/python benchmarks/overhead.py [--rounds 101] [--steps 100]
-Target (issue 2): watch adds ≤ 50 µs per step (≤ 0.5 % of a 10 ms step).
+Target: watch adds ≤ 50 µs per step (≤ 0.5 % of a 10 ms step).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Set-up for HTA (its own virtual environment: it brings pandas and plotly):
 Run:
     .venv/bin/python benchmarks/trace_vs_hta.py [--runs 3] [--hta-python .venv-bench/bin/python]
     .venv/bin/python benchmarks/trace_vs_hta.py --big 1100   # + a generated ≥ 1 GB trace
-Targets (issue 3): ≥ 5× faster and ≤ 1/3 of HTA's peak memory on every shared trace.
+Targets: ≥ 5× faster and ≤ 1/3 of HTA's peak memory on every shared trace.
 """
 
 from __future__ import annotations

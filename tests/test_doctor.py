@@ -145,3 +145,32 @@ def test_ctrl_c_reports_steps_so_far(tmp_path: Path) -> None:
     assert data["status"] == "interrupted"
     assert data["measurements"]["timing"]["steps_total"] >= 12
     assert "interrupted" in err
+
+
+def test_cli_defaults_come_from_the_configs() -> None:
+    from redline.cli.main import build_parser
+    from redline.measure.config import WatchConfig
+    from redline.tune.config import TuneConfig
+
+    p = build_parser()
+    d = p.parse_args(["doctor", "--", "python", "train.py"])
+    assert d.warmup == WatchConfig().warmup_steps and callable(d.func)
+    t = p.parse_args(["tune", "train.py"])
+    assert (t.steps, t.rounds) == (TuneConfig().steps_per_trial, TuneConfig().rounds)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["tune", "x.py", "--rounds", "0"],
+     "--rounds must be >= 1 (times each comparison alternates current and candidate), got 0"),
+    (["tune", "x.py", "--price-per-hour", "-1"], "--price-per-hour must be >= 0, got -1"),
+    (["doctor", "--warmup", "-1", "--", "python", "x.py"], "--warmup must be >= 0"),
+    (["demo", "--steps", "zero"], "--steps must be an integer, got 'zero'"),
+])
+def test_bad_values_name_the_flag(args: list[str], message: str,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from redline.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err

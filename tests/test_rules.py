@@ -239,3 +239,22 @@ def test_one_stalled_fetch_is_a_note_not_starvation() -> None:
     assert note is not None and "step 10 waited 300.0 ms" in note and "not starvation" in note
     dw.fraction_without_slowest = 0.07  # steady waits: starvation, no stall note
     assert stall_note(m) is None and "data_starvation" in ids(m)
+
+
+def test_a_fetch_that_waits_is_storage_fetch() -> None:
+    m = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
+                     host={"data_fetch_cpu_fraction": 0.02})
+    assert "storage_fetch" in ids(m) and "cpu_preprocessing" not in ids(m)
+    assert get(m, "storage_fetch").ceiling_speedup == pytest.approx(1 / (1 - 0.6 * 0.98))
+
+
+def test_busy_workers_are_cpu_preprocessing_idle_ones_storage() -> None:
+    def split(cores: float) -> set[str]:
+        m = measurements(phases={"data_wait": 0.5, "forward": 0.2, "backward": 0.2},
+                         host={"workers_cpu_cores": cores, "main_cpu_cores": 0.3},
+                         loaders=[loader(num_workers=2, prefetch_factor=2)])
+        return set(ids(m)) & {"cpu_preprocessing", "storage_fetch"}
+
+    assert split(1.8) == {"cpu_preprocessing"}  # 90 % of min(2 workers, 2 CPUs)
+    assert split(0.1) == {"storage_fetch"}
+    assert split(1.0) == {"cpu_preprocessing", "storage_fetch"}  # half and half: both

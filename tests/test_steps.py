@@ -293,3 +293,40 @@ def test_checkpoint_and_ema_copy_during_watch_stay_plain() -> None:
             p.add_(1.0)
     assert not torch.allclose(ema(x), model(x))  # the copy uses its own weights
     assert "redline" not in repr(vars(ema).get("forward"))
+
+
+def _train(w: redline.Watch, steps: int) -> None:
+    torch.manual_seed(0)
+    m = nn.Linear(8, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    it = iter(DataLoader(_data(), batch_size=4))
+    with w:
+        for _ in range(steps):
+            x, y = next(it)
+            loss = nn.functional.mse_loss(m(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+
+def test_no_warmup_means_no_warmup_step() -> None:
+    """warmup_steps=0: every step counts from entry; the FLOP count still takes one excluded
+    step, at the first exact step boundary."""
+    w = redline.watch(warmup_steps=0)
+    _train(w, 8)
+    t = w.report(show=False).measurements
+    assert (t.timing.steps_total, t.timing.steps_warmup, t.timing.steps_excluded,
+            t.timing.steps_measured) == (8, 0, 1, 7)
+    assert t.mfu.flops_per_step == 2 * (2 * 4 * 8 * 1)  # forward + weight gradient
+    w = redline.watch(warmup_steps=0, count_flops=False)
+    _train(w, 8)
+    assert w.report(show=False).measurements.timing.steps_measured == 8
+
+
+def test_step_limit_holds_without_warmup() -> None:
+    """The limit is reached at the first measured step, though the FLOP count starts there."""
+    stops: list[int] = []
+    w = redline.Watch(redline.WatchConfig(warmup_steps=0, max_steps=1),
+                      on_limit=lambda: stops.append(w.flops.flops is None))
+    _train(w, 6)
+    assert stops == [True]  # once, before the FLOP-counted step

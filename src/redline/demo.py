@@ -105,8 +105,8 @@ def run_demo(workload: str = "vision", steps: int = 30, json_path: str | None = 
         cfg = tune_config or TuneConfig(try_compile=False, reuse=False)
         if show:
             print("\nredline demo: now tuning it (redline tune: data pipeline → batch size → "
-                  "precision → kernels; torch.compile is skipped in the demo — it takes ~30 s "
-                  "to compile here; `redline tune` measures it)", flush=True)
+                  "precision → kernels; torch.compile is skipped in the demo — compiling takes "
+                  "tens of seconds; `redline tune` measures it)", flush=True)
         result = tune(workload_factory(workload, device, simulated), cfg,
                       log=(lambda s: print(s, flush=True)) if show else (lambda s: None))
         if show:

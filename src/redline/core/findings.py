@@ -1,4 +1,4 @@
-"""What a diagnosis says: findings (design §4 ids), the limits left after tuning, and the
+"""What a diagnosis says: findings (catalogue ids), the limits left after tuning, and the
 Amdahl ceiling both are ranked by.
 
 The rules that produce them live in :mod:`redline.diagnose` (one function per id, registered
@@ -16,7 +16,7 @@ CATALOGUE: tuple[str, ...] = (
     "sync_every_microbatch", "thread_oversubscription", "shm_too_small",
     "copy_on_access_dataset", "worker_respawn",
 )
-"""Stable finding ids (design §4); a report may add more."""
+"""Stable finding ids (docs/report.md lists what each means); a report may add more."""
 
 SEVERITIES: tuple[str, ...] = ("high", "medium", "low")
 """Most severe first."""
@@ -26,7 +26,7 @@ Evidence = dict[str, float | int | str | bool | None]
 
 @dataclass(slots=True)
 class Finding:
-    """One diagnosis (design §4 ids), with the numbers that triggered it."""
+    """One diagnosis (a :data:`CATALOGUE` id), with the numbers that triggered it."""
 
     id: str
     severity: str
@@ -34,7 +34,7 @@ class Finding:
     title: str
     evidence: Evidence
     ceiling_speedup: float | None
-    """step_time ÷ (step_time − removable time), removable measured (design §3); None when
+    """step_time ÷ (step_time − removable time), removable measured (docs/report.md); None when
     the removable time cannot be measured from this data (said in ``fix``/``title``)."""
     fix: str
 
@@ -55,7 +55,7 @@ class Limit:
 
 
 def ceiling_speedup(removable_fraction: float) -> float | None:
-    """Amdahl ceiling of removing a measured share of step time (design §3):
+    """Amdahl ceiling of removing a measured share of step time (docs/report.md):
     step_time ÷ (step_time − removable) = 1 ÷ (1 − fraction)."""
     if removable_fraction <= 0:
         return 1.0

@@ -103,9 +103,9 @@ def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     from a full queue would credit deep queues with batches made before the clock started.
 
     The window must not cross an epoch boundary for one setting and not for another: each new
-    epoch drains the queues and refills them, and deeper queues skip more batches, so on the
-    H200 a trial of 8 workers read half the speed of 6 because only its window crossed the
-    32-batch epoch of the demo. ``whole_epochs=False`` times inside one epoch (steady state;
+    epoch drains the queues and refills them, and deeper queues skip more batches: a trial
+    whose window alone crosses a short epoch reads far slower than one that does not, whatever
+    its workers. ``whole_epochs=False`` times inside one epoch (steady state;
     the window is shortened to end at the boundary); ``True`` skips to an epoch boundary and
     times whole epochs, each with its refill, as training pays it; ``None`` chooses inside
     unless the epoch cannot hold the skip plus ``MIN_TIMED_BATCHES`` (then whole epochs

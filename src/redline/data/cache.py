@@ -11,7 +11,7 @@ Keys carry a fingerprint of the dataset and of the deterministic transform (its 
 constants and its ``repr``), so a changed pipeline reads different keys and never a stale
 sample.
 
-Eviction policy: fill once, then keep ("MinIO", CoorDL; data_pipeline_anchors.md §1). With a
+Eviction policy: fill once, then keep ("MinIO", CoorDL: Mohan et al., VLDB 2021). With a
 fresh random order every epoch, any fixed subset of the dataset gives the same hit rate, while
 LRU evicts exactly what the next epoch will ask for (Mosaic streaming #658). So when the store
 reaches ``max_bytes``, new samples are passed through uncached and nothing is evicted.

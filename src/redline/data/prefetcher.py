@@ -1,6 +1,6 @@
 """``DevicePrefetcher``: copy the next batch to the device while the current one computes.
 
-The pattern of Apex's ``data_prefetcher`` (data_pipeline_anchors.md §7), as a drop-in wrapper:
+The pattern of NVIDIA Apex's ``data_prefetcher`` (``examples/imagenet/main_amp.py``), as a drop-in wrapper:
 the copy of batch *n+1* is issued on a side CUDA stream from pinned memory with
 ``non_blocking=True`` while batch *n* computes; before batch *n+1* is handed out the consumer's
 stream waits for the copy (``wait_stream``, no host sync), and every tensor is

@@ -38,7 +38,7 @@ def _cpu_share(m: Measurements) -> tuple[float | None, str]:
 
 
 def _starving(m: Measurements) -> bool:
-    """The loop waits for data step after step (design §3 data wait ≥ the threshold), not in
+    """The loop waits for data step after step (data wait ≥ the threshold), not in
     one stalled fetch (a GC pause, a preempted or cold read: the report's notes name those)."""
     if m.fraction("data_wait") < DATA_WAIT_MIN_FRACTION or m.timing.step_time_mean_s is None:
         return False

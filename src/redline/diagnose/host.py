@@ -1,5 +1,5 @@
 """Pre-flight host findings: thread_oversubscription, shm_too_small, copy_on_access_dataset,
-worker_respawn (design §2 B3)."""
+worker_respawn: pre-flight checks of the host and the loaders."""
 
 from __future__ import annotations
 

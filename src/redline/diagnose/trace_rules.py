@@ -1,4 +1,4 @@
-"""Findings from a profiler trace (design §4 ids): one function per finding over one rank's
+"""Findings from a profiler trace (catalogue ids): one function per finding over one rank's
 analysis, plus the job-level straggler rule over all ranks.
 
 The numbers come from :mod:`redline.trace` (torch-free); the thresholds from

@@ -5,10 +5,10 @@
   ``synchronize()``) at later step ends; only at watch exit are the last ones waited for.
   The span between the two events is an upper bound of the device's busy time in that step: it
   includes idle gaps inside the step (launch-bound stretches, host syncs), but not the time the
-  device waits between steps (data loading). Exact busy time needs a trace (design §3).
+  device waits between steps (data loading). Exact busy time needs a trace (docs/report.md).
 * Synchronizing calls counted with ``torch.cuda.set_sync_debug_mode('warn')``: process-global,
-  set on entry and restored on exit; experimental upstream, so counts are a lower bound
-  (gpu_metrics_anchors.md §6).
+  set on entry and restored on exit; experimental upstream (``torch.cuda.set_sync_debug_mode``
+  docs: "may not catch all synchronizing operations"), so counts are a lower bound.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class CudaStepTimer:
     device work (root forward, H2D copy) and closes when the host goes back to the data
     loader or the step ends. With gradient accumulation the host fetches a batch between
     micro-batches; a single first-work → step-end span would count the device idling through
-    those fetches as busy (on an H200 the naive vision demo read 78 % span while 87 % of the
-    step was data wait; 2026-11-29). Events run in stream order, so segments never overlap
+    those fetches as busy (a data-starved step would read a high span while it mostly
+    waited). Events run in stream order, so segments never overlap
     and their sum is at most the step's wall time; gaps *inside* a segment (launch overhead)
     still count, so it stays an upper bound of busy time.
 
@@ -120,7 +120,7 @@ class CudaStepTimer:
         # No CUDA event may outlive the watch: a watch left in a reference cycle is freed
         # by a later GC pass, and if that pass runs in a forked DataLoader worker, the
         # event's destructor touches CUDA there and aborts the worker ("CUDA error:
-        # initialization error" in ExchangeDevice; seen on the H200, 2026-11-29).
+        # initialization error" in ExchangeDevice).
         self._origin = None
 
 

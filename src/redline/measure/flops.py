@@ -3,7 +3,7 @@
 MFU (PaLM, arXiv 2204.02311, Appendix B): model FLOPs per second ÷ the device's peak FLOP/s for
 the dtype in use. FlopCounterMode counts matmuls, convolutions and SDPA (2·m·n·k per GEMM) for
 forward and backward; it does not discount causal attention and counts no recompute
-(gpu_metrics_anchors.md §3), which is the MFU (not HFU) convention.
+(``torch.utils.flop_counter``), which is the MFU (not HFU) convention.
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ from redline.measure.timeline import (
 T = TypeVar("T")
 
 # Inside a region torch.compile is tracing, the hooks must do nothing: Dynamo cannot trace
-# threading.get_ident or the clock and would break the graph at every submodule (12 breaks,
-# 4 graphs instead of 1 for the lm workload here; an H200 then ran the compiled step slower
+# threading.get_ident or the clock and would break the graph at every submodule (a graph
+# break per submodule call, so many small graphs instead of one, and a compiled step slower
 # than eager). is_compiling() is a constant while tracing, so the early return costs nothing
 # in the compiled code; the compiled module's own call is still timed, from outside.
 _COMPILE_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"

@@ -1,6 +1,7 @@
 """NVML sampler thread (optional extra ``redline[nvml]``, package ``nvidia-ml-py``).
 
-What each number means, from the NVML docs (gpu_metrics_anchors.md §1):
+What each number means, from the NVML API reference (``nvmlDeviceGetUtilizationRates`` and
+neighbours):
 * ``util_gpu``: % of the sample period (1/6 s to 1 s) with at least one kernel running. A single
   tiny kernel running all the time reads 100 %: a duty cycle, never efficiency.
 * ``power_w``: board power; a 1 s average on Ampere (not GA100) and newer.

@@ -1,7 +1,7 @@
 """Peak dense FLOP/s per device and dtype, kept as data (``redline/data/peak_flops.json``).
 
 A table that can be read, injected and tested, unlike an if/elif chain over ``lspci`` output
-(style_anchors.md, 'What to avoid'). Unknown device or dtype → None, never a neighbour's peak.
+Unknown device or dtype → None, never a neighbour's peak.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def cpu_budget(cgroup_root: Path = Path("/sys/fs/cgroup")) -> CpuBudget:
     """Usable CPUs: the affinity mask, lowered by a cgroup CPU quota (containers, Slurm).
 
     ``os.cpu_count()`` counts the host's CPUs and over-states what a container may use; the
-    DataLoader itself only checks the affinity mask (data_pipeline_anchors.md §5).
+    DataLoader itself only checks the affinity mask (``_check_worker_number_rationality``).
     """
     try:
         aff = len(os.sched_getaffinity(0))

@@ -4,8 +4,8 @@ This module is pure bookkeeping (no torch import): the hooks in :mod:`redline.me
 feed it timestamps, and it turns them into :class:`StepRecord` objects. Keeping it pure lets
 the step-boundary rules be tested exactly, loop shape by loop shape.
 
-Step definition (design §3): one optimizer update; where there is no optimizer, one outermost
-forward+backward; or whatever the user marks with ``Watch.step()``.
+Step definition (docs/report.md, "Definitions"): one optimizer update; where there is no
+optimizer, one outermost forward+backward; or whatever the user marks with ``Watch.step()``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class StepRecord:
 
     @property
     def step_s(self) -> float:
-        """Wall time of the step (design §3 'step time')."""
+        """Wall time of the step (docs/report.md, 'step time')."""
         return self.end_s - self.start_s
 
     @property

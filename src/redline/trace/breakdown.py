@@ -31,7 +31,7 @@ Interval = tuple[float, float]
 
 KERNEL_WAIT_US = 30.0
 """HTA's ``consecutive_kernel_delay`` default. Documented as 30 ns, applied in trace units (µs)
-by HTA; kept in µs for parity (gpu_metrics_anchors.md §7)."""
+by HTA (``hta/analyzers/breakdown_analysis.py``); kept in µs for parity."""
 
 
 def merge(intervals: list[Interval]) -> list[Interval]:

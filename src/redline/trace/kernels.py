@@ -188,7 +188,7 @@ def stragglers(comm_by_rank: dict[int, list[Event]]) -> list[Straggler]:
 
     The n-th collective kernel of every rank is the same collective (NCCL issues them in order).
     All ranks leave it together, so the rank that arrived last spent the least time in it;
-    per-rank step times are equal under DDP and hide this (design §2 G1).
+    per-rank step times are equal under DDP and hide this.
     """
     ranks = sorted(comm_by_rank)
     if len(ranks) < 2:

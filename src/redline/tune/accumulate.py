@@ -3,8 +3,8 @@ the gradient of the whole batch.
 
 With a mean-reduced loss, ∇ mean(B) = Σᵢ (nᵢ / |B|) · ∇ mean(Bᵢ) for any partition of B into
 micro-batches Bᵢ of nᵢ samples, so an uneven last micro-batch is weighted by its size, not by
-1/k (Composer does the same; autotune_anchors.md §3 — the examples of Accelerate and HF that
-floor ``batch // micro`` change the effective batch). Under DDP every micro-batch but the last
+1/k (as Composer's automatic micro-batching does; a split that floors ``batch // micro`` and
+drops the rest changes the effective batch). Under DDP every micro-batch but the last
 runs inside ``no_sync()``, so gradients are all-reduced once per optimizer step.
 
 BatchNorm statistics are computed per micro-batch, so a model with BatchNorm sees other

@@ -1,7 +1,8 @@
 """Batch-size finder by prediction, not by crashing.
 
 Lightning's BatchSizeFinder and Accelerate's ``find_executable_batch_size`` learn only from
-out-of-memory errors (11–35 trials, up to 34 OOMs for one MLP; autotune_anchors.md §7).
+out-of-memory errors (a doubling then bisecting search: every probe that does not fit is an
+OOM; ``benchmarks/batch_finder.py`` counts them side by side).
 DeepSpeed predicts from one probe and an Adam-only formula. Here:
 
 1. **Probe at batch 1** (also answers "does it fit at all"), recording live device bytes after

@@ -1,5 +1,5 @@
 """A simulated device-memory budget for CPU runs: counts live tensor bytes and raises the error
-CUDA raises when they would exceed the limit (design §5).
+CUDA raises when they would exceed the limit.
 
 Deterministic, so batch finders (redline's and other tools') can be compared side by side on a
 machine without a GPU. Bytes are counted per storage: a storage's Python object lives as long

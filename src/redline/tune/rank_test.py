@@ -2,9 +2,9 @@
 
 Each side of an A/B comparison yields per-step times from alternating trials (same effective
 batch on both sides, so step times compare directly). The throughput ratio says *how much*
-faster; the rank test says whether that is more than this machine's noise: on a shared 2-core
-VM a 5 % "gain" from one trial pair was seen not to reproduce (foreach optimizer, 2026-11-29).
-The rank test needs no normality and ignores a few preempted steps (outliers only move ranks).
+faster; the rank test says whether that is more than the machine's noise (on a shared machine
+a 5 % "gain" of one trial pair need not reproduce). The rank test needs no normality and
+ignores a few preempted steps (outliers only move ranks).
 
 Normal approximation with tie correction (Mann & Whitney 1947; e.g. Hollander, Wolfe & Chicken,
 *Nonparametric Statistical Methods*, 3rd ed., §4.1), continuity-corrected; exact enough from

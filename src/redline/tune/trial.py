@@ -57,7 +57,7 @@ class TrialMetrics:
     """Each measured step's wall seconds (for the significance test of a comparison)."""
     device_busy_kernels_fraction: float | None = None
     """Union of kernel intervals ÷ the traced window (1 − HTA's idle share), read from a short
-    device-only profiler trace: design §3's exact device busy. None when not traced."""
+    device-only profiler trace: the exact device busy of docs/report.md. None when not traced."""
     device_busy_kernels_source: str = "not traced for this trial"
 
 
@@ -115,9 +115,8 @@ def measured_window(plan: TunePlan, epoch: int | None, steps: int) -> tuple[int,
 
     With workers, batches arrive in bursts (every worker finishes one at about the same time)
     and the queues (workers × prefetch_factor batches) fill while the first, slow steps run:
-    a few steps timed after them are served from the queue at the step's own speed. On the
-    H200 six such steps read the tuned vision demo at 16,700 samples/s from 6 decode workers
-    that make ~3,000 (~2 ms per sample each). So the window starts at a fresh epoch (empty
+    a few steps timed after them are served from the queue at the step's own speed, a rate
+    the workers cannot sustain. So the window starts at a fresh epoch (empty
     queues; warm workers and model) and spans whole epochs where they are short — each with
     its one refill, as training pays it — else at least three queue-lengths of steps. Without
     workers nothing queues."""

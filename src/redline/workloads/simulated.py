@@ -1,4 +1,4 @@
-"""A SIMULATED accelerator for CPU-only demos and benchmarks (design §5), always labelled so.
+"""A SIMULATED accelerator for CPU-only demos and benchmarks, always labelled so.
 
 On a real GPU the model's work runs on the device while the host is free to decode the next
 batch; on a CPU the model's math competes with the loader workers for the same cores, so a CPU
@@ -12,8 +12,8 @@ Device time of one micro-batch of ``n`` samples:
     fixed_s + n · sample_s / speedup(precision)
 
 ``fixed_s`` is the per-micro-batch cost that a larger batch amortizes (kernel launches, per-step
-host work; on an H200 the naive ``vision`` step measured about 3.5 ms per micro-batch, host
-time of forward + backward + other, 2026-11-29, benchmarks/gpu_session.sh), ``sample_s`` the
+host work: the host time of forward + backward + other of the naive ``vision`` step on a
+data-centre GPU, a few ms per micro-batch; ``benchmarks/gpu_check.py`` measures it), ``sample_s`` the
 per-sample compute of a ResNet-50-class model on a mid-range accelerator in fp32, and
 ``half_speedup`` what bf16/fp16 tensor cores give on it (NVIDIA DeepLearningExamples,
 ResNet50 v1.5 for PyTorch: "over 2x faster than training without Tensor Cores"). One third of

@@ -185,7 +185,7 @@ def vision_large_config() -> VisionConfig:
     # lr 0.01: 0.1 per 256 samples (He et al., 2015) scaled to the effective batch of 64 gives
     # 0.025; 0.01 keeps fp32 and bf16 within the numerics guard's tolerance from step 1.
     # length 65,536 (1,024 steps of 64): every epoch start waits for the workers to decode a
-    # whole batch again (~130 ms at ~2 ms a sample, the H200 host), which in vision's 32-step
-    # epoch of ~15 ms tuned steps would idle the device ~20 % — a cost of the tiny synthetic
+    # whole batch again (~2 ms of decode a sample per worker), which in a 32-step epoch of
+    # ~15 ms tuned steps would idle the device ~20 % — a cost of the tiny synthetic
     # epoch, not of a job that trains on an ImageNet-sized one (1.28 M samples per epoch).
     return VisionConfig(model="resnet50", crop=224, lr=0.01, length=65_536)
