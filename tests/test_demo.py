@@ -30,7 +30,7 @@ def test_vision_large_is_resnet50_on_the_same_naive_loop() -> None:
     from redline.workloads import WORKLOADS, vision_large_config
 
     cfg = vision_large_config()
-    assert (cfg.model, cfg.crop, cfg.num_workers, cfg.batch_size,
+    assert (cfg.model, cfg.crop, cfg.loader.num_workers, cfg.batch_size,
             cfg.accumulation_steps) == ("resnet50", 224, 0, 16, 4)
     # long epochs: the per-epoch refill of the workers' queues must not be what a tuned run
     # measures (≥ 1,000 optimizer steps between refills)
@@ -112,7 +112,7 @@ def test_lm_large_is_gpt2_small_shaped_on_the_same_naive_loop() -> None:
 
     cfg = lm_large_config()
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.seq_len) == (12, 768, 12, 512)
-    assert (cfg.batch_size, cfg.accumulation_steps, cfg.num_workers) == (8, 4, 0)
+    assert (cfg.batch_size, cfg.accumulation_steps, cfg.loader.num_workers) == (8, 4, 0)
     blocks = sum(p.numel() for b in build_lm(LMConfig(d_model=768, n_heads=12, n_layers=12,
                                                    sequences=8)).model.blocks
                  for p in b.parameters())

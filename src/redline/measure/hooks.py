@@ -26,41 +26,18 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_module
-from torch.utils.data import DataLoader
-from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from redline.measure.loader import LoaderInfo, batch_nbytes, batch_samples, loader_info
+from redline.measure.data_hooks import DataHooks, H2DStats
+from redline.measure.loader import LoaderInfo
+from redline.measure.patching import COMPILE_HOOK_WARNING, compiling, patch
 from redline.measure.timeline import (
     BACKWARD,
-    DATA_WAIT,
     FORWARD,
-    H2D_COPY,
     OPTIMIZER,
     StepTracker,
 )
 
 T = TypeVar("T")
-
-# Inside a region torch.compile is tracing, the hooks must do nothing: Dynamo cannot trace
-# threading.get_ident or the clock and would break the graph at every submodule (a graph
-# break per submodule call, so many small graphs instead of one, and a compiled step slower
-# than eager). is_compiling() is a constant while tracing, so the early return costs nothing
-# in the compiled code; the compiled module's own call is still timed, from outside.
-_COMPILE_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
-_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", None) or (
-    torch._dynamo.is_compiling)  # torch < 2.3
-
-
-@dataclass(slots=True)
-class H2DStats:
-    """Host→device copies made through ``Tensor.to`` / ``Tensor.cuda``."""
-
-    copies: int = 0
-    bytes: int = 0
-    pageable_bytes: int = 0
-    """Bytes copied from pageable (not pinned) host memory: such copies block the host."""
-    host_s: float = 0.0
-
 
 @dataclass(slots=True)
 class PrecisionSeen:
@@ -69,21 +46,6 @@ class PrecisionSeen:
     forwards: int = 0
     autocast: Counter[str] | None = None
     param_dtypes: Counter[str] | None = None
-
-
-def _patch(stack: ExitStack, owner: Any, name: str, new: Any) -> None:
-    """Set ``owner.name = new`` and restore the previous state on exit."""
-    had = name in vars(owner)
-    old = vars(owner).get(name)
-    setattr(owner, name, new)
-
-    def restore() -> None:
-        if had:
-            setattr(owner, name, old)
-        else:
-            delattr(owner, name)
-
-    stack.callback(restore)
 
 
 class _TimedForward:
@@ -98,7 +60,7 @@ class _TimedForward:
         self.orig, self._enter, self._exit, self._tid = orig, enter, exit_, tid
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _compiling() or threading.get_ident() != self._tid:
+        if compiling() or threading.get_ident() != self._tid:
             return self.orig(*args, **kwargs)
         self._enter()
         try:
@@ -148,7 +110,6 @@ class Instrumentation:
                  on_data: Callable[[], None] | None = None) -> None:
         self.tracker = tracker
         self.device_type = device_type
-        self._keep_loaders = keep_loaders
         self._on_work = on_work
         self._on_data = on_data
         self._tid = threading.get_ident()
@@ -164,114 +125,42 @@ class Instrumentation:
         self._scanned_for_compiled = False
         self._stack: ExitStack | None = None
         self._gc_scanned = False
-        self.loaders: list[LoaderInfo] = []
-        self._loader_by_id: dict[int, LoaderInfo] = {}
-        # New iterators waiting for their first batch: id → (iterator ref, loader, start-up s).
-        # A plain dict checked for emptiness first: the steady-state next() pays one truth test.
-        self._iter_info: dict[int, tuple[weakref.ref[Any], LoaderInfo, float | None]] = {}
-        self._backward_depth = 0
-        self.h2d = H2DStats()
         self.precision = PrecisionSeen(autocast=Counter(), param_dtypes=Counter())
-        self.wrapped_iterables = 0
+        self.data = DataHooks(tracker, self._tid, on_work, on_data, keep_loaders)
+        self._backward_depth = 0
         self._enter_root, self._exit_root = self._lean_root_timing()
 
     # -- install ---------------------------------------------------------------------------
     def install(self, stack: ExitStack) -> None:
         self._stack = stack
-        self._install_data(stack)
+        self.data.install(stack)
         self._install_modules_global(stack)
         self._install_autograd(stack)
         self._install_optim(stack)
         if self.device_type != "cpu":
-            self._install_h2d(stack)
+            self.data.install_h2d(stack)
 
-    # -- data ------------------------------------------------------------------------------
-    def _install_data(self, stack: ExitStack) -> None:
-        orig_iter = DataLoader.__iter__
-        orig_next = _BaseDataLoaderIter.__next__
-        tracker, clock, tid = self.tracker, self._clock, self._tid
-        inst = self
+    @property
+    def loaders(self) -> list[LoaderInfo]:
+        """Every DataLoader the loop iterated, in order of first use."""
+        return self.data.loaders
 
-        def dl_iter(loader: DataLoader[Any]) -> Any:
-            if threading.get_ident() != tid:
-                return orig_iter(loader)
-            info = inst._loader_by_id.get(id(loader))
-            if info is None:
-                info = loader_info(loader)
-                if inst._keep_loaders:
-                    info.loader = loader
-                inst._loader_by_id[id(loader)] = info
-                inst.loaders.append(info)
-            spawns = info.settings.num_workers > 0 and (
-                not info.settings.persistent_workers or getattr(loader, "_iterator", None) is None
-            )
-            t0 = clock()
-            tracker.enter(DATA_WAIT, t0)
-            try:
-                it = orig_iter(loader)
-            finally:
-                t1 = clock()
-                tracker.exit(DATA_WAIT, t1)
-            info.iterators += 1
-            if spawns:
-                info.worker_starts += 1
-            inst._iter_info[id(it)] = (weakref.ref(it), info, (t1 - t0) if spawns else None)
-            return it
+    @property
+    def h2d(self) -> H2DStats:
+        return self.data.h2d
 
-        get_ident, thread_time = threading.get_ident, time.thread_time
-        enter, exit_, add_batch = tracker.enter, tracker.exit, tracker.add_batch
-        on_data = self._on_data
-
-        def dl_next(it: Any) -> Any:
-            if get_ident() != tid:
-                return orig_next(it)
-            if on_data is not None:
-                on_data()
-            c0 = thread_time()
-            t0 = clock()
-            enter(DATA_WAIT, t0)
-            try:
-                batch = orig_next(it)
-            finally:
-                t1 = clock()
-                exit_(DATA_WAIT, t1)
-            add_batch(thread_time() - c0, batch_samples(batch))
-            first = inst._iter_info.pop(id(it), None) if inst._iter_info else None
-            if first is not None and first[0]() is it:
-                _, info, startup = first
-                if startup is not None:
-                    info.startup_s.append(startup + (t1 - t0))
-                if info.batch_bytes is None:
-                    info.batch_bytes = batch_nbytes(batch)
-            return batch
-
-        _patch(stack, DataLoader, "__iter__", dl_iter)
-        _patch(stack, _BaseDataLoaderIter, "__next__", dl_next)
+    @property
+    def wrapped_iterables(self) -> int:
+        return self.data.wrapped_iterables
 
     def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
         """Time ``next()`` on any iterable as data wait (for loops without a DataLoader)."""
-        self.wrapped_iterables += 1
-        tracker, clock = self.tracker, self._clock
-        it = iter(iterable)
-        while True:
-            if self._on_data is not None:
-                self._on_data()
-            c0 = time.thread_time()
-            t0 = clock()
-            tracker.enter(DATA_WAIT, t0)
-            try:
-                item = next(it)
-            except StopIteration:
-                tracker.exit(DATA_WAIT, clock())
-                return
-            tracker.exit(DATA_WAIT, clock())
-            tracker.add_batch(time.thread_time() - c0, batch_samples(item))
-            yield item
+        return self.data.wrap(iterable)
 
     # -- modules ---------------------------------------------------------------------------
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         """Global pre-hook, warm-up only: learns the outermost modules while timing them."""
-        if _compiling() or threading.get_ident() != self._tid:
+        if compiling() or threading.get_ident() != self._tid:
             return
         if not self._compiled_seen:
             compiled = _optimized_module_type()
@@ -285,7 +174,7 @@ class Instrumentation:
         self._enter_root()
 
     def _post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
-        if not _compiling() and threading.get_ident() == self._tid:
+        if not compiling() and threading.get_ident() == self._tid:
             self._exit_root()
 
     def _install_modules_global(self, stack: ExitStack) -> None:
@@ -295,10 +184,10 @@ class Instrumentation:
         ]
         stack.callback(self._remove_global)
         # torch warns, at each call of a compiled module, that global hooks fire again inside
-        # it; ours do nothing while Dynamo traces (_compiling), so the warning would only
+        # it; ours do nothing while Dynamo traces (compiling), so the warning would only
         # alarm the user about redline. One filter for that message, removed on exit (not
         # catch_warnings, which would also drop filters the user adds meanwhile).
-        warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING, category=UserWarning)
+        warnings.filterwarnings("ignore", message=COMPILE_HOOK_WARNING, category=UserWarning)
         entry = warnings.filters[0]
 
         def drop_filter() -> None:
@@ -428,7 +317,7 @@ class Instrumentation:
     # -- autograd --------------------------------------------------------------------------
     def _install_autograd(self, stack: ExitStack) -> None:
         for name in ("backward", "grad"):
-            _patch(stack, torch.autograd, name, self._timed_backward(getattr(torch.autograd, name)))
+            patch(stack, torch.autograd, name, self._timed_backward(getattr(torch.autograd, name)))
 
     def _timed_backward(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         tracker, clock, tid = self.tracker, self._clock, self._tid
@@ -505,39 +394,4 @@ class Instrumentation:
             orig_init(opt, *args, **kwargs)
             tracker.optimizers_known = True
 
-        _patch(stack, torch.optim.Optimizer, "__init__", init)
-
-    # -- host→device copies ----------------------------------------------------------------
-    def _install_h2d(self, stack: ExitStack) -> None:
-        for name in ("to", "cuda"):
-            _patch(stack, torch.Tensor, name, self._timed_copy(getattr(torch.Tensor, name)))
-
-    def _timed_copy(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        tracker, clock, tid, stats = self.tracker, self._clock, self._tid, self.h2d
-
-        def wrapper(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if _compiling() or t.device.type != "cpu" or threading.get_ident() != tid:
-                return orig(t, *args, **kwargs)
-            if self._on_work is not None:
-                self._on_work()
-            t0 = clock()
-            out = orig(t, *args, **kwargs)
-            t1 = clock()
-            if isinstance(out, torch.Tensor) and out.device.type != "cpu":
-                # Recorded after the fact (nothing nests inside a copy), so CPU→CPU casts
-                # through .to() never count as copy time.
-                tracker.enter(H2D_COPY, t0)
-                tracker.exit(H2D_COPY, t1)
-                n = t.numel() * t.element_size()
-                stats.copies += 1
-                stats.bytes += n
-                stats.host_s += t1 - t0
-                try:
-                    pinned = t.is_pinned()
-                except RuntimeError:
-                    pinned = False
-                if not pinned:
-                    stats.pageable_bytes += n
-            return out
-
-        return wrapper
+        patch(stack, torch.optim.Optimizer, "__init__", init)

@@ -8,13 +8,14 @@ that is what the trace analysis flags as ``unfused_attention``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from redline.core.loader import LoaderSettings
 from redline.workloads.base import Workload
 
 
@@ -29,7 +30,8 @@ class LMConfig:
     n_heads: int = 4
     sequences: int = 1024
     batch_size: int = 8
-    num_workers: int = 0
+    loader: LoaderSettings = field(default_factory=LoaderSettings)
+    """The DataLoader's settings (naive: no workers, nothing pinned)."""
     accumulation_steps: int = 4
     """Micro-batches per optimizer step: the naive script accumulates small micro-batches
     (written for a small GPU), so its effective batch is batch_size × 4."""
@@ -119,7 +121,7 @@ def build_lm(cfg: LMConfig | None = None, device: torch.device | None = None,
     device = device or torch.device("cpu")
     torch.manual_seed(cfg.seed)
     loader = DataLoader(TensorDataset(synthetic_tokens(cfg)), batch_size=cfg.batch_size,
-                        shuffle=True, drop_last=True, num_workers=cfg.num_workers)
+                        shuffle=True, drop_last=True, **cfg.loader.loader_kwargs())
     model = TinyGPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     return Workload(name, model, loader, opt, _loss, device, cfg.accumulation_steps)

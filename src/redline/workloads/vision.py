@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from redline.core.loader import LoaderSettings
 from redline.workloads.base import Workload
 from redline.workloads.resnet import ResNet50
 
@@ -42,13 +43,11 @@ class VisionConfig:
     """Side of the random resized crop fed to the model."""
     quality: int = 90
     batch_size: int = 16
-    num_workers: int = 0
+    loader: LoaderSettings = field(default_factory=LoaderSettings)
+    """The DataLoader's settings (naive: no workers, nothing pinned)."""
     accumulation_steps: int = 4
     """Micro-batches per optimizer step: the naive script accumulates small micro-batches
     (written for a small GPU), so its effective batch is batch_size × 4."""
-    pin_memory: bool = False
-    persistent_workers: bool = False
-    prefetch_factor: int | None = None
     lr: float = 0.05
     seed: int = 0
     model: str = "small"
@@ -63,8 +62,6 @@ class VisionConfig:
             raise ValueError("num_images and length must be >= 1")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
         if self.model not in ("small", "resnet50"):
             raise ValueError(f"model must be 'small' or 'resnet50', got {self.model!r}")
 
@@ -164,13 +161,8 @@ def build_vision(cfg: VisionConfig | None = None, device: torch.device | None = 
     device = device or torch.device("cpu")
     torch.manual_seed(cfg.seed)
     ds = SyntheticJpegDataset(cfg)
-    kw: dict[str, Any] = {}
-    if cfg.num_workers > 0:
-        kw = {"persistent_workers": cfg.persistent_workers}
-        if cfg.prefetch_factor is not None:
-            kw["prefetch_factor"] = cfg.prefetch_factor
     loader = DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
-                        num_workers=cfg.num_workers, pin_memory=cfg.pin_memory, **kw)
+                        **cfg.loader.loader_kwargs())
     model = (SmallCNN() if cfg.model == "small" else ResNet50()).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     name = "vision" if cfg.model == "small" else "vision-large"

@@ -1,0 +1,175 @@
+"""The data path's hooks: DataLoader iteration (data wait, batches, worker start-up) and
+host→device copies. Installed by :class:`redline.measure.hooks.Instrumentation` on its
+``ExitStack`` and removed with it."""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from redline.measure.loader import LoaderInfo, batch_nbytes, batch_samples, loader_info
+from redline.measure.patching import compiling, patch
+from redline.measure.timeline import DATA_WAIT, H2D_COPY, StepTracker
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class H2DStats:
+    """Host→device copies made through ``Tensor.to`` / ``Tensor.cuda``."""
+
+    copies: int = 0
+    bytes: int = 0
+    pageable_bytes: int = 0
+    """Bytes copied from pageable (not pinned) host memory: such copies block the host."""
+    host_s: float = 0.0
+
+
+class DataHooks:
+    """Times the loop's waits for data and its host→device copies.
+
+    Args:
+        tracker: receives the data-wait and copy phases and the batches.
+        tid: the training thread (other threads' calls pass through untimed).
+        on_work: called when device work of a step may begin (an H2D copy).
+        on_data: called when the host starts waiting for a batch (device work pauses).
+        keep_loaders: keep a reference to each DataLoader seen (to rebuild it later).
+    """
+
+    def __init__(self, tracker: StepTracker, tid: int, on_work: Callable[[], None] | None,
+                 on_data: Callable[[], None] | None, keep_loaders: bool) -> None:
+        self.tracker, self._tid = tracker, tid
+        self._clock = time.perf_counter
+        self._on_work, self._on_data, self._keep_loaders = on_work, on_data, keep_loaders
+        self.loaders: list[LoaderInfo] = []
+        self._loader_by_id: dict[int, LoaderInfo] = {}
+        # New iterators waiting for their first batch: id → (iterator ref, loader, start-up s).
+        # A plain dict checked for emptiness first: the steady-state next() pays one truth test.
+        self._iter_info: dict[int, tuple[weakref.ref[Any], LoaderInfo, float | None]] = {}
+        self.h2d = H2DStats()
+        self.wrapped_iterables = 0
+
+    def install(self, stack: ExitStack) -> None:
+        orig_iter = DataLoader.__iter__
+        orig_next = _BaseDataLoaderIter.__next__
+        tracker, clock, tid = self.tracker, self._clock, self._tid
+        inst = self
+
+        def dl_iter(loader: DataLoader[Any]) -> Any:
+            if threading.get_ident() != tid:
+                return orig_iter(loader)
+            info = inst._loader_by_id.get(id(loader))
+            if info is None:
+                info = loader_info(loader)
+                if inst._keep_loaders:
+                    info.loader = loader
+                inst._loader_by_id[id(loader)] = info
+                inst.loaders.append(info)
+            spawns = info.settings.num_workers > 0 and (
+                not info.settings.persistent_workers or getattr(loader, "_iterator", None) is None
+            )
+            t0 = clock()
+            tracker.enter(DATA_WAIT, t0)
+            try:
+                it = orig_iter(loader)
+            finally:
+                t1 = clock()
+                tracker.exit(DATA_WAIT, t1)
+            info.iterators += 1
+            if spawns:
+                info.worker_starts += 1
+            inst._iter_info[id(it)] = (weakref.ref(it), info, (t1 - t0) if spawns else None)
+            return it
+
+        get_ident, thread_time = threading.get_ident, time.thread_time
+        enter, exit_, add_batch = tracker.enter, tracker.exit, tracker.add_batch
+        on_data = self._on_data
+
+        def dl_next(it: Any) -> Any:
+            if get_ident() != tid:
+                return orig_next(it)
+            if on_data is not None:
+                on_data()
+            c0 = thread_time()
+            t0 = clock()
+            enter(DATA_WAIT, t0)
+            try:
+                batch = orig_next(it)
+            finally:
+                t1 = clock()
+                exit_(DATA_WAIT, t1)
+            add_batch(thread_time() - c0, batch_samples(batch))
+            first = inst._iter_info.pop(id(it), None) if inst._iter_info else None
+            if first is not None and first[0]() is it:
+                _, info, startup = first
+                if startup is not None:
+                    info.startup_s.append(startup + (t1 - t0))
+                if info.batch_bytes is None:
+                    info.batch_bytes = batch_nbytes(batch)
+            return batch
+
+        patch(stack, DataLoader, "__iter__", dl_iter)
+        patch(stack, _BaseDataLoaderIter, "__next__", dl_next)
+
+    def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Time ``next()`` on any iterable as data wait (for loops without a DataLoader)."""
+        self.wrapped_iterables += 1
+        tracker, clock = self.tracker, self._clock
+        it = iter(iterable)
+        while True:
+            if self._on_data is not None:
+                self._on_data()
+            c0 = time.thread_time()
+            t0 = clock()
+            tracker.enter(DATA_WAIT, t0)
+            try:
+                item = next(it)
+            except StopIteration:
+                tracker.exit(DATA_WAIT, clock())
+                return
+            tracker.exit(DATA_WAIT, clock())
+            tracker.add_batch(time.thread_time() - c0, batch_samples(item))
+            yield item
+
+    def install_h2d(self, stack: ExitStack) -> None:
+        for name in ("to", "cuda"):
+            patch(stack, torch.Tensor, name, self._timed_copy(getattr(torch.Tensor, name)))
+
+    def _timed_copy(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        tracker, clock, tid, stats = self.tracker, self._clock, self._tid, self.h2d
+
+        def wrapper(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if compiling() or t.device.type != "cpu" or threading.get_ident() != tid:
+                return orig(t, *args, **kwargs)
+            if self._on_work is not None:
+                self._on_work()
+            t0 = clock()
+            out = orig(t, *args, **kwargs)
+            t1 = clock()
+            if isinstance(out, torch.Tensor) and out.device.type != "cpu":
+                # Recorded after the fact (nothing nests inside a copy), so CPU→CPU casts
+                # through .to() never count as copy time.
+                tracker.enter(H2D_COPY, t0)
+                tracker.exit(H2D_COPY, t1)
+                n = t.numel() * t.element_size()
+                stats.copies += 1
+                stats.bytes += n
+                stats.host_s += t1 - t0
+                try:
+                    pinned = t.is_pinned()
+                except RuntimeError:
+                    pinned = False
+                if not pinned:
+                    stats.pageable_bytes += n
+            return out
+
+        return wrapper
