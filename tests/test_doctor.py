@@ -1,4 +1,4 @@
-"""`redline doctor` end to end, in subprocesses as a user runs it (issue 2, items 3 and 9)."""
+"""`redline doctor` end to end, in subprocesses as a user runs it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exact step counts for every loop shape the watch must understand (issue 2, item 2)."""
+"""Exact step counts for every loop shape the watch must understand."""
 
 from __future__ import annotations
 

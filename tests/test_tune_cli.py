@@ -110,4 +110,4 @@ def test_missing_script_and_self_overwrite(tmp_path: Path, script: Path) -> None
     r = _run(tmp_path, str(tmp_path / "nope.py"))
     assert r.returncode == 2 and "no such script" in r.stderr
     r = _run(tmp_path, str(script), "--plan", str(script))
-    assert r.returncode == 2 and "refusing to overwrite" in r.stderr
+    assert r.returncode == 2 and "is the script to tune" in r.stderr

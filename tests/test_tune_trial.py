@@ -64,7 +64,7 @@ def test_traced_trial_keeps_its_measured_steps_and_says_why_busy_is_unknown(
     from torch.utils.data import DataLoader, TensorDataset
 
     from redline.tune.setup import TrainSetup
-    from redline.tune.trial import TRACE_STEPS, measure
+    from redline.tune.trial import measure
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
@@ -80,7 +80,6 @@ def test_traced_trial_keeps_its_measured_steps_and_says_why_busy_is_unknown(
     traced = measure(factory, plan, "traced", steps=4, warmup=1, trace=True)
     plain = measure(factory, plan, "plain", steps=4, warmup=1)
     assert traced.steps == plain.steps == 4
-    assert TRACE_STEPS >= 3
     assert traced.device_busy_kernels_fraction is None
     assert traced.device_busy_kernels_source.startswith("unknown: CPU-only trace")
     assert plain.device_busy_kernels_source == "not traced for this trial"

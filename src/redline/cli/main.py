@@ -173,11 +173,16 @@ def _trace(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from redline.core.files import write_text_atomic
+    from redline.core.files import OutputPathError, refuse_overwriting_inputs, write_text_atomic
     from redline.diagnose import diagnose_trace
     from redline.report.trace_render import render, to_dict
-    from redline.trace import TraceError, analyze_paths
+    from redline.trace import TraceError, analyze_paths, trace_files
 
+    try:
+        refuse_overwriting_inputs({"--json": args.json}, {"a trace to analyse":
+                                                          trace_files(args.paths)})
+    except (OutputPathError, TraceError) as e:
+        return _fail("trace", str(e), 2)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -198,18 +203,15 @@ def _trace(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     import json
-    import os
 
     from redline.core.errors import RedlineError
-    from redline.core.files import write_text_atomic
+    from redline.core.files import refuse_overwriting_inputs, write_text_atomic
     from redline.report.tune_render import render, to_dict
     from redline.tune import TuneConfig, load_factory, save_plan, tune
 
-    script = os.path.abspath(args.script)
-    for out in (args.plan, args.json):
-        if out and os.path.abspath(out) == script:
-            return _fail("tune", f"refusing to overwrite the script {args.script} with output", 2)
     try:
+        refuse_overwriting_inputs({"--plan": args.plan, "--json": args.json},
+                                  {"the script to tune": [args.script]})
         factory = load_factory(args.script, args.factory)
         cfg = TuneConfig(steps_per_trial=args.steps, rounds=args.rounds,
                          run_steps=args.run_steps, price_per_device_hour=args.price_per_hour,

@@ -6,7 +6,7 @@ above can use it.
 """
 
 from redline.core.errors import RedlineError
-from redline.core.files import write_text_atomic
+from redline.core.files import OutputPathError, refuse_overwriting_inputs, write_text_atomic
 from redline.core.findings import (
     CATALOGUE,
     SEVERITIES,
@@ -37,7 +37,8 @@ from redline.core.report import SCHEMA_VERSION, STATUSES, Report, TraceSummary
 __all__ = [
     "CATALOGUE", "SCHEMA_VERSION", "SEVERITIES", "STATUSES", "DeviceInfo", "DeviceMetrics",
     "EffectiveConfig", "Finding", "H2DMetrics", "HostMetrics", "Limit", "LoaderReport",
-    "LoaderSettings", "Measurements", "MetricTier", "MfuResult", "NvmlSummary", "PhaseShare",
+    "LoaderSettings", "Measurements", "MetricTier", "MfuResult", "NvmlSummary", "OutputPathError",
+    "PhaseShare",
     "PrecisionInfo", "RedlineError", "Report", "StepTiming", "TraceSummary", "ceiling_speedup",
-    "rank", "severity_for", "write_text_atomic",
+    "rank", "refuse_overwriting_inputs", "severity_for", "write_text_atomic",
 ]

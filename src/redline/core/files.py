@@ -1,14 +1,82 @@
-"""Atomic file writes: a crash or a full disk leaves the old file or the whole new one."""
+"""Files redline writes: atomically, with the user's permissions, and never over an input.
+
+An output is written through a temporary file in the same folder and a rename, so a crash or a
+full disk leaves the old file or the whole new one. It gets the permissions a file made by the
+user would get (the mode of the file it replaces, else 0666 less the umask). And every command
+refuses, before it does any work, an output path that is one of its inputs or the script it
+runs (:func:`refuse_overwriting_inputs`).
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from redline.core.errors import RedlineError
+
+
+class OutputPathError(RedlineError, ValueError):
+    """An output path that would replace one of the command's inputs."""
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux says it (/proc), else by the
+    classic set-and-restore."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: after symlinks, and for hard links too."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
+def refuse_overwriting_inputs(outputs: Mapping[str, str | os.PathLike[str] | None],
+                              inputs: Mapping[str, Iterable[str | os.PathLike[str]]]) -> None:
+    """Raise :class:`OutputPathError` when an output resolves to an input or two outputs to one
+    file.
+
+    Args:
+        outputs: option name → path it would write (None: not written).
+        inputs: what each group of inputs is (e.g. 'the script', 'a trace') → their paths.
+    """
+    given = {opt: Path(p) for opt, p in outputs.items() if p is not None}
+    for opt, out in given.items():
+        for what, paths in inputs.items():
+            for p in paths:
+                if _same_file(out, Path(p)):
+                    raise OutputPathError(
+                        f"{opt} {str(out)!r} is {what} ({p}): writing there would replace it. "
+                        f"Give {opt} another path.")
+    names = list(given)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if _same_file(given[a], given[b]):
+                raise OutputPathError(f"{a} and {b} both name {str(given[a])!r}: the second "
+                                      "would replace the first. Give them different paths.")
 
 
 def write_text_atomic(text: str, path: str | os.PathLike[str]) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename.
+
+    The new file keeps the mode of the file it replaces, else gets 0666 less the umask (as
+    ``open(path, 'w')`` would).
 
     Raises:
         OSError: with the path in the message when the folder is missing or not writable, or
@@ -18,6 +86,10 @@ def write_text_atomic(text: str, path: str | os.PathLike[str]) -> Path:
     dest = Path(path)
     directory = dest.parent if str(dest.parent) else Path(".")
     try:
+        mode = stat.S_IMODE(dest.stat().st_mode)
+    except OSError:
+        mode = 0o666 & ~_umask()
+    try:
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=directory)
     except OSError as e:
         raise OSError(e.errno, f"cannot write {dest}: {e.strerror}") from e
@@ -25,6 +97,7 @@ def write_text_atomic(text: str, path: str | os.PathLike[str]) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, dest)
     except OSError as e:

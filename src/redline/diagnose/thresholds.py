@@ -49,6 +49,11 @@ changes little (Amdahl) and the data or host findings come first (the path's ord
 TRACE_SHARE_MIN = 0.05
 """A trace finding needs ≥ 5 % of the traced window at stake."""
 
+PAGEABLE_H2D_MIN_FRACTION = 0.01
+"""Host→device copies from pageable memory are reported from 1 % of the window: each blocks
+the host until it is done (CUDA programming guide, "Page-Locked Host Memory"), a cost beyond
+the copy's own time, and pinning is a one-line fix."""
+
 COMM_EXPOSED_MIN_FRACTION = 0.10
 """Exposed communication ≥ 10 % of the window (the TensorBoard profiler plugin's rule
 'communication ÷ step > 10 %')."""

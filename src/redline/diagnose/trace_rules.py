@@ -11,6 +11,7 @@ from redline.core.findings import Finding, ceiling_speedup, severity_for
 from redline.diagnose.thresholds import (
     COMM_EXPOSED_MIN_FRACTION,
     MEMORY_BOUND_MIN_SHARE_OF_COMPUTE,
+    PAGEABLE_H2D_MIN_FRACTION,
     SHORT_KERNELS_MIN_FRACTION,
     STRAGGLER_MIN_SKEW,
     TF32_OVER_FP32_GEMM_SPEEDUP,
@@ -147,7 +148,7 @@ def h2d_copy(r: RankAnalysis) -> list[Finding]:
     h2d_us = sum(c.total_us for c in h2d)
     share = _window_share(h2d_us, r)
     pageable = sum(c.pageable for c in h2d)
-    if not h2d or not (share >= TRACE_SHARE_MIN or (pageable and share >= 0.01)):
+    if not h2d or not (share >= TRACE_SHARE_MIN or (pageable and share >= PAGEABLE_H2D_MIN_FRACTION)):
         return []
     return [Finding(
         "h2d_copy", severity_for(share),

@@ -16,10 +16,12 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from redline.core.errors import RedlineError
+from redline.core.files import OutputPathError, refuse_overwriting_inputs
 from redline.core.report import Report
 from redline.data.advise import tune_starved_loader
 from redline.measure.config import WatchConfig
@@ -88,10 +90,8 @@ def check_target(t: Target) -> None:
             raise DoctorError(f"{t.target!r} is a directory without __main__.py; give the "
                               "training script's path")
     else:
-        import importlib.util
-
         try:
-            spec = importlib.util.find_spec(t.target)
+            spec = _module_spec(t.target)
         except (ImportError, ValueError) as e:
             spec = None
             detail = f" ({e})"
@@ -102,8 +102,33 @@ def check_target(t: Target) -> None:
                               "installed or the current directory its parent?")
 
 
-def check_json_path(path: str | None) -> None:
-    """Fail before running the script when the report could not be written afterwards."""
+def _module_spec(name: str) -> Any:
+    """``importlib.util.find_spec`` as ``python -m`` sees it: the current directory first
+    (``redline`` runs from its own entry point, whose folder is not the user's)."""
+    import importlib.util
+
+    sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.util.find_spec(name)
+    finally:
+        sys.path.pop(0)
+
+
+def script_file(t: Target) -> Path | None:
+    """The file that runs: the script, its folder's ``__main__.py``, or the module's source."""
+    if t.kind == "path":
+        p = Path(t.target)
+        return p / "__main__.py" if p.is_dir() else p
+    try:
+        spec = _module_spec(t.target)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def check_json_path(path: str | None, target: Target | None = None) -> None:
+    """Fail before running the script when the report could not be written afterwards, or
+    would replace the script."""
     if path is None:
         return
     parent = Path(path).parent if str(Path(path).parent) else Path(".")
@@ -111,6 +136,12 @@ def check_json_path(path: str | None) -> None:
         raise DoctorError(f"--json {path!r}: directory {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK):
         raise DoctorError(f"--json {path!r}: directory {str(parent)!r} is not writable")
+    script = script_file(target) if target is not None else None
+    if script is not None:
+        try:
+            refuse_overwriting_inputs({"--json": path}, {"the script to run": [script]})
+        except OutputPathError as e:
+            raise DoctorError(str(e)) from None
 
 
 @dataclass(slots=True)
@@ -164,7 +195,7 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = 5,
     (before anything runs)."""
     target = parse_command(cmd)
     check_target(target)
-    check_json_path(json_path)
+    check_json_path(json_path, target)
     config = WatchConfig(warmup_steps=warmup, max_steps=steps, count_flops=count_flops,
                          device=device, trace_dir=trace_dir, keep_loaders=tune_loader)
 

@@ -4,7 +4,7 @@ its numbers on real traces). Numbers only, and no torch import: the findings are
 
 from redline.trace.analyze import RankAnalysis, TraceAnalysis, analyze_paths
 from redline.trace.events import Event, RankTrace, TraceError
-from redline.trace.load import load_trace
+from redline.trace.load import load_trace, trace_files
 
 __all__ = ["Event", "RankAnalysis", "RankTrace", "TraceAnalysis", "TraceError", "analyze_paths",
-           "load_trace"]
+           "load_trace", "trace_files"]
