@@ -147,6 +147,74 @@ def test_ctrl_c_reports_steps_so_far(tmp_path: Path) -> None:
     assert "interrupted" in err
 
 
+def test_sigterm_reports_steps_so_far_and_stops_the_workers(tmp_path: Path) -> None:
+    """What Slurm and Kubernetes send before killing a job: the report of the steps so far is
+    printed and written, the DataLoader workers are stopped, the exit status is 128 + 15."""
+    import psutil
+
+    out, pids = tmp_path / "r.json", tmp_path / "pids"
+    pids.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "100000", "--warmup",
+         "2", "--json", str(out), "--", "python", "workers_forever.py", str(pids)],
+        cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if "READY" in proc.stdout.readline():
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    data = load(out)
+    assert data["status"] == "interrupted"
+    assert data["status_detail"] == "terminated (SIGTERM); DataLoader workers stopped"
+    assert data["measurements"]["timing"]["steps_total"] >= 12
+    assert "terminated (SIGTERM)" in err
+    workers = [int(p.name) for p in pids.iterdir()]
+    assert len(workers) == 2
+    assert not [p for p in workers if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_second_signal_exits_at_once() -> None:
+    code = (
+        "import os, signal, time\n"
+        "from redline.doctor.runner import Terminated, _signals_end_the_run\n"
+        "with _signals_end_the_run():\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
+        "    except Terminated:\n"
+        "        print('report', flush=True)\n"
+        "        os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
+        "        print('never', flush=True)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 128 + signal.SIGINT
+    assert p.stdout == "report\n"
+
+
+@pytest.mark.parametrize(("fetch_too", "status", "detail"), [
+    (False, "step_limit", "stopped after 5 measured steps (--steps); the script caught "
+                          "redline's stop 1 time(s)"),
+    (True, "completed", "the limit of 5 measured steps (--steps) was ignored: the script "
+                        "caught redline's stop 3 time(s)"),
+])
+def test_the_step_limit_is_not_swallowed_by_a_bare_except(
+        tmp_path: Path, fetch_too: bool, status: str, detail: str) -> None:
+    out = tmp_path / "r.json"
+    p = doctor("--steps", "5", "--warmup", "1", "--no-flops", "--json", str(out), "--",
+               "python", "swallows_everything.py", *(["--fetch-too"] if fetch_too else []))
+    data = load(out)
+    assert data["status"] == status and data["status_detail"].startswith(detail)
+    assert ("the script finished" in p.stdout) is fetch_too
+    assert p.returncode == 0
+    timing = data["measurements"]["timing"]
+    if fetch_too:  # measured to the end: 5 epochs of 16 batches
+        assert timing["steps_total"] == 5 * 16
+    else:
+        assert timing["steps_measured"] == 5
+
+
 def test_cli_defaults_come_from_the_configs() -> None:
     from redline.cli.main import build_parser
     from redline.measure.config import WatchConfig

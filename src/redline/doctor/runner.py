@@ -9,11 +9,15 @@ still produce the report of the steps so far.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import runpy
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,49 @@ class DoctorError(RedlineError):
 
 class StopMeasurement(BaseException):
     """Raised from a step hook once the requested steps are measured."""
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by the first SIGTERM (what Slurm and Kubernetes send before
+    they kill a job), so the run ends the way Ctrl-C ends it: with the report so far."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOP_ATTEMPTS = 3
+"""How often the step limit's stop is raised before redline concludes the script catches it
+(a bare ``except:`` around both the step and the fetch) and lets it run on, measured."""
+
+
+@contextlib.contextmanager
+def _signals_end_the_run() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` (SIGINT: KeyboardInterrupt, as always); after the
+    first of either, the next one exits at once with 128 + its number. Handlers are restored on
+    exit; off the main thread (where Python cannot handle signals) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def at_once(signum: int, frame: object) -> None:
+        os._exit(128 + signum)
+
+    def first(signum: int, frame: object) -> None:
+        for s in previous:
+            signal.signal(s, at_once)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(signum)
+
+    for s in previous:
+        signal.signal(s, first)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +205,10 @@ def never_stepped_message(w: Watch) -> str:
     seen = (f"{c['optimizer_step']} optimizer steps, {c['backward']} backward calls, "
             f"{c['forward']} forward calls of {len(roots)} top-level module(s)"
             f"{' (' + ', '.join(roots) + ')' if roots else ''}, {c['batches']} batches")
+    if w.inst is not None and w.inst.other_thread_steps:
+        seen += (f"; {w.inst.other_thread_steps} steps on another thread "
+                 f"({', '.join(sorted(w.inst.other_threads))}), which redline does not measure: "
+                 "run the training loop in the script's main thread")
     return (f"The script ended without a training step. Seen: {seen}. redline counts a step at "
             "each optimizer.step(), or, with no optimizer, at each outermost forward+backward; "
             "if your loop steps some other way, call `w.step()` at the end of each step "
@@ -187,7 +238,7 @@ def _print_script_traceback(e: BaseException) -> None:
     traceback.print_exception(type(e), e, tb, file=sys.stderr)
 
 
-def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = 5,
+def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().warmup_steps,
                json_path: str | None = None, count_flops: bool = True,
                device: str | None = None, trace_dir: str | None = None,
                tune_loader: bool = False, show: bool = True) -> DoctorResult:
@@ -198,11 +249,48 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = 5,
     check_json_path(json_path, target)
     config = WatchConfig(warmup_steps=warmup, max_steps=steps, count_flops=count_flops,
                          device=device, trace_dir=trace_dir, keep_loaders=tune_loader)
+    stops = [0]
 
     def stop() -> None:
-        raise StopMeasurement
+        stops[0] += 1
+        if stops[0] <= STOP_ATTEMPTS:
+            raise StopMeasurement
 
     w = Watch(config, on_limit=stop)
+    with _signals_end_the_run():
+        status, detail, code, error = _run_script(w, target, steps)
+        swallowed = stops[0] - (1 if status == "step_limit" else 0)
+        if swallowed > 0:
+            where = "the step" if status == "step_limit" else "the step and the batch fetch"
+            caught = (f"the script caught redline's stop {min(swallowed, STOP_ATTEMPTS)} "
+                      f"time(s) (a bare `except:` or `except BaseException:` around {where})")
+            detail = (f"{detail}; {caught} first" if status == "step_limit" else
+                      f"the limit of {steps} measured steps (--steps) was ignored: {caught} and "
+                      "ran on, measured to its end" + (f"; {detail}" if detail else ""))
+        if not w.steps:
+            status = "no_steps" if status in ("completed", "step_limit") else status
+            msg = never_stepped_message(w)
+            detail = msg if detail is None else f"{detail}. {msg}"
+        report = w.report(show=False, command=list(cmd), status=status, status_detail=detail)
+        if tune_loader and w.inst is not None and status != "interrupted":
+            if show and any(f.id == "data_starvation" for f in report.findings):
+                print("redline doctor: the loop starves for data; timing DataLoader settings in "
+                      "it (--tune-loader)...", file=sys.stderr)
+            report, _ = tune_starved_loader(report, w.inst.loaders)
+        if w.inst is not None:
+            for li in w.inst.loaders:
+                li.loader = None  # release the user's loader and dataset
+        if show:
+            print_report(report, Console(stderr=True))
+        written = write_json(report, json_path) if json_path else None
+        if written is not None and show:
+            print(f"redline: JSON report written to {written}", file=sys.stderr)
+    return DoctorResult(report, code, written, error)
+
+
+def _run_script(w: Watch, target: Target, steps: int
+                ) -> tuple[str, str | None, int, BaseException | None]:
+    """Run the target under ``w``: (status, detail, exit code, the script's exception)."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     saved_main = sys.modules.get("__main__")
     sys.argv = list(target.argv)
@@ -226,6 +314,12 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = 5,
             status, detail = "script_error", f"the script exited with code {code}"
     except KeyboardInterrupt as e:
         status, detail, code, error = "interrupted", "interrupted (Ctrl-C)", 130, e
+    except Terminated as e:
+        left = w.inst.data.stop_workers() if w.inst is not None else None
+        status, code, error = "interrupted", 128 + e.signum, e
+        detail = (f"terminated ({signal.Signals(e.signum).name})"
+                  + ("" if left is None else "; DataLoader workers stopped" if left == 0 else
+                     f"; {left} DataLoader worker(s) could not be stopped"))
     except BaseException as e:
         status = "script_error"
         detail = f"the script raised {type(e).__name__}: {e}"
@@ -235,21 +329,4 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = 5,
         sys.argv, sys.path[:] = saved_argv, saved_path
         if saved_main is not None:
             sys.modules["__main__"] = saved_main
-    if not w.steps:
-        status = "no_steps" if status in ("completed", "step_limit") else status
-        msg = never_stepped_message(w)
-        detail = msg if detail is None else f"{detail}. {msg}"
-    report = w.report(show=False, command=list(cmd), status=status, status_detail=detail)
-    if tune_loader and w.inst is not None:
-        if show and any(f.id == "data_starvation" for f in report.findings):
-            print("redline doctor: the loop starves for data; timing DataLoader settings in it "
-                  "(--tune-loader)...", file=sys.stderr)
-        report, _ = tune_starved_loader(report, w.inst.loaders)
-        for li in w.inst.loaders:
-            li.loader = None  # release the user's loader and dataset
-    if show:
-        print_report(report, Console(stderr=True))
-    written = write_json(report, json_path) if json_path else None
-    if written is not None and show:
-        print(f"redline: JSON report written to {written}", file=sys.stderr)
-    return DoctorResult(report, code, written, error)
+    return status, detail, code, error

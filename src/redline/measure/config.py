@@ -16,7 +16,9 @@ class WatchConfig:
     still excluded from step statistics (the CPU/NVML sampling window runs through them)."""
 
     max_steps: int | None = None
-    """Measured steps (after warm-up) after which ``on_limit`` is called; None = no limit."""
+    """Measured steps (after warm-up) after which ``on_limit`` is called, then again at every
+    later step end and batch fetch (so a loop that catches what it raises meets it again);
+    None = no limit."""
 
     count_flops: bool = True
     """Count the FLOPs of one step with ``torch.utils.flop_counter`` for MFU. That one step is

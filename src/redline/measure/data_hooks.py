@@ -52,11 +52,17 @@ class DataHooks:
         self._on_work, self._on_data, self._keep_loaders = on_work, on_data, keep_loaders
         self.loaders: list[LoaderInfo] = []
         self._loader_by_id: dict[int, LoaderInfo] = {}
+        self._worker_iters: weakref.WeakSet[Any] = weakref.WeakSet()
+        """Live iterators with worker processes (to stop them when the job is terminated)."""
+        self.workers_started = False
         # New iterators waiting for their first batch: id → (iterator ref, loader, start-up s).
         # A plain dict checked for emptiness first: the steady-state next() pays one truth test.
         self._iter_info: dict[int, tuple[weakref.ref[Any], LoaderInfo, float | None]] = {}
         self.h2d = H2DStats()
         self.wrapped_iterables = 0
+        self.before_fetch: Callable[[], None] | None = None
+        """Called before each fetch once set (the recorder sets it when its step limit is
+        reached: a loop whose step swallows the stop is stopped at its next fetch)."""
 
     def install(self, stack: ExitStack) -> None:
         orig_iter = DataLoader.__iter__
@@ -87,6 +93,9 @@ class DataHooks:
             info.iterators += 1
             if spawns:
                 info.worker_starts += 1
+            if info.settings.num_workers > 0:
+                inst._worker_iters.add(it)
+                inst.workers_started = True
             inst._iter_info[id(it)] = (weakref.ref(it), info, (t1 - t0) if spawns else None)
             return it
 
@@ -97,6 +106,8 @@ class DataHooks:
         def dl_next(it: Any) -> Any:
             if get_ident() != tid:
                 return orig_next(it)
+            if inst.before_fetch is not None:
+                inst.before_fetch()
             if on_data is not None:
                 on_data()
             c0 = thread_time()
@@ -120,12 +131,27 @@ class DataHooks:
         patch(stack, DataLoader, "__iter__", dl_iter)
         patch(stack, _BaseDataLoaderIter, "__next__", dl_next)
 
+    def stop_workers(self) -> int | None:
+        """Shut down the worker processes of every live iterator (the job is ending: they would
+        go on fetching while the report is written). Returns how many are still alive after
+        (0: all stopped), or None when no iterator with workers ever ran."""
+        if not self.workers_started:
+            return None
+        for it in list(self._worker_iters):
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+        return sum(1 for it in list(self._worker_iters)
+                   for p in getattr(it, "_workers", []) if p.is_alive())
+
     def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
         """Time ``next()`` on any iterable as data wait (for loops without a DataLoader)."""
         self.wrapped_iterables += 1
         tracker, clock = self.tracker, self._clock
         it = iter(iterable)
         while True:
+            if self.before_fetch is not None:
+                self.before_fetch()
             if self._on_data is not None:
                 self._on_data()
             c0 = time.thread_time()

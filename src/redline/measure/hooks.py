@@ -82,14 +82,6 @@ def _optimized_module_type() -> type | None:
     return getattr(mod, "OptimizedModule", None) if mod is not None else None
 
 
-def _restore_forward(m: torch.nn.Module, previous: Any) -> None:
-    """Undo the forward wrapper: back to the instance's own forward, or to the class's."""
-    if previous is not None:
-        object.__setattr__(m, "forward", previous)
-    else:
-        vars(m).pop("forward", None)
-
-
 def _short_dtype(dt: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
             torch.float64: "fp64"}.get(dt, str(dt).replace("torch.", ""))
@@ -128,6 +120,10 @@ class Instrumentation:
         self.precision = PrecisionSeen(autocast=Counter(), param_dtypes=Counter())
         self.data = DataHooks(tracker, self._tid, on_work, on_data, keep_loaders)
         self._backward_depth = 0
+        self._other_thread_events: Counter[str] = Counter()
+        """Optimizer steps and backward passes seen on threads other than the one that entered
+        the watch: not measured, said in the report."""
+        self.other_threads: set[str] = set()
         self._enter_root, self._exit_root = self._lean_root_timing()
 
     # -- install ---------------------------------------------------------------------------
@@ -236,18 +232,15 @@ class Instrumentation:
         enter_root, exit_root = self._enter_root, self._exit_root
         tid, get_ident = self._tid, threading.get_ident
         for m in list(self._roots.keys()):
-            orig = m.forward
-            had = "forward" in vars(m)
             try:
-                object.__setattr__(m, "forward", _TimedForward(orig, enter_root, exit_root, tid))
+                patch(self._stack, m, "forward",
+                      _TimedForward(m.forward, enter_root, exit_root, tid), raw=True)
             except (AttributeError, TypeError, RuntimeError):  # TorchScript and the like
                 self._stack.callback(m.register_forward_pre_hook(
                     lambda _m, _a: enter_root() if get_ident() == tid else None).remove)
                 self._stack.callback(m.register_forward_hook(
                     lambda _m, _a, _o: exit_root() if get_ident() == tid else None,
                     always_call=True).remove)
-                continue
-            self._stack.callback(_restore_forward, m, orig if had else None)
 
     def _time_compiled_in_place(self) -> None:
         """Find modules compiled in place (``Module.compile()`` sets ``_compiled_call_impl``,
@@ -268,9 +261,8 @@ class Instrumentation:
             if id(m) in inner:
                 continue
             orig = vars(m)["_compiled_call_impl"]
-            object.__setattr__(m, "_compiled_call_impl",
-                               _TimedForward(orig, self._enter_root, self._exit_root, self._tid))
-            self._stack.callback(object.__setattr__, m, "_compiled_call_impl", orig)
+            patch(self._stack, m, "_compiled_call_impl",
+                  _TimedForward(orig, self._enter_root, self._exit_root, self._tid), raw=True)
             self._roots[m] = None
             self._compiled_seen = True
             param = next(m.parameters(), None)
@@ -324,6 +316,7 @@ class Instrumentation:
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != tid:
+                self._other_thread_step("backward")
                 return orig(*args, **kwargs)
             # A backward inside a forward (gradient penalty) or inside another backward is
             # part of that phase, not the end of a step.
@@ -366,6 +359,17 @@ class Instrumentation:
                     self.tracker.optimizers_known = True
                     return
 
+    def _other_thread_step(self, event: str) -> None:
+        self._other_thread_events[event] += 1
+        self.other_threads.add(threading.current_thread().name)
+
+    @property
+    def other_thread_steps(self) -> int:
+        """Steps on other threads: their optimizer steps, or their backward passes where they
+        step no optimizer (the step definition, applied to what was seen there)."""
+        ev = self._other_thread_events
+        return ev["optimizer"] or ev["backward"]
+
     # -- optimizers ------------------------------------------------------------------------
     def _install_optim(self, stack: ExitStack) -> None:
         tracker, clock, tid = self.tracker, self._clock, self._tid
@@ -384,6 +388,8 @@ class Instrumentation:
                 t = clock()
                 exit_(OPTIMIZER, t)
                 on_step(id(opt), t)
+            else:
+                self._other_thread_step("optimizer")
 
         stack.callback(optim_module.register_optimizer_step_pre_hook(pre).remove)
         stack.callback(optim_module.register_optimizer_step_post_hook(post).remove)

@@ -12,6 +12,7 @@ them. Nothing it does synchronizes the device inside the loop.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
@@ -73,6 +74,8 @@ class Recorder:
         self.t_exit: float | None = None
         self.window_start: float | None = None
         self.exit_error: BaseException | None = None
+        self.thread_name: str | None = None
+        """The thread that entered the watch: the one measured."""
         self._entered = False
 
     # -- context ---------------------------------------------------------------------------
@@ -80,6 +83,7 @@ class Recorder:
         if self._entered:
             raise RuntimeError("a Watch can be entered once; create a new redline.watch()")
         self._entered = True
+        self.thread_name = threading.current_thread().name
         stack = ExitStack()
         try:
             on_work = on_data = None
@@ -246,8 +250,12 @@ class Recorder:
             rec.kind = "measured"
             self._measured += 1
             limit = self.config.max_steps
-            if (limit is not None and self._measured == limit and self._on_limit is not None
+            if (limit is not None and self._measured >= limit and self._on_limit is not None
                     and self._stack is not None):
+                # Every step end and every fetch from here on calls it again: a step wrapped
+                # in a bare ``except:`` cannot swallow the stop for good.
+                if self.inst is not None:
+                    self.inst.data.before_fetch = self._on_limit
                 self._on_limit()
             if exact:
                 self._start_extras()  # no warm-up: FLOPs and trace at the first exact boundary

@@ -179,6 +179,13 @@ def build_measurements(w: Recorder) -> Measurements:
         data_source=("DataLoader" if main_loader else
                      "wrapped iterable" if inst.wrapped_iterables else "not seen"),
     )
+    if inst.other_thread_steps:
+        notes.append(
+            f"{inst.other_thread_steps} training step(s) ran on another thread "
+            f"({', '.join(sorted(inst.other_threads))}) than the one that entered the watch "
+            f"({w.thread_name}); redline measures only that one. Enter `redline.watch()` inside "
+            "the training thread (for `redline doctor`, run the training loop in the main "
+            "thread).")
     if config.data_source == "not seen":
         notes.append("No DataLoader or wrapped iterable was seen: data wait is not measured "
                      "(wrap your batch source with `w.wrap(iterable)` to time it).")

@@ -15,6 +15,17 @@ from redline.measure.recorder import Recorder
 from redline.measure.summary import build_measurements, recorded_trace
 
 
+def _how_it_ended(w: Recorder, detail: str | None) -> tuple[str, str | None]:
+    """The status of a watch whose caller did not say: from the exception that left its block,
+    if one did, else from whether any step ran."""
+    e = w.exit_error
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted", detail or "interrupted (Ctrl-C)"
+    if e is not None and not isinstance(e, GeneratorExit):
+        return "script_error", detail or f"the watched block raised {type(e).__name__}: {e}"
+    return ("completed" if w.steps else "no_steps"), detail
+
+
 def build_report(w: Recorder, command: list[str] | None = None, status: str | None = None,
                  status_detail: str | None = None) -> Report:
     """Measure, diagnose and assemble the report of a closed recorder."""
@@ -23,7 +34,7 @@ def build_report(w: Recorder, command: list[str] | None = None, status: str | No
     if note is not None:
         m.notes.append(note)
     if status is None:
-        status = "completed" if w.steps else "no_steps"
+        status, status_detail = _how_it_ended(w, status_detail)
     findings = diagnose(m) if m.timing.steps_total else []
     trace, analysis = recorded_trace(w)
     if analysis is not None:
