@@ -7,9 +7,9 @@ node shared by every DataLoader worker and every rank (LMDB serialises writers w
 lock; a reader never sees an uncommitted write, so a worker killed mid-write leaves nothing
 half-written).
 
-Keys carry a fingerprint of the dataset and of the deterministic transform (its code, its
-constants and its ``repr``), so a changed pipeline reads different keys and never a stale
-sample.
+Keys carry a fingerprint of the dataset and of the deterministic transform (its code and
+what it depends on: :mod:`redline.data.fingerprint`), so a changed pipeline reads different
+keys and never a stale sample.
 
 Eviction policy: fill once, then keep ("MinIO", CoorDL: Mohan et al., VLDB 2021). With a
 fresh random order every epoch, any fixed subset of the dataset gives the same hit rate, while
@@ -22,7 +22,6 @@ cache.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import multiprocessing as mp
 import multiprocessing.util as mp_util
 import os
@@ -37,6 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from redline.data.fingerprint import transform_fingerprint
 from redline.data.stores import LmdbStore, Store, StoreFull
 
 FLUSH_EVERY = 64
@@ -66,21 +66,6 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 def _stable_repr(obj: Any) -> str:
     """repr() without memory addresses: fingerprints must agree across processes and ranks."""
     return _ADDRESS.sub("", repr(obj))
-
-
-def _code_fingerprint(fn: Any) -> str:
-    """What makes a transform produce different output: its code, constants, defaults, repr."""
-    h = hashlib.sha256()
-    h.update(type(fn).__qualname__.encode())
-    target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn).__call__
-    code = getattr(target, "__code__", None)
-    if code is not None:
-        h.update(code.co_code)
-        h.update(repr(code.co_consts).encode())
-        h.update(repr(getattr(target, "__defaults__", None)).encode())
-    if not inspect.isfunction(fn):
-        h.update(_stable_repr(fn).encode())  # parameters of transform objects (sizes, modes)
-    return h.hexdigest()[:16]
 
 
 def _describe(v: Any) -> str:
@@ -195,8 +180,17 @@ class CachedDataset(Dataset[Any]):
                              else store)
         self.path = getattr(self.store, "path", None)
         self.max_bytes = int(max_bytes)
-        self.fingerprint = fingerprint or (
-            f"{dataset_fingerprint(dataset)}-{_code_fingerprint(deterministic)}")
+        if fingerprint is None:
+            code, unseen = transform_fingerprint(deterministic)
+            fingerprint = f"{dataset_fingerprint(dataset)}-{code}"
+            if unseen:
+                warnings.warn(
+                    "redline cache: the fingerprint of the deterministic transform cannot see "
+                    f"{'; '.join(unseen[:5])}{' …' if len(unseen) > 5 else ''}. If any of "
+                    "them changes, the cache would serve samples made before: pass "
+                    "CachedDataset(..., fingerprint='…'), a string that changes with them.",
+                    RuntimeWarning, stacklevel=2)
+        self.fingerprint = fingerprint
         self._prefix = self.fingerprint.encode() + b":"
         # Shared across forked/spawned DataLoader workers: hits, misses, read, written, uncached
         self._counters = mp.Array("q", 5)

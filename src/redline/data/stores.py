@@ -8,6 +8,7 @@ recomputed) and says so once.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import os
 import warnings
@@ -34,11 +35,41 @@ _ENVS: dict[tuple[int, str], Any] = {}
 several datasets (train/val, or re-created ones) may share a store. Handles only, like a
 connection pool; keyed by pid so a forked worker opens its own."""
 
+_GENERATION = [0]
+"""Bumped each time the pool is closed before a fork: stores then reopen their environment."""
+
+
+def _close_before_fork() -> None:
+    """Close this process's environments before it forks (a DataLoader starting its workers).
+
+    A forked child inherits the parent's open environment, and py-lmdb then refuses to open
+    the same path again in the child ("already open in this process"); using the inherited one
+    is undefined (``lmdb.h``: "use an MDB_env in only one process"; py-lmdb issue #346: a
+    child freeing an inherited transaction removes the parent's reader). Closed here, every
+    store reopens lazily on its next read, in the parent and in each child. Only redline's own
+    environments are touched.
+    """
+    mine = [k for k in _ENVS if k[0] == os.getpid()]
+    if not mine:
+        return
+    for k in mine:
+        with contextlib.suppress(Exception):  # a failing close must not stop the fork
+            _ENVS.pop(k).close()
+    _GENERATION[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_close_before_fork)
+
 
 class LmdbStore:
     """Node-local store: LMDB at ``path`` (``/dev/shm`` or a local disk), shared by every
     DataLoader worker and rank on the node. LMDB serialises writers with its own lock, and a
-    transaction that was not committed (a worker killed mid-write) is never visible."""
+    transaction that was not committed (a worker killed mid-write) is never visible.
+
+    A path this process cannot write to is opened read-only (a store filled earlier is read,
+    nothing is written); a path that cannot be opened at all acts as an empty store that
+    refuses writes. Either is said once, by the dataset, and training goes on."""
 
     def __init__(self, path: str | os.PathLike[str], max_bytes: int) -> None:
         self.path = Path(path)
@@ -46,32 +77,58 @@ class LmdbStore:
         self._env: Any = None
         self._txn: Any = None
         self._pid = -1
+        self._gen = -1
+        self.read_only_reason: str | None = None
+        """Why nothing can be written here, once that is known (None: writable so far)."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "max_bytes": self.max_bytes, "_env": None, "_txn": None,
-                "_pid": -1}  # LMDB handles never cross a process boundary
+                "_pid": -1, "_gen": -1, "read_only_reason": None}  # handles stay in-process
 
     def _open(self) -> Any:
-        if self._pid != os.getpid():
-            import lmdb
+        """The environment, opened on first use in this process (None when it cannot be)."""
+        if self._pid == os.getpid() and self._gen == _GENERATION[0]:
+            return self._env
+        import lmdb
 
-            key = (os.getpid(), str(self.path.resolve()))
-            env = _ENVS.get(key)
-            if env is None:
-                self.path.mkdir(parents=True, exist_ok=True)
-                # sync off: a cache needs integrity (kept by LMDB), not durability across
-                # power loss; an fsync per sample would cost more than the decode it saves.
-                env = lmdb.open(str(self.path), map_size=self.max_bytes, subdir=True,
-                                readahead=False, max_readers=512, lock=True, sync=False,
-                                metasync=False)
+        key = (os.getpid(), str(self.path.resolve()))
+        env = _ENVS.get(key)
+        if env is None:
+            env = self._open_env(lmdb)
+            if env is not None:
                 _ENVS[key] = env
-            self._env, self._txn, self._pid = env, None, os.getpid()
-        return self._env
+        self._env, self._txn, self._pid, self._gen = env, None, os.getpid(), _GENERATION[0]
+        return env
+
+    def _open_env(self, lmdb: Any) -> Any:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            # sync off: a cache needs integrity (kept by LMDB), not durability across power
+            # loss; an fsync per sample would cost more than the decode it saves.
+            return lmdb.open(str(self.path), map_size=self.max_bytes, subdir=True,
+                             readahead=False, max_readers=512, lock=True, sync=False,
+                             metasync=False)
+        except (lmdb.Error, OSError) as e:
+            why = f"{self.path} is not writable ({type(e).__name__}: {e})"
+        if not (self.path / "data.mdb").is_file():
+            self.read_only_reason = f"{why}, and holds no store to read"
+            return None
+        try:
+            # Without the lock file: nobody can write to a path nobody may write to, so
+            # readers need no coordination (LMDB's MDB_NOLOCK).
+            env = lmdb.open(str(self.path), subdir=True, readonly=True, lock=False,
+                            readahead=False)
+        except (lmdb.Error, OSError) as e:
+            self.read_only_reason = f"{why}; reading it failed too ({type(e).__name__}: {e})"
+            return None
+        self.read_only_reason = f"{why}: the samples stored there are read, none is added"
+        return env
 
     def get(self, key: bytes) -> bytes | memoryview | None:
         """One key: the per-sample path of a DataLoader, kept short. The value may be a
         memoryview into the map, valid until this store's next call: decode it at once."""
-        txn = self._txn if self._pid == os.getpid() and self._txn is not None else None
+        txn = (self._txn if self._pid == os.getpid() and self._gen == _GENERATION[0]
+               and self._txn is not None else None)
         if txn is None:
             return self.get_many([key])[0]
         v: memoryview | None = txn.get(key)
@@ -79,6 +136,8 @@ class LmdbStore:
 
     def get_many(self, keys: list[bytes]) -> list[bytes | memoryview | None]:
         env = self._open()
+        if env is None:
+            return [None] * len(keys)
         if self._txn is None:
             # One read transaction kept between reads (a snapshot, renewed on a miss):
             # fill-once never frees pages, so a long reader costs no growth. Values come back
@@ -96,6 +155,8 @@ class LmdbStore:
         import lmdb
 
         env = self._open()
+        if self.read_only_reason is not None:
+            raise StoreFull(self.read_only_reason)
         written = 0
         try:
             with env.begin(write=True) as txn:
