@@ -41,9 +41,10 @@ def test_exports_are_the_documented_names(package: str) -> None:
         assert getattr(mod, name) is not None  # lazy exports resolve too
 
 
-INTERNAL_CONTROL_FLOW = {"StopMeasurement"}
-"""Raised from a step hook to end a ``doctor`` run; a BaseException on purpose, so a script's
-``except Exception`` cannot swallow it."""
+INTERNAL_CONTROL_FLOW = {"StopMeasurement", "Terminated"}
+"""Raised into the user's script to end a ``doctor`` run (the step limit, SIGTERM);
+BaseExceptions on purpose, like KeyboardInterrupt, so a script's ``except Exception`` cannot
+swallow them."""
 
 
 def test_every_error_derives_from_redline_error() -> None:

@@ -194,8 +194,8 @@ def _trace(args: argparse.Namespace) -> int:
     render(analysis, findings, Console())
     if args.json:
         try:
-            write_text_atomic(json.dumps(to_dict(analysis, findings), indent=1, default=str),
-                              args.json)
+            write_text_atomic(json.dumps(to_dict(analysis, findings), indent=1, default=str,
+                                         allow_nan=False), args.json)
         except OSError as e:
             return _fail("trace", str(e), 1)
     return 0
@@ -250,7 +250,22 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _printable_streams() -> None:
+    """Reports use µ, →, ×, box and bar characters: where the terminal's encoding cannot show
+    them (LANG=C, PYTHONIOENCODING=ascii, a pipe to a legacy tool), print a stand-in rather
+    than fail after the work is done."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        try:
+            "µ→×█─".encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            reconfigure = getattr(stream, "reconfigure", None)
+            if reconfigure is not None:
+                reconfigure(errors="replace")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _printable_streams()
     args = build_parser().parse_args(argv)
     code: int = args.func(args)
     return code

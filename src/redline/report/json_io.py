@@ -15,19 +15,19 @@ from redline.core.files import write_text_atomic
 from redline.core.report import Report
 
 
-def _clean(v: Any) -> Any:
+def clean(v: Any) -> Any:
     """NaN/inf are not JSON: an undefined number is unknown (None)."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
+        return {k: clean(x) for k, x in v.items()}
     if isinstance(v, list | tuple):
-        return [_clean(x) for x in v]
+        return [clean(x) for x in v]
     return v
 
 
 def to_dict(report: Report) -> dict[str, Any]:
-    d: dict[str, Any] = _clean(dataclasses.asdict(report))
+    d: dict[str, Any] = clean(dataclasses.asdict(report))
     return d
 
 

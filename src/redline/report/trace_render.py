@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from redline.core.findings import Finding
+from redline.report.json_io import clean
 from redline.report.terminal import render_findings
 from redline.trace.analyze import TraceAnalysis
 
@@ -27,7 +28,8 @@ def to_dict(a: TraceAnalysis, findings: list[Finding]) -> dict[str, Any]:
             rd["temporal"].update(idle_pct=t.pct(t.idle_us), compute_pct=t.pct(t.compute_us),
                                   non_compute_pct=t.pct(t.non_compute_us))
     d["kernel_types_us"] = a.kernel_types_us
-    return {"schema": TRACE_SCHEMA, **d}
+    out: dict[str, Any] = clean({"schema": TRACE_SCHEMA, **d})  # NaN/inf are not JSON
+    return out
 
 
 def render(a: TraceAnalysis, findings: list[Finding], console: Console) -> None:

@@ -48,6 +48,8 @@ class RankAnalysis:
     syncs: list[SyncStat] = field(default_factory=list)
     families: KernelFamilies = field(default_factory=KernelFamilies)
     compute_capability: float | None = None
+    left_out: dict[str, int] = field(default_factory=dict)
+    """Events with unusable numbers left out of every statistic, by reason."""
 
     @property
     def idle_sum_over_streams(self) -> dict[str, float]:
@@ -87,6 +89,7 @@ def analyze_rank(t: RankTrace, hta_compat: bool = False) -> RankAnalysis:
         top_kernels=top_kernels(device), launches=launch_stats(events),
         copies=copy_stats(device), syncs=host_syncs(events), families=kernel_families(device),
         compute_capability=t.compute_capability,
+        left_out={why: n for why, (n, _) in t.left_out.items()},
     )
 
 
@@ -109,6 +112,10 @@ def analyze_paths(paths: list[str | Path], hta_compat: bool = False) -> TraceAna
     comm = {t.rank: [e for e in filter_iterations(t)
                      if e.stream != -1 and kernel_type(e) == COMMUNICATION] for t in ordered}
     result.stragglers = stragglers(comm)
+    for t in ordered:
+        for why, (n, example) in t.left_out.items():
+            result.warnings.append(f"{t.path}: {n} event(s) with a {why} left out of every "
+                                   f"statistic (first: {example})")
     for r in result.ranks:
         if r.temporal is None:
             result.warnings.append(f"{r.path}: no GPU events (kernels, memcpy, memset) in the "

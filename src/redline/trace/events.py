@@ -59,6 +59,9 @@ class RankTrace:
     metadata: dict[str, Any] = field(default_factory=dict)
     compute_capability: float | None = None
     """From deviceProperties (CUDA traces); None when the trace does not say."""
+    left_out: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Device and runtime events left out of every statistic, by reason ('negative duration',
+    'NaN or infinite start or duration', 'missing start or duration'): (count, first one)."""
 
     @property
     def gpu_events(self) -> list[Event]:

@@ -9,9 +9,11 @@ it broke.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import math
+import os
 import re
 import warnings
 import zlib
@@ -51,8 +53,15 @@ def _read_bytes(path: Path) -> bytes:
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as e:
-            raise TraceError(f"{path}: the gzip stream is corrupt or truncated ({e}); "
-                             "re-copy the trace or re-record it") from e
+            got = zlib.decompressobj(wbits=31)
+            try:
+                n = len(got.decompress(raw))
+                where = f"{n:,} bytes of JSON came out before it ends"
+            except zlib.error:
+                where = "it does not decompress"
+            raise TraceError(f"{path}: the gzip stream is corrupt or truncated ({e}; {where}, "
+                             f"{len(raw):,} bytes on disk); re-copy the trace or re-record "
+                             "it") from e
     return raw
 
 
@@ -139,23 +148,33 @@ def _kineto_layout(path: Path, gz: bool) -> bool:
 def _stream_events(path: Path, gz: bool) -> Iterator[Any]:
     import ijson
 
-    opener = gzip.open if gz else open
     n = 0
-    try:
-        with opener(path, "rb") as f:
+    size = path.stat().st_size
+    with open(path, "rb") as raw:
+        f: Any = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+
+        def where() -> str:
+            """How far reading got: events read, and the position in the file on disk."""
+            at = raw.tell()
+            return (f"after {n:,} device and runtime events, at byte {at:,} of {size:,} "
+                    f"({at / max(1, size):.0%} of the file)")
+
+        try:
             if is_kineto_head(f.read(len(OPEN) + 4 * 2**20)):
                 f.seek(0)
-                yield from split_stream(f, str(path))
+                for e in split_stream(f, str(path)):
+                    n += 1
+                    yield e
                 return
             f.seek(0)
             for e in ijson.items(f, "traceEvents.item", use_float=True):
                 n += 1
                 yield e
-    except LayoutError as err:
-        raise TraceError(f"{path}: {err}") from err
-    except (ijson.JSONError, OSError, EOFError, zlib.error) as err:
-        raise TraceError(f"{path}: the trace breaks after event #{n} ({type(err).__name__}: "
-                         f"{err}); truncated or corrupt?") from err
+        except LayoutError as err:
+            raise TraceError(f"{path}: {err} ({where()})") from err
+        except (ijson.JSONError, OSError, EOFError, zlib.error) as err:
+            raise TraceError(f"{path}: the trace breaks {where()} ({type(err).__name__}: "
+                             f"{err}); truncated or corrupt? Re-copy or re-record it") from err
 
 
 def _read_small(path: Path) -> tuple[dict[str, Any], Iterable[Any]]:
@@ -198,6 +217,18 @@ def _rank_of(path: Path, doc: dict[str, Any]) -> int:
     return rank
 
 
+_INF = math.inf
+
+
+def _left_out(counts: dict[str, list[Any]], why: str, e: Any) -> None:
+    """Count an event with numbers no statistic may use, keeping the first as an example."""
+    entry = counts.get(why)
+    if entry is None:
+        counts[why] = [1, f"{e.get('name')!r} at ts={e.get('ts')!r}, dur={e.get('dur')!r}"]
+    else:
+        entry[0] += 1
+
+
 def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
     """Read one trace file.
 
@@ -212,6 +243,8 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
     try:
         big = p.stat().st_size >= STREAM_MIN_BYTES
     except OSError as err:
+        if err.errno == errno.ELOOP or (p.is_symlink() and not p.exists()):
+            raise TraceError(_missing(p)) from err
         raise TraceError(f"{p}: cannot read the file ({err.strerror})") from err
     raw_events: Iterable[Any]
     gz = _is_gzip(p)
@@ -227,6 +260,7 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
     kept_cats, gpu_cats = KEPT_CATEGORIES, GPU_CATEGORIES
     names: dict[str, str] = {}  # one string per distinct name: kernels repeat thousands of times
     events: list[Event] = []
+    left_out: dict[str, list[Any]] = {}
     floaty = False
     for i, e in enumerate(raw_events):
         try:
@@ -243,13 +277,20 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
             continue
         ts, dur = e.get("ts"), e.get("dur")
         if dur is None or ts is None:
+            if cat is not None and cat in kept_cats:
+                _left_out(left_out, "missing start or duration", e)
             continue
         try:
             ts_f = float(ts)
-            end_f = ts_f + float(dur)
+            dur_f = float(dur)
         except (TypeError, ValueError) as err:
             raise TraceError(f"{p}: traceEvents[{i}] ({e.get('name')!r}) has a non-numeric "
                              f"ts/dur: {ts!r}/{dur!r}") from err
+        if not (0.0 <= dur_f < _INF and -_INF < ts_f < _INF):  # NaN fails both comparisons
+            _left_out(left_out, "negative duration" if dur_f < 0 else
+                      "NaN or infinite start or duration", e)
+            continue
+        end_f = ts_f + dur_f
         if not floaty and isinstance(ts, float) and not ts.is_integer():
             floaty = True
         args = e.get("args") or {}
@@ -276,7 +317,8 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
         if isinstance(props[0].get("computeMajor"), int):
             cc = float(f"{props[0]['computeMajor']}.{props[0].get('computeMinor', 0)}")
     meta = {k: v for k, v in doc.items() if k != "traceEvents"}
-    return RankTrace(str(p), _rank_of(p, doc), events, device, floaty, meta, cc)
+    return RankTrace(str(p), _rank_of(p, doc), events, device, floaty, meta, cc,
+                     {why: (n, ex) for why, (n, ex) in left_out.items()})
 
 
 def trace_files(paths: list[str | Path]) -> list[Path]:
@@ -292,5 +334,19 @@ def trace_files(paths: list[str | Path]) -> list[Path]:
         elif p.exists():
             out.append(p)
         else:
-            raise TraceError(f"{p}: no such file or folder")
+            raise TraceError(_missing(p))
     return out
+
+
+def _missing(p: Path) -> str:
+    """Why ``p`` cannot be read: not there, a broken symlink, or a symlink loop."""
+    if not p.is_symlink():
+        return f"{p}: no such file or folder"
+    try:
+        p.resolve(strict=True)
+    except RuntimeError:  # Python < 3.13 reports a loop so
+        return f"{p}: a symlink loop (it points back to itself through {os.readlink(p)!r})"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"{p}: a symlink loop (it points back to itself through {os.readlink(p)!r})"
+    return f"{p}: a symlink to {os.readlink(p)!r}, which does not exist"

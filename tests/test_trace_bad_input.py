@@ -1,0 +1,114 @@
+"""Traces with bad numbers are named, not averaged in; broken files say how far they got; a
+symlink loop is a loop; output survives a terminal that cannot encode non-ASCII."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from redline.cli.main import main
+from redline.trace import TraceError, analyze_paths
+from trace_fixtures import _x, synthetic_events, write_trace
+
+
+def _with_bad_kernels() -> list[dict[str, object]]:
+    ev = synthetic_events()
+    ev += [  # inside the window of the good ones, so any of them counted would show
+        _x("kernel", "bad_negative", 40, -25, stream=7, correlation=90),
+        _x("kernel", "bad_nan", 41, float("nan"), stream=7, correlation=91),
+        _x("kernel", "bad_inf", 42, float("inf"), stream=7, correlation=92),
+        {"ph": "X", "cat": "kernel", "name": "bad_missing", "ts": 43, "args": {"stream": 7}},
+    ]
+    return ev
+
+
+def test_kernels_with_bad_durations_are_counted_and_left_out(tmp_path: Path) -> None:
+    good = analyze_paths([write_trace(tmp_path / "good.json.gz")])
+    bad_path = tmp_path / "bad.json"
+    # json.dumps writes NaN and Infinity, as some producers do (not strict JSON)
+    bad_path.write_text(json.dumps({"traceEvents": _with_bad_kernels(),
+                                    "distributedInfo": {"rank": 0}}))
+    bad = analyze_paths([bad_path])
+    (r,) = bad.ranks
+    assert r.temporal == good.ranks[0].temporal  # every statistic as if they were absent
+    assert r.kernel_types_us == good.ranks[0].kernel_types_us
+    assert r.left_out == {"negative duration": 1, "NaN or infinite start or duration": 2,
+                          "missing start or duration": 1}
+    said = [w for w in bad.warnings if "left out of every statistic" in w]
+    assert len(said) == 3 and any("'bad_negative'" in w for w in said)
+
+
+def test_the_json_of_a_bad_trace_is_strict_and_says_what_was_left_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "bad.json"
+    src.write_text(json.dumps({"traceEvents": _with_bad_kernels(),
+                               "distributedInfo": {"rank": 0}}))
+    out = tmp_path / "analysis.json"
+    assert main(["trace", str(src), "--json", str(out)]) == 0
+    text = out.read_text()
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert data["ranks"][0]["left_out"]["negative duration"] == 1
+    assert sum("left out of every statistic" in w for w in data["warnings"]) == 3
+    t = data["ranks"][0]["temporal"]
+    assert min(t["idle_pct"], t["compute_pct"], t["non_compute_pct"]) >= 0
+    printed = capsys.readouterr().out
+    assert "negative duration left out of every statistic" in printed
+    assert not re.search(r"nan%|-\d+(\.\d+)?%|inf%", printed.lower())  # no NaN or negative share
+
+
+def test_a_truncated_trace_says_how_far_it_got(tmp_path: Path) -> None:
+    events = synthetic_events() * 200  # enough events that a cut lands in the middle
+    full = json.dumps({"schemaVersion": 1, "traceEvents": events}, indent=2).replace(
+        '"traceEvents": [\n    {', '"traceEvents": [\n  {')  # (not Kineto's exact layout)
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(gzip.compress(full.encode())[: len(gzip.compress(full.encode())) // 2])
+    with pytest.raises(TraceError) as e:
+        analyze_paths([cut])
+    msg = str(e.value)
+    assert "cut.json.gz" in msg and "bytes of JSON came out before it ends" in msg
+    assert "#0" not in msg
+
+
+def test_a_truncated_kineto_trace_names_the_events_read(tmp_path: Path) -> None:
+    shared = Path(__file__).resolve().parents[2] / "shared" / "traces" / "nccl_parser_config"
+    src = shared / "nccl_data.json.gz"
+    if not src.exists():
+        pytest.skip(f"the recorded trace {src} is not here (CI lays shared/ beside the clone)")
+    raw = src.read_bytes()
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(TraceError) as e:
+        analyze_paths([cut])
+    msg = str(e.value)
+    assert "device and runtime events, at byte" in msg and "#0" not in msg
+    n = int(msg.split("after ")[1].split(" device")[0].replace(",", ""))
+    assert n > 100
+
+
+def test_a_symlink_loop_is_named_as_one(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.symlink_to(b.name)
+    b.symlink_to(a.name)
+    with pytest.raises(TraceError, match="a symlink loop"):
+        analyze_paths([a])
+    dangling = tmp_path / "c.json"
+    dangling.symlink_to("missing.json")
+    with pytest.raises(TraceError, match=r"a symlink to 'missing\.json', which does not exist"):
+        analyze_paths([dangling])
+
+
+def test_output_survives_an_ascii_terminal(tmp_path: Path) -> None:
+    t = write_trace(tmp_path / "t.json.gz")
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "LANG": "C", "LC_ALL": "C",
+           "COLUMNS": "120"}
+    p = subprocess.run([sys.executable, "-m", "redline.cli.main", "trace", str(t)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "Where GPU time goes" in p.stdout and "Traceback" not in p.stderr
