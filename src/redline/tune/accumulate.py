@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from redline.measure.loader import batch_samples
+from redline.tune.setup import SetupError
 
 
 def micro_sizes(effective: int, micro: int) -> list[int]:
@@ -74,6 +75,20 @@ def _no_sync(model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
     return fn() if callable(fn) else contextlib.nullcontext()
 
 
+def _scalar(loss: Any, loss_fn: Any) -> torch.Tensor:
+    """The loss, if it is what accumulation needs: a scalar tensor (the batch's mean loss)."""
+    if isinstance(loss, torch.Tensor) and loss.dim() == 0:
+        return loss
+    got = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else
+           f"a {type(loss).__qualname__}")
+    name = getattr(loss_fn, "__qualname__", type(loss_fn).__qualname__)
+    raise SetupError(
+        f"loss_fn ({name}) returned {got}; expected a scalar tensor, the batch's mean loss "
+        "(e.g. F.cross_entropy(logits, labels), whose reduction is 'mean'; for a per-sample "
+        "loss, return loss.mean()). Micro-batches are weighted by their size, which is exact "
+        "only for a mean.")
+
+
 def accumulate(model: torch.nn.Module, batch: Any, micro: int,
                loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
                autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
@@ -98,7 +113,7 @@ def accumulate(model: torch.nn.Module, batch: Any, micro: int,
         # One micro-batch: no slicing, no weighting kernel (a launch-bound GPU step pays for
         # every extra launch on the host).
         with autocast() if autocast is not None else contextlib.nullcontext():
-            loss = loss_fn(model, batch)
+            loss = _scalar(loss_fn(model, batch), loss_fn)
         if backward is not None:
             backward(loss)
         else:
@@ -111,7 +126,7 @@ def accumulate(model: torch.nn.Module, batch: Any, micro: int,
         last = i == len(pieces) - 1
         with contextlib.nullcontext() if last else _no_sync(model):
             with autocast() if autocast is not None else contextlib.nullcontext():
-                loss = loss_fn(model, piece)
+                loss = _scalar(loss_fn(model, piece), loss_fn)
             weighted = loss * (n / total)
             if backward is not None:
                 backward(weighted)

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from redline.tune.config import TuneConfig
 from redline.tune.decision import Decision
 from redline.tune.plan import TunePlan
+from redline.tune.precision import NonFiniteLossError
 from redline.tune.rank_test import p_smaller, smallest_p
+from redline.tune.setup import SetupError
 from redline.tune.trial import TrialMetrics
 
 MeasureFn = Callable[[TunePlan, str, bool], TrialMetrics]
@@ -75,6 +77,8 @@ class ABPolicy:
         what = decision.label
         try:
             c = self.compare(plan, candidate, what, step_only)
+        except (SetupError, NonFiniteLossError):
+            raise  # the job itself is broken, whatever the knob: say so, do not tune on
         except Exception as e:  # a knob that cannot run here (compile without a compiler…)
             decision.kept, decision.reason = False, f"failed: {type(e).__name__}: {e}"[:400]
             plan.decisions.append(decision)

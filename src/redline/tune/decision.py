@@ -68,10 +68,3 @@ class Decision:
         d["knob"] = self.knob.value
         return {"step": self.label, **d}
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Decision:
-        """Raises ValueError (unknown knob) or TypeError (missing or unknown fields)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        kw["knob"] = Knob(d.get("knob"))
-        return cls(**kw)

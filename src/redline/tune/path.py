@@ -34,6 +34,7 @@ from redline.tune.kernels import (
 )
 from redline.tune.plan import PlanKey, PlanStore, TunePlan, plan_key
 from redline.tune.precision import (
+    NonFiniteLossError,
     NumericsCheck,
     autocast_for,
     check_numerics,
@@ -42,7 +43,7 @@ from redline.tune.precision import (
 )
 from redline.tune.result import TuneResult, merge_trials, project
 from redline.tune.runtime import TunedLoop, train_step
-from redline.tune.setup import Factory
+from redline.tune.setup import Factory, SetupError
 from redline.tune.trial import TrialMetrics, endless, fresh, measure, probe_batch, state_tensors
 
 _SIXTEEN_BIT = ("bf16", "fp16")
@@ -70,7 +71,8 @@ def baseline_plan(key: PlanKey, micro: int, effective: int,
     their DataLoader's settings (workers, prefetch, pinning, persistence), so "before" is
     what they run, not a worker-less stand-in."""
     settings = LoaderSettings.of(loader) if loader is not None else LoaderSettings()
-    return TunePlan(key=key, effective_batch=effective, micro_batch=micro, loader=settings)
+    return TunePlan(key=key, effective_batch=effective, micro_batch=micro, loader=settings,
+                    source_batch_size=micro)
 
 
 def compile_pays(compile_s: float, eager_step_s: float, compiled_step_s: float, run_steps: int,
@@ -115,6 +117,19 @@ class TunePath:
                                  "projection")
         self.conv = has_conv2d(s.model)
         self.opt_impls = optimizer_impls(s.optimizer)
+
+    def numerics_refuse(self, plan: TunePlan) -> str | None:
+        """Why a remembered plan's precision must not be reused for this job (its numerics
+        check fails here), or None. Raises NonFiniteLossError when fp32 itself gives NaN/inf:
+        a remembered plan is no reason to train on a broken loss."""
+        s = fresh(self.factory)
+        it = endless(rebuild_factory(s.loader, batch_size=self.effective)(LoaderSettings()))
+        batches = [map_tensors(next(it), lambda t: t.to(self.device))
+                   for _ in range(self.cfg.numerics_steps)]
+        chk = check_numerics(s.model, s.optimizer, batches, plan.micro_batch, s.loss_fn,
+                             plan.precision, self.device, self.cfg.tolerance)
+        self.log(f"  numerics of the remembered plan ({plan.precision}): {chk.reason}")
+        return None if chk.passed else chk.reason
 
     def decide(self, plan: TunePlan, candidate: TunePlan, decision: Decision, *,
                step_only: bool = True) -> TunePlan:
@@ -271,6 +286,8 @@ class TunePath:
         try:
             # The first steps carry the compile; the trial's warm-up absorbs them.
             m = policy.measure(cand, "torch.compile", True)
+        except (SetupError, NonFiniteLossError):
+            raise
         except Exception as e:
             plan.decisions.append(Decision(Knob.COMPILE, False,
                                            f"failed: {type(e).__name__}: {e}"[:400]))
@@ -343,6 +360,12 @@ def tune(factory: Factory, config: TuneConfig | None = None,
         f"workers, prefetch {ls.prefetch_factor}, pin_memory {ls.pin_memory}, persistent "
         f"{ls.persistent_workers})")
     reused = store.get(p.key) if cfg.reuse else None
+    if reused is not None:
+        refused = p.numerics_refuse(reused)
+        if refused is not None:
+            log(f"not reusing the remembered plan {store.path(p.key)}: {refused}; searching "
+                "again")
+            reused = None
     search: BatchSearch | None = None
     checks: list[NumericsCheck] = []
     sites: list[AttentionSite] = []

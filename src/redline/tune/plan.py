@@ -21,6 +21,7 @@ import torch
 from redline.core.errors import RedlineError
 from redline.core.files import write_text_atomic
 from redline.core.loader import LoaderSettings
+from redline.core.typed_json import from_json
 from redline.tune.decision import Decision
 
 PLAN_SCHEMA = "redline.plan/2"
@@ -63,6 +64,10 @@ class TunePlan:
     micro_batch: int
     """Samples per forward/backward; ``effective_batch`` is split into micro-batches of this
     size, the last one weighted by its size."""
+    source_batch_size: int | None = None
+    """The DataLoader batch size of the configuration the plan was made from (its effective
+    batch is this × the accumulation steps): :func:`redline.tune.apply_plan` refuses a loader
+    of another batch size, which would change the effective batch without saying so."""
     loader: LoaderSettings = field(default_factory=LoaderSettings)
     """The DataLoader settings to rebuild the loader with (its batch size is the effective
     batch)."""
@@ -93,6 +98,13 @@ class TunePlan:
         if self.optimizer_impl not in (None, "fused", "foreach"):
             raise ValueError(f"optimizer_impl must be 'fused', 'foreach' or None, got "
                              f"{self.optimizer_impl!r}")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"torch_threads must be >= 1 or None, got {self.torch_threads}")
+        if self.source_batch_size is not None and self.source_batch_size < 1:
+            raise ValueError(f"source_batch_size must be >= 1 or None, got "
+                             f"{self.source_batch_size}")
+        if self.schema != PLAN_SCHEMA:
+            raise ValueError(f"schema must be {PLAN_SCHEMA!r}, got {self.schema!r}")
 
     @property
     def accumulation_steps(self) -> int:
@@ -105,8 +117,7 @@ class TunePlan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TunePlan:
-        """Raises ValueError (wrong schema or values) or TypeError (missing or unknown
-        fields)."""
+        """Every field checked (types, ranges); raises ValueError naming the field's path."""
         schema = d.get("schema")
         if schema == "redline.plan/1":
             raise ValueError("the plan was made by an earlier redline (schema redline.plan/1, "
@@ -115,11 +126,11 @@ class TunePlan:
             raise ValueError(f"not a redline plan: schema is {schema!r}, expected "
                              f"{PLAN_SCHEMA!r}")
         d = dict(d)
-        d["key"] = PlanKey(**d["key"])
-        d["loader"] = LoaderSettings(**d.get("loader", {}))
-        d["decisions"] = [Decision.from_dict(x) for x in d.get("decisions", [])]
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        decisions = d.get("decisions")
+        if isinstance(decisions, list):  # the printed label is derived, not data
+            d["decisions"] = [{k: v for k, v in x.items() if k != "step"}
+                              if isinstance(x, dict) else x for x in decisions]
+        return from_json(cls, d)
 
 
 def save_plan(plan: TunePlan, path: str | os.PathLike[str]) -> None:
@@ -140,6 +151,9 @@ def load_plan(path: str | os.PathLike[str]) -> TunePlan:
     except FileNotFoundError:
         raise FileNotFoundError(f"no plan at {str(path)!r}: run `redline tune SCRIPT` to make "
                                 "one") from None
+    except UnicodeDecodeError as e:
+        raise PlanError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); expected a "
+                        "plan written by redline tune") from None
     except json.JSONDecodeError as e:
         raise PlanError(f"{path} is not JSON ({e}); expected a plan written by redline tune") \
             from None

@@ -25,7 +25,7 @@ from redline.data.autotune import rebuild_factory
 from redline.data.prefetcher import DevicePrefetcher, map_tensors
 from redline.tune.accumulate import accumulate
 from redline.tune.kernels import cudnn_benchmark
-from redline.tune.plan import TunePlan, check_plan, plan_key
+from redline.tune.plan import PlanMismatchError, TunePlan, check_plan, plan_key
 from redline.tune.precision import autocast_for, make_scaler, tf32
 
 
@@ -150,9 +150,19 @@ def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Op
     """Apply ``plan`` to a plain loop's pieces (see the module docstring).
 
     Raises:
-        PlanMismatchError: the plan was made for another model, device or input shapes.
+        PlanMismatchError: the plan was made for another model, device or input shapes, or for
+            a loader of another batch size (the effective batch would change).
     """
     dev = torch.device(device)
+    if check and plan.source_batch_size is not None and loader.batch_size != plan.source_batch_size:
+        raise PlanMismatchError(
+            f"this DataLoader has batch_size={loader.batch_size}; the plan was made for "
+            f"batch_size={plan.source_batch_size}, an effective batch of "
+            f"{plan.effective_batch} ({plan.source_batch_size} × "
+            f"{plan.effective_batch // plan.source_batch_size} accumulation steps), and "
+            f"rebuilds the loader at {plan.effective_batch}: applied here it would change your "
+            f"effective batch. Build the loader with batch_size={plan.source_batch_size}, or "
+            "run `redline tune` for this configuration.")
     if check:
         first = next(iter(DataLoader(loader.dataset, batch_size=1,
                                      collate_fn=loader.collate_fn)))
