@@ -127,20 +127,27 @@ def test_unwritable_json_dir_fails_before_running(tmp_path: Path) -> None:
     assert "trained" not in p.stdout
 
 
-def test_ctrl_c_reports_steps_so_far(tmp_path: Path) -> None:
-    out = tmp_path / "r.json"
+def _signal_when_ready(out: Path, sig: int, *script: str) -> tuple[str, int]:
+    """Run ``script`` under doctor (no step limit), send ``sig`` once it prints READY; (stderr,
+    exit status)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "100000", "--warmup",
-         "2", "--json", str(out), "--", "python", "slow_forever.py"],
+         "2", "--json", str(out), "--", "python", *script],
         cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if "READY" in proc.stdout.readline():
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    return err, proc.returncode
+
+
+def test_ctrl_c_reports_steps_so_far(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    err, code = _signal_when_ready(out, signal.SIGINT, "slow_forever.py")
+    assert code == 130
     data = load(out)
     assert data["status"] == "interrupted"
     assert data["measurements"]["timing"]["steps_total"] >= 12
@@ -154,18 +161,8 @@ def test_sigterm_reports_steps_so_far_and_stops_the_workers(tmp_path: Path) -> N
 
     out, pids = tmp_path / "r.json", tmp_path / "pids"
     pids.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "100000", "--warmup",
-         "2", "--json", str(out), "--", "python", "workers_forever.py", str(pids)],
-        cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if "READY" in proc.stdout.readline():
-            break
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143
+    err, code = _signal_when_ready(out, signal.SIGTERM, "workers_forever.py", str(pids))
+    assert code == 143
     data = load(out)
     assert data["status"] == "interrupted"
     assert data["status_detail"] == "terminated (SIGTERM); DataLoader workers stopped"
