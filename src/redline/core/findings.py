@@ -37,6 +37,9 @@ class Finding:
     """step_time ÷ (step_time − removable time), removable measured (docs/report.md); None when
     the removable time cannot be measured from this data (said in ``fix``/``title``)."""
     fix: str
+    rank: int | None = None
+    """The rank the finding concerns in a multi-process job; None for the job as a whole or a
+    single process."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,63 @@ class TraceSummary:
 
 
 @dataclass(slots=True)
+class RankEntry:
+    """One rank of a multi-process job: where its steps went, and how it met the others at
+    collectives. Times are means per measured step."""
+
+    rank: int
+    local_rank: int
+    host: str
+    status: str
+    """How this rank's run ended (:data:`STATUSES`), or 'missing' (no report arrived)."""
+    steps_measured: int
+    last_step: int | None
+    """Index of the last step this rank closed (for a missing rank: unknown, None)."""
+    step_time_mean_s: float | None
+    data_wait_s: float | None
+    h2d_copy_s: float | None
+    forward_s: float | None
+    backward_s: float | None
+    optimizer_s: float | None
+    comm_wait_s: float | None
+    """Time this rank waited at collectives for ranks that arrived after it (from the arrival
+    times of the flight recorder); None when arrivals could not be compared."""
+    throughput_samples_per_s: float | None
+    main_cpu_cores: float | None
+    collectives: int
+    """Collectives of the measured window met on every reporting rank."""
+    last_arrivals: int
+    """Of those, how many this rank arrived at last."""
+    lateness_s: float | None
+    """Mean per step of (its arrival − the first rank's arrival), summed over collectives."""
+
+
+@dataclass(slots=True)
+class MergedMetric:
+    """One metric across ranks."""
+
+    median: float | None
+    slowest_rank: int | None
+    """The rank with the largest value."""
+    spread: float | None
+    """Largest − smallest."""
+
+
+@dataclass(slots=True)
+class RanksReport:
+    """The ranks of a multi-process job, side by side (only in rank 0's report)."""
+
+    world_size: int
+    missing: list[int]
+    """Ranks whose report did not arrive (crashed, killed, or still running at the timeout)."""
+    ranks: list[RankEntry]
+    merged: dict[str, MergedMetric]
+    """step_time_mean_s, data_wait_s, forward_s, backward_s, optimizer_s, comm_wait_s."""
+    arrivals_source: str
+    """How arrival times were read and put on one clock, or why they could not be."""
+
+
+@dataclass(slots=True)
 class Report:
     schema: str
     redline_version: str
@@ -43,3 +100,5 @@ class Report:
     measurements: Measurements
     findings: list[Finding]
     trace: TraceSummary | None = None
+    ranks: RanksReport | None = None
+    """The other ranks, merged into rank 0's report of a multi-process job; None otherwise."""

@@ -72,7 +72,18 @@ TF32_OVER_FP32_GEMM_SPEEDUP = 8.0
 (A100: 156 vs 19.5 TFLOP/s; H100 SXM: 495 vs 67, NVIDIA datasheets)."""
 
 STRAGGLER_MIN_SKEW = 0.05
-"""A rank that arrives late at collectives by ≥ 5 % of the window is reported."""
+"""A rank that arrives late at collectives by ≥ 5 % of the window (a trace) or keeps the others
+waiting ≥ 5 % of the step (a multi-process watch) is reported."""
+
+STRAGGLER_MIN_WAIT_S = 0.001
+"""…and at least 1 ms per step: below that the others' wait is within what the host's scheduler
+alone can cost a rank (Linux CFS preempts at a granularity of ~0.75 ms by default,
+``sched_min_granularity_ns``), not a rank that does more than the others."""
+
+STRAGGLER_MIN_LAST_SHARE = 0.75
+"""A straggler arrives last at ≥ 75 % of the collectives: between balanced ranks the last
+arrival moves from rank to rank (half the time each, for two), so a rank that is last three
+times in four is late for a reason, not by chance."""
 
 # -- the stall note and the limits left after tuning -----------------------------------------
 

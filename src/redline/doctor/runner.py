@@ -28,7 +28,9 @@ from redline.core.errors import RedlineError
 from redline.core.files import OutputPathError, refuse_overwriting_inputs
 from redline.core.report import Report
 from redline.data.advise import tune_starved_loader
+from redline.doctor.launch import rank_command, run_launcher
 from redline.measure.config import WatchConfig
+from redline.measure.ranks import rank_info
 from redline.report.json_io import write_json
 from redline.report.terminal import print_report
 from redline.report.watch import Watch
@@ -193,7 +195,9 @@ def check_json_path(path: str | None, target: Target | None = None) -> None:
 
 @dataclass(slots=True)
 class DoctorResult:
-    report: Report
+    report: Report | None
+    """The report (rank 0's merged one under a launcher); None for the launching process of
+    ``redline doctor -- torchrun ...``, whose ranks report."""
     exit_code: int
     json_path: Path | None
     script_error: BaseException | None
@@ -243,7 +247,27 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                device: str | None = None, trace_dir: str | None = None,
                tune_loader: bool = False, show: bool = True) -> DoctorResult:
     """Run ``cmd`` under a watch and report. Raises :class:`DoctorError` on usage errors
-    (before anything runs)."""
+    (before anything runs).
+
+    ``cmd`` may start a launcher (``torchrun ...``, ``python -m torch.distributed.run ...``):
+    every rank then runs under redline (:mod:`redline.doctor.launch`). Under a launcher
+    (``RANK``/``WORLD_SIZE`` set) rank 0 prints the job's merged report and writes the JSON;
+    the other ranks print nothing of redline's."""
+    forwarded = [f"--steps={steps}", f"--warmup={warmup}"]
+    forwarded += [f"--json={json_path}"] if json_path else []
+    forwarded += [] if count_flops else ["--no-flops"]
+    forwarded += [f"--trace={trace_dir}"] if trace_dir else []
+    forwarded += ["--tune-loader"] if tune_loader else []
+    try:
+        launched = rank_command(list(cmd), forwarded)
+    except ValueError as e:
+        raise DoctorError(f"{e}: expected `redline doctor -- torchrun [its options] train.py "
+                          "[args]`") from None
+    if launched is not None:
+        check_json_path(json_path)
+        return DoctorResult(None, run_launcher(launched), None, None)
+    info = rank_info()
+    show = show and info.rank == 0
     target = parse_command(cmd)
     check_target(target)
     check_json_path(json_path, target)
@@ -272,7 +296,8 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
             msg = never_stepped_message(w)
             detail = msg if detail is None else f"{detail}. {msg}"
         report = w.report(show=False, command=list(cmd), status=status, status_detail=detail)
-        if tune_loader and w.inst is not None and status != "interrupted":
+        if tune_loader and w.inst is not None and status != "interrupted" \
+                and not info.distributed:
             if show and any(f.id == "data_starvation" for f in report.findings):
                 print("redline doctor: the loop starves for data; timing DataLoader settings in "
                       "it (--tune-loader)...", file=sys.stderr)
@@ -282,7 +307,7 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                 li.loader = None  # release the user's loader and dataset
         if show:
             print_report(report, Console(stderr=True))
-        written = write_json(report, json_path) if json_path else None
+        written = write_json(report, json_path) if json_path and info.rank == 0 else None
         if written is not None and show:
             print(f"redline: JSON report written to {written}", file=sys.stderr)
     return DoctorResult(report, code, written, error)

@@ -22,6 +22,7 @@ from typing import TypeVar
 import torch
 
 from redline.core.measurements import NvmlSummary
+from redline.measure.collectives import Arrival, read_arrivals
 from redline.measure.config import WatchConfig
 from redline.measure.cpu import CpuSampler, CpuWindow
 from redline.measure.cuda import CudaMemory, CudaStepTimer, SyncCounter, read_memory
@@ -29,6 +30,7 @@ from redline.measure.flops import FlopWindow
 from redline.measure.hooks import Instrumentation
 from redline.measure.nvml import NvmlSampler, import_pynvml
 from redline.measure.profile import TraceCapture
+from redline.measure.ranks import rank_info
 from redline.measure.timeline import StepRecord, StepTracker
 
 T = TypeVar("T")
@@ -73,6 +75,13 @@ class Recorder:
         self.t_enter = 0.0
         self.t_exit: float | None = None
         self.window_start: float | None = None
+        self.window_start_ns = 0
+        """Wall-clock start of the measured window (the flight recorder's clock)."""
+        self.rank = rank_info()
+        self.arrivals: list[Arrival] = []
+        """This rank's arrivals at collectives in the measured window (multi-process jobs)."""
+        self.arrivals_reason: str | None = None
+        """Why no arrivals were read, if none were."""
         self.exit_error: BaseException | None = None
         self.thread_name: str | None = None
         """The thread that entered the watch: the one measured."""
@@ -124,6 +133,9 @@ class Recorder:
             self.capture.stop()  # the run ended inside the trace: keep what it recorded
         self.tracker.finish(t)
         self.t_exit = t
+        if self.rank.distributed and self.window_start is not None:
+            self.arrivals, self.arrivals_reason = read_arrivals(self.window_start_ns,
+                                                                time.time_ns())
         if self.cuda_timer is not None:
             self.cuda_timer.drain()
             for rec in self.tracker.steps:
@@ -171,6 +183,7 @@ class Recorder:
 
     def _begin_window(self) -> None:
         self.window_start = time.perf_counter()
+        self.window_start_ns = time.time_ns()
         self.cpu.mark()
         if self.nvml is not None:
             self.nvml.mark()

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from redline.core.findings import Finding
-from redline.core.report import Report
+from redline.core.report import RanksReport, Report
 
 _SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 
@@ -40,9 +40,39 @@ def render_findings(findings: list[Finding], console: Console) -> None:
         body.append("fix: " + f.fix + "\n")
         ev = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if v is not None)
         body.append("evidence: " + ev, style="dim")
-        ft.add_row(str(i), Text(f"{f.id}\n{f.severity}", style=_SEV_STYLE.get(f.severity, "")),
-                   ceil, body)
+        who = "" if f.rank is None else f"\nrank {f.rank}"
+        ft.add_row(str(i), Text(f"{f.id}\n{f.severity}{who}",
+                                style=_SEV_STYLE.get(f.severity, "")), ceil, body)
     console.print(ft)
+
+
+def render_ranks(r: RanksReport, console: Console) -> None:
+    """The per-rank table and the merged view of a multi-process job."""
+    t = Table(title=f"Ranks ({r.world_size}): ms per step", title_justify="left")
+    for col in ("rank", "host", "status", "step", "data", "fwd", "bwd", "opt", "comm wait",
+                "last", "late"):
+        t.add_column(col, justify="left" if col in ("host", "status") else "right",
+                     overflow="fold")
+
+    def ms(v: float | None) -> str:
+        return "" if v is None else f"{v * 1e3:,.1f}"
+
+    for e in r.ranks:
+        last = f"{e.last_arrivals}/{e.collectives}" if e.collectives else ""
+        t.add_row(str(e.rank), e.host, e.status, ms(e.step_time_mean_s), ms(e.data_wait_s),
+                  ms(e.forward_s), ms(e.backward_s), ms(e.optimizer_s), ms(e.comm_wait_s),
+                  last, ms(e.lateness_s))
+    console.print(t)
+    parts = [f"{name.removesuffix('_s').replace('_', ' ')} median {ms(m.median)} ms, slowest "
+             f"rank {m.slowest_rank}, spread {ms(m.spread)} ms"
+             for name, m in r.merged.items() if m.median is not None]
+    if parts:
+        console.print("merged: " + " · ".join(parts))
+    console.print("[dim]comm wait: waiting at collectives for later ranks; last: collectives "
+                  "it arrived at last; late: behind the first rank, per step. Arrivals: "
+                  f"{r.arrivals_source}[/dim]")
+    if r.missing:
+        console.print(f"[yellow]missing ranks:[/yellow] {', '.join(map(str, r.missing))}")
 
 
 def render(report: Report, console: Console) -> None:
@@ -94,6 +124,8 @@ def render(report: Report, console: Console) -> None:
             table.add_row(p.phase, f"{p.mean_s * 1e3:.2f}", f"{p.fraction:.1%}", _bar(p.fraction))
         console.print(table)
 
+    if report.ranks is not None:
+        render_ranks(report.ranks, console)
     if report.findings:
         render_findings(report.findings, console)
     elif t.steps_total:

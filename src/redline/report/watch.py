@@ -14,6 +14,7 @@ from redline.core.report import Report
 from redline.measure.config import WatchConfig
 from redline.measure.recorder import Recorder
 from redline.report.build import build_report
+from redline.report.ranks import exchange
 from redline.report.terminal import print_report
 
 
@@ -22,11 +23,17 @@ class Watch(Recorder):
 
     def report(self, show: bool = True, command: list[str] | None = None,
                status: str | None = None, status_detail: str | None = None) -> Report:
-        """Build the report (and print it to the terminal when ``show``)."""
+        """Build the report (and print it to the terminal when ``show``).
+
+        In a multi-process job (``RANK``/``WORLD_SIZE`` set, as by ``torchrun``) every rank
+        calls it: rank 0 gathers the others' summaries through the job's store and returns
+        (and prints) the merged report; the other ranks return their own and print nothing."""
         if self._stack is not None:
             raise RuntimeError("report() is available after the `with redline.watch()` block")
         rep = build_report(self, command=command, status=status, status_detail=status_detail)
-        if show:
+        if self.rank.distributed:
+            rep = exchange(self, rep)
+        if show and self.rank.rank == 0:
             print_report(rep)
         return rep
 

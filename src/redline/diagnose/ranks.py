@@ -1,0 +1,98 @@
+"""The straggler of a multi-process job, from arrival skew at collectives.
+
+Under DDP every rank's step time is the same (the gradient all-reduce is a barrier inside
+backward), so per-rank step times hide the slow rank; the order in which ranks arrive at each
+collective does not. The rank that arrives last at most collectives, and keeps the others
+waiting a measured share of the step, is the straggler; what it does more of than the others
+(waiting for data, computing, or getting less CPU on its host) is why.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from redline.core.findings import Finding, ceiling_speedup, severity_for
+from redline.core.report import RankEntry, RanksReport
+from redline.diagnose.thresholds import (
+    STRAGGLER_MIN_LAST_SHARE,
+    STRAGGLER_MIN_SKEW,
+    STRAGGLER_MIN_WAIT_S,
+)
+
+
+def _others(r: RanksReport, rank: int) -> list[RankEntry]:
+    return [e for e in r.ranks if e.rank != rank and e.status != "missing"]
+
+
+def _median(xs: list[float | None]) -> float | None:
+    v = [x for x in xs if x is not None]
+    return statistics.median(v) if v else None
+
+
+def _why(slow: RankEntry, others: list[RankEntry]) -> tuple[str, str, dict[str, float | None]]:
+    """(cause, fix, the numbers compared): the straggler's largest excess over the median of
+    the other ranks — data wait, compute (forward + backward − its wait at collectives), or
+    CPU (its process got fewer CPU-seconds per second than theirs)."""
+    def compute(e: RankEntry) -> float | None:
+        if e.forward_s is None or e.backward_s is None:
+            return None
+        return e.forward_s + e.backward_s + (e.optimizer_s or 0.0) - (e.comm_wait_s or 0.0)
+
+    data_excess = ((slow.data_wait_s or 0.0) - (_median([e.data_wait_s for e in others]) or 0.0))
+    c_slow, c_med = compute(slow), _median([compute(e) for e in others])
+    compute_excess = (c_slow - c_med) if c_slow is not None and c_med is not None else 0.0
+    cpu_med = _median([e.main_cpu_cores for e in others])
+    numbers: dict[str, float | None] = {
+        "data_wait_excess_ms": round(data_excess * 1e3, 3),
+        "compute_excess_ms": round(compute_excess * 1e3, 3),
+        "main_cpu_cores": None if slow.main_cpu_cores is None else round(slow.main_cpu_cores, 3),
+        "others_main_cpu_cores": None if cpu_med is None else round(cpu_med, 3)}
+    if data_excess >= compute_excess and data_excess > 0:
+        return (f"it waits {data_excess * 1e3:,.1f} ms more per step for data than the median "
+                "rank",
+                f"Feed rank {slow.rank} faster: more DataLoader workers or a cache on its host "
+                f"({slow.host}), balanced shards (its samples may be larger or slower to read); "
+                f"`redline doctor --tune-loader` on that rank measures the settings.", numbers)
+    starved = (slow.main_cpu_cores is not None and cpu_med is not None
+               and slow.main_cpu_cores < 0.8 * cpu_med)
+    if compute_excess > 0 and starved:
+        return (f"it computes {compute_excess * 1e3:,.1f} ms more per step while its process "
+                f"gets {slow.main_cpu_cores:.2f} CPU cores against {cpu_med:.2f} on the others:"
+                " CPU contention on its host",
+                f"Find what else runs on {slow.host} (other jobs, too many DataLoader workers or "
+                f"threads for its cores) and give rank {slow.rank} its share.", numbers)
+    return (f"it computes {compute_excess * 1e3:,.1f} ms more per step (forward + backward + "
+            "optimizer, less its wait) than the median rank",
+            f"Find why rank {slow.rank}'s compute is slower: a slower or throttled device "
+            f"(clocks, temperature) on {slow.host}, larger inputs (sequence lengths, image "
+            "sizes) on its shard, or extra work only it does (logging, evaluation, "
+            "checkpointing).", numbers)
+
+
+def straggler(r: RanksReport) -> list[Finding]:
+    """The rank that arrives last at collectives and what that costs the others."""
+    present = [e for e in r.ranks if e.status != "missing" and e.collectives]
+    if len(present) < 2:
+        return []
+    slow = max(present, key=lambda e: (e.last_arrivals, e.lateness_s or 0.0))
+    others = _others(r, slow.rank)
+    share_last = slow.last_arrivals / slow.collectives
+    step = _median([e.step_time_mean_s for e in present])
+    wait = _median([e.comm_wait_s for e in others])
+    if not step or wait is None:
+        return []
+    cost = wait / step
+    if (share_last < STRAGGLER_MIN_LAST_SHARE or cost < STRAGGLER_MIN_SKEW
+            or wait < STRAGGLER_MIN_WAIT_S):
+        return []
+    why, fix, numbers = _why(slow, others)
+    return [Finding(
+        "straggler", severity_for(cost),
+        f"Rank {slow.rank} arrives last at {slow.last_arrivals} of {slow.collectives} "
+        f"collectives; the other ranks wait {wait * 1e3:,.1f} ms per step for it: {why}",
+        {"rank": slow.rank, "host": slow.host, "last_arrivals": slow.last_arrivals,
+         "collectives": slow.collectives,
+         "skew_ms_per_step": None if slow.lateness_s is None else round(slow.lateness_s * 1e3, 3),
+         "others_wait_ms_per_step": round(wait * 1e3, 3),
+         "share_of_step": round(cost, 4), **numbers},
+        ceiling_speedup(cost), fix, rank=slow.rank)]

@@ -1,0 +1,189 @@
+"""One report for a multi-process job: every rank sends a summary through the job's store,
+rank 0 merges them with its own (per-rank table, merged view, arrival skew, the straggler).
+
+What a rank sends (zlib-compressed JSON): its status, steps, per-step phase means, CPU use, its
+findings, and one ``[group, seq, created_ns]`` triple per collective of its measured window —
+a few hundred bytes plus ~30 bytes per collective (docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import statistics
+import zlib
+from collections import defaultdict
+from typing import Any
+
+from redline.core.findings import Finding, rank
+from redline.core.report import MergedMetric, RankEntry, RanksReport, Report
+from redline.diagnose.ranks import straggler
+from redline.measure.ranks import GATHER_TIMEOUT_S, JobStore, RankInfo
+from redline.measure.recorder import Recorder
+
+_WATCHES = itertools.count()
+"""Watches reported by this process, in order: the n-th watch of every rank is the same one
+(ranks run the same code), so its summaries share a key."""
+
+MERGED = ("step_time_mean_s", "data_wait_s", "forward_s", "backward_s", "optimizer_s",
+          "comm_wait_s")
+
+
+def summary(w: Recorder, report: Report) -> dict[str, Any]:
+    """What this rank sends to rank 0."""
+    m = report.measurements
+    info = w.rank
+    phases = {p.phase: p.mean_s for p in m.breakdown}
+    return {
+        "rank": info.rank, "local_rank": info.local_rank, "host": info.host,
+        "status": report.status, "steps_measured": m.timing.steps_measured,
+        "last_step": len(w.steps) - 1 if w.steps else None,
+        "step_time_mean_s": m.timing.step_time_mean_s, "phases": phases,
+        "throughput_samples_per_s": m.timing.throughput_samples_per_s,
+        "main_cpu_cores": m.host.main_cpu_cores,
+        "arrivals": [[a.group, a.seq, a.created_ns] for a in w.arrivals],
+        "arrivals_reason": w.arrivals_reason,
+        "findings": [dataclasses.asdict(f) for f in report.findings],
+    }
+
+
+def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: int,
+          findings: list[Finding]) -> tuple[RanksReport, list[Finding]]:
+    """Rank 0's view: its summary and the others' (by rank), the findings merged."""
+    got = {own["rank"]: own, **others}
+    missing = [r for r in range(world_size) if r not in got]
+    skew, source = _skew(got)
+    entries = []
+    for r in range(world_size):
+        s = got.get(r)
+        if s is None:
+            entries.append(RankEntry(
+                rank=r, local_rank=-1, host="unknown", status="missing", steps_measured=0,
+                last_step=None, step_time_mean_s=None, data_wait_s=None, h2d_copy_s=None,
+                forward_s=None, backward_s=None, optimizer_s=None, comm_wait_s=None,
+                throughput_samples_per_s=None, main_cpu_cores=None, collectives=0,
+                last_arrivals=0, lateness_s=None))
+            continue
+        ph = s["phases"]
+        steps = max(1, int(s["steps_measured"]))
+        k = skew.get(r, {})
+        entries.append(RankEntry(
+            rank=r, local_rank=s["local_rank"], host=s["host"], status=s["status"],
+            steps_measured=s["steps_measured"], last_step=s["last_step"],
+            step_time_mean_s=s["step_time_mean_s"], data_wait_s=ph.get("data_wait"),
+            h2d_copy_s=ph.get("h2d_copy"), forward_s=ph.get("forward"),
+            backward_s=ph.get("backward"), optimizer_s=ph.get("optimizer"),
+            comm_wait_s=k["wait_ns"] / 1e9 / steps if k else None,
+            throughput_samples_per_s=s["throughput_samples_per_s"],
+            main_cpu_cores=s["main_cpu_cores"], collectives=k.get("collectives", 0),
+            last_arrivals=k.get("last", 0),
+            lateness_s=k["late_ns"] / 1e9 / steps if k else None))
+    merged = {name: _merged(entries, name) for name in MERGED}
+    ranks = RanksReport(world_size, missing, entries, merged, source)
+    return ranks, _merge_findings(findings, others, ranks)
+
+
+def _skew(got: dict[int, dict[str, Any]]) -> tuple[dict[int, dict[str, Any]], str]:
+    """Per rank: collectives met on every rank, how often it was last, its wait for later
+    ranks and its lateness behind the first (ns, summed); and where the arrivals came from."""
+    reasons = {s["arrivals_reason"] for s in got.values() if s["arrivals_reason"]}
+    if reasons:
+        return {}, "arrivals unknown: " + "; ".join(sorted(reasons))
+    hosts = {s["host"] for s in got.values()}
+    if len(hosts) > 1:
+        return {}, (f"arrivals not compared: the ranks run on {len(hosts)} hosts, whose wall "
+                    "clocks differ by offsets redline does not estimate yet")
+    at: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+    for r, s in got.items():
+        for group, seq, t in s["arrivals"]:
+            at[(group, seq)][r] = t
+    out: dict[int, dict[str, Any]] = {r: {"collectives": 0, "last": 0, "wait_ns": 0,
+                                          "late_ns": 0} for r in got}
+    for times in at.values():
+        if len(times) != len(got):
+            continue  # outside some rank's window: not comparable
+        first, last = min(times.values()), max(times.values())
+        last_rank = max(times, key=lambda r: (times[r], r))
+        for r, t in times.items():
+            o = out[r]
+            o["collectives"] += 1
+            o["wait_ns"] += last - t
+            o["late_ns"] += t - first
+        out[last_rank]["last"] += 1
+    n = out[min(out)]["collectives"]
+    return out, (f"flight-recorder enqueue times of {n} collectives met on every rank, one host "
+                 "(one clock)")
+
+
+def _merged(entries: list[RankEntry], name: str) -> MergedMetric:
+    vals = {e.rank: getattr(e, name) for e in entries if getattr(e, name) is not None}
+    if not vals:
+        return MergedMetric(None, None, None)
+    worst = max(vals, key=lambda r: vals[r])
+    return MergedMetric(statistics.median(vals.values()), worst,
+                        max(vals.values()) - min(vals.values()))
+
+
+def _merge_findings(own: list[Finding], others: dict[int, dict[str, Any]],
+                    ranks: RanksReport) -> list[Finding]:
+    """Rank 0's findings and the others': one with ``rank`` None where every rank has it, else
+    one per rank that has it; plus the straggler."""
+    by_rank: dict[int, list[Finding]] = {0: own}
+    for r, s in others.items():
+        by_rank[r] = [Finding(**{k: v for k, v in f.items() if k != "rank"})
+                      for f in s["findings"]]
+    reported = len(by_rank)
+    ids: dict[str, list[tuple[int, Finding]]] = defaultdict(list)
+    for r, fs in by_rank.items():
+        for f in fs:
+            ids[f.id].append((r, f))
+    out = []
+    for fid, found in ids.items():
+        if fid == "straggler":
+            continue  # decided here, from all ranks
+        if len({r for r, _ in found}) == reported:
+            out.append(dataclasses.replace(found[0][1], rank=None))
+        else:
+            out += [dataclasses.replace(f, rank=r) for r, f in found]
+    return rank([*out, *straggler(ranks)])
+
+
+def encode(payload: dict[str, Any]) -> bytes:
+    return zlib.compress(json.dumps(payload, separators=(",", ":"), default=str).encode())
+
+
+def decode(blob: bytes) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(zlib.decompress(blob))
+    return data
+
+
+def exchange(w: Recorder, report: Report, store: JobStore | None = None,
+             timeout_s: float = GATHER_TIMEOUT_S) -> Report:
+    """Send this rank's summary; on rank 0, gather the others' (up to ``timeout_s``) and
+    return the merged report. Other ranks return their own, with a note. A store that cannot
+    be reached leaves the report as it was, said in a note."""
+    info: RankInfo = w.rank
+    key = f"w{next(_WATCHES)}"
+    try:
+        store = store or JobStore(info)
+        mine = summary(w, report)
+        if info.rank != 0:
+            store.put(f"{key}/rank{info.rank}", encode(mine))
+            report.measurements.notes.append(
+                f"rank {info.rank} of {info.world_size}: rank 0 prints the job's merged report")
+            return report
+        want = [f"{key}/rank{r}" for r in range(1, info.world_size)]
+        got = store.gather(want, timeout_s)
+    except Exception as e:  # the exchange is best effort: the local report stands
+        report.measurements.notes.append(
+            f"the ranks' reports could not be exchanged through the job's store "
+            f"({type(e).__name__}: {e}); this is rank {info.rank}'s alone")
+        return report
+    others = {int(k.rsplit("rank", 1)[1]): decode(v) for k, v in got.items()}
+    ranks, findings = merge(mine, others, info.world_size, report.findings)
+    if ranks.missing:
+        report.measurements.notes.append(
+            f"no report from rank(s) {', '.join(map(str, ranks.missing))} within "
+            f"{timeout_s:g} s of rank 0's end (crashed, killed or still running)")
+    return dataclasses.replace(report, ranks=ranks, findings=findings)

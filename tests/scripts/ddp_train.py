@@ -1,0 +1,45 @@
+"""A plain gloo DDP loop (no redline in it); with --slow-rank R, rank R loads data 30 ms slower
+per batch."""
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+p = argparse.ArgumentParser()
+p.add_argument("--slow-rank", type=int, default=-1)
+p.add_argument("--steps", type=int, default=40)
+args = p.parse_args()
+
+
+class Batches(Dataset):
+    def __init__(self, slow: bool) -> None:
+        self.slow = slow
+
+    def __len__(self) -> int:
+        return 10**6
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.slow:
+            time.sleep(0.03 / 8)
+        return torch.randn(64), torch.randn(1)
+
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = nn.parallel.DistributedDataParallel(
+    nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(Batches(rank == args.slow_rank), batch_size=8)
+for i, (x, y) in enumerate(loader):
+    if i == args.steps:
+        break
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+print(f"rank {rank} done", flush=True)
+dist.destroy_process_group()

@@ -1,0 +1,105 @@
+"""Multi-process jobs on CPU with gloo, as users launch them: every launch form instruments
+every rank, rank 0 prints one merged report and writes one JSON, and the slow rank is named by
+its arrival skew at collectives — in every one of 10 windows — while a balanced job never gets
+a straggler."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from redline.report.json_io import schema
+
+SCRIPTS = Path(__file__).parent / "scripts"
+pytestmark = pytest.mark.slow
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+
+
+def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "120", "REDLINE_GATHER_TIMEOUT_S": "60"}
+    return subprocess.run(args, cwd=SCRIPTS, capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def _load(p: Path) -> dict:
+    d = json.loads(p.read_text())
+    jsonschema.validate(d, schema())
+    return d
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "python -m torch.distributed.run"])
+def test_doctor_around_the_launcher_instruments_every_rank(tmp_path: Path,
+                                                           launcher: str) -> None:
+    out = tmp_path / "r.json"
+    head = ([str(Path(sys.executable).parent / "torchrun"), "--standalone"]
+            if launcher == "torchrun" else TORCHRUN)
+    p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "15", "--warmup",
+              "2", "--no-flops", "--json", str(out), "--", *head, "--nproc_per_node", "2",
+              "ddp_train.py", "--slow-rank", "1"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stderr.count("redline · ") == 1  # one report, rank 0's
+    d = _load(out)
+    assert d["ranks"]["world_size"] == 2 and d["ranks"]["missing"] == []
+    assert [e["rank"] for e in d["ranks"]["ranks"]] == [0, 1]
+    straggler = next(f for f in d["findings"] if f["id"] == "straggler")
+    assert straggler["rank"] == 1 and straggler["evidence"]["data_wait_excess_ms"] > 20
+
+
+def test_doctor_inside_the_launcher_reports_once(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = _run([*TORCHRUN, "--nproc_per_node", "2", "--no-python", sys.executable, "-m",
+              "redline.cli.main", "doctor", "--steps", "15", "--warmup", "2", "--no-flops",
+              "--json", str(out), "--", "python", "ddp_train.py"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stderr.count("redline · ") == 1
+    d = _load(out)
+    assert len(d["ranks"]["ranks"]) == 2
+    assert not [f for f in d["findings"] if f["id"] == "straggler"]
+
+
+def _windows(tmp_path: Path, scenario: str, ranks: int) -> list[dict]:
+    out = tmp_path / f"{scenario}{ranks}"
+    out.mkdir()
+    p = _run([*TORCHRUN, "--nproc_per_node", str(ranks), "ddp_straggler.py", scenario, "10",
+              str(out)], timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    reps = [_load(out / f"rep{i}.json") for i in range(10)]
+    assert all(r["ranks"]["world_size"] == ranks and not r["ranks"]["missing"] for r in reps)
+    return reps
+
+
+def _stragglers(reps: list[dict]) -> list[int | None]:
+    return [next((f["rank"] for f in r["findings"] if f["id"] == "straggler"), None)
+            for r in reps]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_rank_slow_to_load_data_is_named_every_time(tmp_path: Path, ranks: int) -> None:
+    reps = _windows(tmp_path, "data", ranks)
+    assert _stragglers(reps) == [1] * 10
+    for r in reps:
+        f = next(f for f in r["findings"] if f["id"] == "straggler")
+        assert "more per step for data" in f["title"]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_rank_slow_to_compute_is_named_though_step_times_are_equal(
+        tmp_path: Path, ranks: int) -> None:
+    reps = _windows(tmp_path, "backward", ranks)
+    assert _stragglers(reps) == [1] * 10
+    for r in reps:
+        f = next(f for f in r["findings"] if f["id"] == "straggler")
+        assert "more per step (forward + backward" in f["title"]
+        step = r["ranks"]["merged"]["step_time_mean_s"]
+        assert step["spread"] < 0.1 * step["median"]  # per-rank step times hide it
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_a_balanced_job_never_gets_a_straggler(tmp_path: Path, ranks: int) -> None:
+    assert _stragglers(_windows(tmp_path, "balanced", ranks)) == [None] * 10

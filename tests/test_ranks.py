@@ -1,0 +1,111 @@
+"""The merged report of a multi-process job, from controlled per-rank summaries: the per-rank
+table, the merged view, arrival skew at collectives, and the straggler with its cause."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from redline.core.findings import Finding
+from redline.report.ranks import decode, encode, merge
+
+STEP = 0.040
+
+
+def _summary(rank: int, *, late_s: float = 0.0, data_s: float = 0.002, fwd_s: float = 0.005,
+             bwd_s: float = 0.030, cpu: float = 0.9, host: str = "node0", steps: int = 10,
+             jitter_ns: int = 0, findings: list[dict[str, Any]] | None = None,
+             reason: str | None = None) -> dict[str, Any]:
+    """Rank ``rank``: ``steps`` steps of one all-reduce each, arriving ``late_s`` after t0."""
+    t0 = 1_000_000_000_000
+    arrivals = [["0", k, t0 + int((k * STEP + late_s) * 1e9) + (jitter_ns * ((k + rank) % 2))]
+                for k in range(steps)]
+    return {"rank": rank, "local_rank": rank % 8, "host": host, "status": "completed",
+            "steps_measured": steps, "last_step": steps + 2, "step_time_mean_s": STEP,
+            "phases": {"data_wait": data_s, "h2d_copy": 0.0, "forward": fwd_s,
+                       "backward": bwd_s, "optimizer": 0.001, "other": 0.002},
+            "throughput_samples_per_s": 800.0, "main_cpu_cores": cpu,
+            "arrivals": [] if reason else arrivals, "arrivals_reason": reason,
+            "findings": findings or []}
+
+
+def _merge(summaries: list[dict[str, Any]], world: int | None = None,
+           own: list[Finding] | None = None) -> Any:
+    s0, *rest = summaries
+    return merge(s0, {s["rank"]: decode(encode(s)) for s in rest}, world or len(summaries),
+                 own or [])
+
+
+def _straggler(findings: list[Finding]) -> Finding | None:
+    return next((f for f in findings if f.id == "straggler"), None)
+
+
+def test_a_rank_slow_to_load_data_is_the_straggler_and_data_is_why() -> None:
+    # rank 1 arrives 25 ms late at every all-reduce; it waited 25 ms more for data; rank 0
+    # waited those 25 ms at the collective, inside its backward
+    ranks, findings = _merge([_summary(0, bwd_s=0.055), _summary(1, late_s=0.025,
+                                                                data_s=0.027)])
+    e0, e1 = ranks.ranks
+    assert (e0.last_arrivals, e1.last_arrivals) == (0, 10)
+    assert e0.comm_wait_s == pytest.approx(0.025) and e1.comm_wait_s == pytest.approx(0.0)
+    assert e1.lateness_s == pytest.approx(0.025)
+    f = _straggler(findings)
+    assert f is not None and f.rank == 1
+    assert "waits 25.0 ms more per step for data" in f.title
+    assert f.evidence["others_wait_ms_per_step"] == pytest.approx(25.0)
+    assert f.ceiling_speedup == pytest.approx(1 / (1 - 0.025 / STEP))
+    assert ranks.merged["data_wait_s"].slowest_rank == 1
+
+
+def test_a_rank_slow_to_compute_is_the_straggler_although_step_times_are_equal() -> None:
+    ranks, findings = _merge([_summary(0, bwd_s=0.055), _summary(1, late_s=0.025,
+                                                                bwd_s=0.055)])
+    assert ranks.merged["step_time_mean_s"].spread == 0.0  # DDP equalizes step times
+    f = _straggler(findings)
+    assert f is not None and f.rank == 1 and "computes 25.0 ms more per step" in f.title
+
+
+def test_cpu_contention_is_named_when_the_slow_rank_gets_less_cpu() -> None:
+    _, findings = _merge([_summary(0, bwd_s=0.055, cpu=0.95),
+                          _summary(1, late_s=0.025, bwd_s=0.055, cpu=0.4)])
+    f = _straggler(findings)
+    assert f is not None and "CPU contention on its host" in f.title
+
+
+def test_balanced_ranks_have_no_straggler() -> None:
+    # arrivals alternate within 0.2 ms: someone is always last, nobody for a reason
+    _, findings = _merge([_summary(r, jitter_ns=200_000) for r in range(4)])
+    assert _straggler(findings) is None
+    # one rank always last, but by 0.3 ms a step: scheduler noise, not a straggler
+    _, findings = _merge([_summary(0), _summary(1, late_s=0.0003)])
+    assert _straggler(findings) is None
+
+
+def test_eight_ranks_merge_with_a_missing_rank_named() -> None:
+    s = [_summary(r, late_s=0.02 if r == 5 else 0.0, data_s=0.022 if r == 5 else 0.002)
+         for r in range(8) if r != 3]
+    ranks, findings = _merge(s, world=8)
+    assert ranks.missing == [3] and [e.rank for e in ranks.ranks] == list(range(8))
+    assert ranks.ranks[3].status == "missing" and ranks.ranks[3].host == "unknown"
+    f = _straggler(findings)
+    assert f is not None and f.rank == 5
+
+
+def test_findings_of_one_rank_carry_its_rank_and_shared_ones_none() -> None:
+    starving = {"id": "data_starvation", "severity": "high", "title": "t", "evidence": {},
+                "ceiling_speedup": 2.0, "fix": "f", "rank": None}
+    syncs = {**starving, "id": "host_sync", "ceiling_speedup": None}
+    own = [Finding(**{**syncs, "rank": None})]
+    _, findings = _merge([_summary(0), _summary(1, findings=[starving, syncs])], own=own)
+    by_id = {f.id: f for f in findings}
+    assert by_id["data_starvation"].rank == 1
+    assert by_id["host_sync"].rank is None  # every rank has it
+
+
+def test_arrivals_across_hosts_or_unread_are_not_compared() -> None:
+    ranks, findings = _merge([_summary(0), _summary(1, host="node1", late_s=0.02)])
+    assert "2 hosts" in ranks.arrivals_source and ranks.ranks[0].comm_wait_s is None
+    assert _straggler(findings) is None
+    ranks, _ = _merge([_summary(0, reason="no flight recorder"), _summary(1)])
+    assert ranks.arrivals_source.startswith("arrivals unknown: no flight recorder")
