@@ -103,3 +103,30 @@ def test_the_rank_slow_to_compute_is_named_though_step_times_are_equal(
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_a_balanced_job_never_gets_a_straggler(tmp_path: Path, ranks: int) -> None:
     assert _stragglers(_windows(tmp_path, "balanced", ranks)) == [None] * 10
+
+
+def test_a_rank_that_fails_keeps_the_exit_code_and_both_reports(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "100", "--warmup",
+              "2", "--no-flops", "--json", str(out), "--", *TORCHRUN, "--nproc_per_node", "2",
+              "ddp_train.py", "--crash-rank", "1", "--crash-at", "12"])
+    assert p.returncode != 0  # torchrun's: a rank failed
+    d = _load(out)
+    assert [(e["rank"], e["status"]) for e in d["ranks"]["ranks"]] == [(0, "script_error"),
+                                                                       (1, "script_error")]
+    assert d["ranks"]["missing"] == []
+
+
+def test_a_killed_rank_is_named_with_its_last_step_and_nothing_hangs(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "5000", "--warmup",
+              "2", "--no-flops", "--json", str(out), "--", *TORCHRUN, "--nproc_per_node", "2",
+              "ddp_train.py", "--steps", "5000", "--crash-rank", "1", "--crash-at", "600",
+              "--killed"], timeout=180)
+    assert p.returncode != 0
+    d = _load(out)
+    assert d["ranks"]["missing"] == [1]
+    missing = d["ranks"]["ranks"][1]
+    assert missing["status"] == "missing" and 0 < missing["last_step"] <= 600
+    assert any("no report from rank(s) 1 (last step it reported" in n
+               for n in d["measurements"]["notes"])

@@ -99,3 +99,14 @@ def test_outputs_keep_the_users_umask_and_an_existing_mode(tmp_path: Path) -> No
     finally:
         os.umask(old)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_text_with_square_brackets_is_printed_not_parsed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An error message, a path or a kernel name with [...] in it is shown as it is (the
+    terminal renderer's markup must never read the user's text)."""
+    r = run_doctor(["python", str(SCRIPTS / "raises_brackets.py")], warmup=1, count_flops=False)
+    assert r.report is not None and r.report.status == "script_error" and r.exit_code == 1
+    err = capsys.readouterr().err
+    assert "[/__w/pytorch/third_party/gloo/transport/tcp/pair.cc:553] Connection closed" in err
+    assert "[bold]" in err

@@ -6,7 +6,15 @@ import pytest
 
 from factories import H2DMetrics, loader, measurements
 from redline.core.findings import CATALOGUE, ceiling_speedup
-from redline.diagnose import JOB_RULES, NOT_DIAGNOSED, RULES, TRACE_RULES, diagnose, stall_note
+from redline.diagnose import (
+    JOB_RULES,
+    NOT_DIAGNOSED,
+    RANK_RULES,
+    RULES,
+    TRACE_RULES,
+    diagnose,
+    stall_note,
+)
 from redline.diagnose.data import suggested_workers
 
 
@@ -34,7 +42,7 @@ def test_every_finding_id_is_in_the_catalogue() -> None:
 def test_the_registry_covers_the_catalogue() -> None:
     """Every catalogue id has a rule, or says why it has none; no rule is for an id outside
     the catalogue."""
-    ruled = set(RULES) | set(TRACE_RULES) | set(JOB_RULES)
+    ruled = set(RULES) | set(TRACE_RULES) | set(JOB_RULES) | set(RANK_RULES)
     assert ruled <= set(CATALOGUE)
     assert ruled | set(NOT_DIAGNOSED) == set(CATALOGUE)
     assert not ruled & set(NOT_DIAGNOSED)

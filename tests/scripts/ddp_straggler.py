@@ -73,7 +73,7 @@ def main() -> None:
     it = iter(loader)
     for rep in range(REPS):
         with redline.watch(warmup_steps=2, count_flops=False) as w:
-            for _ in range(12):
+            for _ in range(32):
                 x, y = next(it)
                 nn.functional.mse_loss(model(x), y).backward()
                 opt.step()

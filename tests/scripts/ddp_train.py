@@ -2,6 +2,8 @@
 per batch."""
 
 import argparse
+import os
+import signal
 import time
 
 import torch
@@ -12,6 +14,10 @@ from torch.utils.data import DataLoader, Dataset
 p = argparse.ArgumentParser()
 p.add_argument("--slow-rank", type=int, default=-1)
 p.add_argument("--steps", type=int, default=40)
+p.add_argument("--crash-rank", type=int, default=-1)
+p.add_argument("--crash-at", type=int, default=-1)
+p.add_argument("--killed", action="store_true",
+               help="the crashing rank dies by SIGKILL (no chance to report) instead of exiting")
 args = p.parse_args()
 
 
@@ -38,6 +44,10 @@ loader = DataLoader(Batches(rank == args.slow_rank), batch_size=8)
 for i, (x, y) in enumerate(loader):
     if i == args.steps:
         break
+    if rank == args.crash_rank and i == args.crash_at:
+        if args.killed:
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise SystemExit(3)
     nn.functional.mse_loss(model(x), y).backward()
     opt.step()
     opt.zero_grad()

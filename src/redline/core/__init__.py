@@ -32,13 +32,21 @@ from redline.core.measurements import (
     PrecisionInfo,
     StepTiming,
 )
-from redline.core.report import SCHEMA_VERSION, STATUSES, Report, TraceSummary
+from redline.core.report import (
+    SCHEMA_VERSION,
+    STATUSES,
+    MergedMetric,
+    RankEntry,
+    RanksReport,
+    Report,
+    TraceSummary,
+)
 
 __all__ = [
     "CATALOGUE", "SCHEMA_VERSION", "SEVERITIES", "STATUSES", "DeviceInfo", "DeviceMetrics",
     "EffectiveConfig", "Finding", "H2DMetrics", "HostMetrics", "Limit", "LoaderReport",
-    "LoaderSettings", "Measurements", "MetricTier", "MfuResult", "NvmlSummary", "OutputPathError",
-    "PhaseShare",
-    "PrecisionInfo", "RedlineError", "Report", "StepTiming", "TraceSummary", "ceiling_speedup",
-    "rank", "refuse_overwriting_inputs", "severity_for", "write_text_atomic",
+    "LoaderSettings", "Measurements", "MergedMetric", "MetricTier", "MfuResult", "NvmlSummary",
+    "OutputPathError", "PhaseShare", "PrecisionInfo", "RankEntry", "RanksReport", "RedlineError",
+    "Report", "StepTiming", "TraceSummary", "ceiling_speedup", "rank", "refuse_overwriting_inputs",
+    "severity_for", "write_text_atomic",
 ]

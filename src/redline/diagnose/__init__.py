@@ -5,16 +5,18 @@ from redline.diagnose.advise import MeasuredLoader, with_loader_not_tuned, with_
 from redline.diagnose.engine import (
     JOB_RULES,
     NOT_DIAGNOSED,
+    RANK_RULES,
     RULES,
     TRACE_RULES,
     diagnose,
+    diagnose_ranks,
     diagnose_trace,
 )
 from redline.diagnose.limits import remaining_limits
 from redline.diagnose.stall import stall_note
 
 __all__ = [
-    "JOB_RULES", "NOT_DIAGNOSED", "RULES", "TRACE_RULES", "MeasuredLoader", "diagnose",
-    "diagnose_trace", "remaining_limits", "stall_note", "with_loader_not_tuned",
+    "JOB_RULES", "NOT_DIAGNOSED", "RANK_RULES", "RULES", "TRACE_RULES", "MeasuredLoader",
+    "diagnose", "diagnose_ranks", "diagnose_trace", "remaining_limits", "stall_note", "with_loader_not_tuned",
     "with_measured_loader",
 ]

@@ -11,12 +11,14 @@ from collections.abc import Callable
 
 from redline.core.findings import Finding, rank
 from redline.core.measurements import Measurements
-from redline.diagnose import data, device, host, trace_rules
+from redline.core.report import RanksReport
+from redline.diagnose import data, device, host, ranks, trace_rules
 from redline.trace.analyze import RankAnalysis, TraceAnalysis
 
 Rule = Callable[[Measurements], list[Finding]]
 TraceRule = Callable[[RankAnalysis], list[Finding]]
 JobRule = Callable[[TraceAnalysis], list[Finding]]
+RanksRule = Callable[[RanksReport], list[Finding]]
 
 RULES: dict[str, Rule] = {
     "data_starvation": data.data_starvation,
@@ -50,6 +52,11 @@ JOB_RULES: dict[str, JobRule] = {
 }
 """Rules over all ranks' traces of one job."""
 
+RANK_RULES: dict[str, RanksRule] = {
+    "straggler": ranks.straggler,
+}
+"""Rules over the merged ranks of a multi-process watch."""
+
 NOT_DIAGNOSED: dict[str, str] = {
     "sync_every_microbatch": "needs the collectives of a multi-process job counted per "
                              "optimizer step; redline measures one process",
@@ -68,3 +75,8 @@ def diagnose_trace(a: TraceAnalysis) -> list[Finding]:
              for rule in TRACE_RULES.values() for f in rule(r)]
     found += [f for rule in JOB_RULES.values() for f in rule(a)]
     return rank(found)
+
+
+def diagnose_ranks(r: RanksReport) -> list[Finding]:
+    """Every rule over the ranks of a multi-process job."""
+    return [f for rule in RANK_RULES.values() for f in rule(r)]

@@ -9,7 +9,6 @@ still produce the report of the steps so far.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import runpy
@@ -17,7 +16,6 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,33 +56,49 @@ STOP_ATTEMPTS = 3
 (a bare ``except:`` around both the step and the fetch) and lets it run on, measured."""
 
 
-@contextlib.contextmanager
-def _signals_end_the_run() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` (SIGINT: KeyboardInterrupt, as always); after the
-    first of either, the next one exits at once with 128 + its number. Handlers are restored on
-    exit; off the main thread (where Python cannot handle signals) nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+class _Signals:
+    """How SIGTERM and SIGINT end a doctor run.
 
-    def at_once(signum: int, frame: object) -> None:
-        os._exit(128 + signum)
+    While the script runs, SIGTERM raises :class:`Terminated` (SIGINT: KeyboardInterrupt, as
+    always), so the run ends with the report so far. Once it has ended (:meth:`reporting`), a
+    first signal is only recorded — the report of the steps so far is what it asks for, so it
+    is finished and written, and :attr:`received` gives the exit status. After the first
+    signal, the next one exits at once with 128 + its number. Off the main thread (where Python
+    cannot handle signals) nothing changes; handlers are restored on exit."""
 
-    def first(signum: int, frame: object) -> None:
-        for s in previous:
-            signal.signal(s, at_once)
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._raising = True
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+            for s in self._previous:
+                signal.signal(s, self._first)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def reporting(self) -> None:
+        """The script has ended: from now on a first signal does not interrupt the report."""
+        self._raising = False
+
+    def _first(self, signum: int, frame: object) -> None:
+        for s in self._previous:
+            signal.signal(s, self._at_once)
+        self.received = signum
+        if not self._raising:
+            return
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise Terminated(signum)
 
-    for s in previous:
-        signal.signal(s, first)
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    @staticmethod
+    def _at_once(signum: int, frame: object) -> None:
+        os._exit(128 + signum)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,8 +295,9 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
             raise StopMeasurement
 
     w = Watch(config, on_limit=stop)
-    with _signals_end_the_run():
+    with _Signals() as signals:
         status, detail, code, error = _run_script(w, target, steps)
+        signals.reporting()
         swallowed = stops[0] - (1 if status == "step_limit" else 0)
         if swallowed > 0:
             where = "the step" if status == "step_limit" else "the step and the batch fetch"
@@ -310,6 +325,8 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
         written = write_json(report, json_path) if json_path and info.rank == 0 else None
         if written is not None and show:
             print(f"redline: JSON report written to {written}", file=sys.stderr)
+        if signals.received is not None and code == 0:
+            code = 128 + signals.received  # stopped while reporting: say so to the scheduler
     return DoctorResult(report, code, written, error)
 
 

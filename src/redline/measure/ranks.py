@@ -9,9 +9,12 @@ bounded timeout: a rank that crashed or never reports is named, never waited for
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -75,6 +78,11 @@ class JobStore:
     def put(self, key: str, value: bytes) -> None:
         self._store.set(f"{self.prefix}/{key}", value)
 
+    def peek(self, key: str) -> bytes | None:
+        """The value of ``key`` if it is set now (no waiting)."""
+        fk = f"{self.prefix}/{key}"
+        return bytes(self._store.get(fk)) if self._store.check([fk]) else None
+
     def gather(self, keys: list[str], timeout_s: float) -> dict[str, bytes]:
         """The values of ``keys`` present within ``timeout_s`` (missing ones left out)."""
         full = {k: f"{self.prefix}/{k}" for k in keys}
@@ -87,3 +95,35 @@ class JobStore:
             if len(out) == len(keys) or time.monotonic() >= deadline:
                 return out
             time.sleep(0.05)
+
+
+class ProgressBeacon:
+    """Publishes this rank's step count every ``interval_s`` (one small store write, off the
+    training thread), so that if the rank dies the merged report can say how far it got."""
+
+    def __init__(self, info: RankInfo, steps: Callable[[], int], key: str,
+                 interval_s: float = 1.0) -> None:
+        self._store = JobStore(info, timeout_s=5.0)
+        self._steps, self._key, self._interval = steps, key, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="redline-progress", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        last = -1
+        while not self._stop.wait(self._interval):
+            n = self._steps()
+            if n != last:
+                try:
+                    self._store.put(self._key, str(n).encode())
+                except Exception:  # the store went away (the job ends): stop publishing
+                    return
+                last = n
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):  # the final count: exact for a rank that ends
+            self._store.put(self._key, str(self._steps()).encode())

@@ -12,6 +12,7 @@ them. Nothing it does synchronizes the device inside the loop.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -30,10 +31,11 @@ from redline.measure.flops import FlopWindow
 from redline.measure.hooks import Instrumentation
 from redline.measure.nvml import NvmlSampler, import_pynvml
 from redline.measure.profile import TraceCapture
-from redline.measure.ranks import rank_info
+from redline.measure.ranks import ProgressBeacon, rank_info
 from redline.measure.timeline import StepRecord, StepTracker
 
 T = TypeVar("T")
+_RECORDERS = itertools.count()
 R = TypeVar("R", bound="Recorder")
 
 
@@ -78,6 +80,10 @@ class Recorder:
         self.window_start_ns = 0
         """Wall-clock start of the measured window (the flight recorder's clock)."""
         self.rank = rank_info()
+        self.progress_key = f"w{next(_RECORDERS)}"
+        """This recorder's keys in the job's store: the n-th recorder of every rank is the same
+        one (ranks run the same code)."""
+        self._beacon_error: str | None = None
         self.arrivals: list[Arrival] = []
         """This rank's arrivals at collectives in the measured window (multi-process jobs)."""
         self.arrivals_reason: str | None = None
@@ -107,6 +113,7 @@ class Recorder:
             self.inst.install(stack)
             self.cpu.start()
             stack.callback(self.cpu.stop)
+            self._start_beacon(stack)
         except BaseException:
             stack.close()
             raise
@@ -147,6 +154,19 @@ class Recorder:
             if self.nvml is not None:
                 self.nvml_summary = self.nvml.summary()
         stack.close()
+
+    def _start_beacon(self, stack: ExitStack) -> None:
+        """In a multi-process job, publish this rank's progress (see ProgressBeacon)."""
+        if not self.rank.distributed:
+            return
+        try:
+            beacon = ProgressBeacon(self.rank, lambda: len(self.tracker.steps),
+                                    f"{self.progress_key}/progress{self.rank.rank}")
+        except Exception as e:  # no store to reach: the merged report will say so
+            self._beacon_error = f"{type(e).__name__}: {e}"
+            return
+        beacon.start()
+        stack.callback(beacon.stop)
 
     def _start_nvml(self, stack: ExitStack) -> None:
         nv, reason = import_pynvml()

@@ -8,8 +8,8 @@ a few hundred bytes plus ~30 bytes per collective (docs/distributed.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import itertools
 import json
 import statistics
 import zlib
@@ -18,13 +18,9 @@ from typing import Any
 
 from redline.core.findings import Finding, rank
 from redline.core.report import MergedMetric, RankEntry, RanksReport, Report
-from redline.diagnose.ranks import straggler
+from redline.diagnose.engine import diagnose_ranks
 from redline.measure.ranks import GATHER_TIMEOUT_S, JobStore, RankInfo
 from redline.measure.recorder import Recorder
-
-_WATCHES = itertools.count()
-"""Watches reported by this process, in order: the n-th watch of every rank is the same one
-(ranks run the same code), so its summaries share a key."""
 
 MERGED = ("step_time_mean_s", "data_wait_s", "forward_s", "backward_s", "optimizer_s",
           "comm_wait_s")
@@ -141,12 +137,12 @@ def _merge_findings(own: list[Finding], others: dict[int, dict[str, Any]],
     out = []
     for fid, found in ids.items():
         if fid == "straggler":
-            continue  # decided here, from all ranks
+            continue  # decided here, from all ranks (diagnose_ranks)
         if len({r for r, _ in found}) == reported:
             out.append(dataclasses.replace(found[0][1], rank=None))
         else:
             out += [dataclasses.replace(f, rank=r) for r, f in found]
-    return rank([*out, *straggler(ranks)])
+    return rank([*out, *diagnose_ranks(ranks)])
 
 
 def encode(payload: dict[str, Any]) -> bytes:
@@ -164,7 +160,7 @@ def exchange(w: Recorder, report: Report, store: JobStore | None = None,
     return the merged report. Other ranks return their own, with a note. A store that cannot
     be reached leaves the report as it was, said in a note."""
     info: RankInfo = w.rank
-    key = f"w{next(_WATCHES)}"
+    key = w.progress_key
     try:
         store = store or JobStore(info)
         mine = summary(w, report)
@@ -182,8 +178,16 @@ def exchange(w: Recorder, report: Report, store: JobStore | None = None,
         return report
     others = {int(k.rsplit("rank", 1)[1]): decode(v) for k, v in got.items()}
     ranks, findings = merge(mine, others, info.world_size, report.findings)
+    for entry in ranks.ranks:
+        if entry.status == "missing":  # how far it got, from its progress beacon
+            with contextlib.suppress(Exception):
+                beat = store.peek(f"{key}/progress{entry.rank}")
+                entry.last_step = int(beat) - 1 if beat else None
     if ranks.missing:
+        seen = ", ".join(f"{x.rank} (last step it reported: {x.last_step})"
+                         if x.last_step is not None else f"{x.rank} (no step reported)"
+                         for x in ranks.ranks if x.status == "missing")
         report.measurements.notes.append(
-            f"no report from rank(s) {', '.join(map(str, ranks.missing))} within "
-            f"{timeout_s:g} s of rank 0's end (crashed, killed or still running)")
+            f"no report from rank(s) {seen} within {timeout_s:g} s of rank 0's end "
+            "(crashed, killed or still running)")
     return dataclasses.replace(report, ranks=ranks, findings=findings)

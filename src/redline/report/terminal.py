@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -59,7 +60,7 @@ def render_ranks(r: RanksReport, console: Console) -> None:
 
     for e in r.ranks:
         last = f"{e.last_arrivals}/{e.collectives}" if e.collectives else ""
-        t.add_row(str(e.rank), e.host, e.status, ms(e.step_time_mean_s), ms(e.data_wait_s),
+        t.add_row(str(e.rank), Text(e.host), e.status, ms(e.step_time_mean_s), ms(e.data_wait_s),
                   ms(e.forward_s), ms(e.backward_s), ms(e.optimizer_s), ms(e.comm_wait_s),
                   last, ms(e.lateness_s))
     console.print(t)
@@ -80,10 +81,10 @@ def render(report: Report, console: Console) -> None:
     t = m.timing
     console.rule(f"[bold]redline[/bold] · {report.status.replace('_', ' ')}")
     if report.status_detail:
-        console.print(report.status_detail)
+        console.print(report.status_detail, markup=False)
     cfg = m.config
     console.print(
-        f"device [bold]{m.device.name}[/bold] ({m.device.type}) · metric tier [bold]{m.tier.tier}"
+        f"device [bold]{escape(m.device.name)}[/bold] ({m.device.type}) · metric tier [bold]{m.tier.tier}"
         f"[/bold] · steps {t.steps_measured} measured, {t.steps_warmup} warm-up, "
         f"{t.steps_excluded} excluded · step = {t.step_source or 'none seen'}")
     ld = cfg.loader
@@ -139,7 +140,7 @@ def render(report: Report, console: Console) -> None:
                 f"{tr.idle_pct:.1f}% · compute {tr.compute_pct:.1f}% · non-compute "
                 f"{tr.non_compute_pct:.1f}% of the kernel window — {tr.path} (open in Perfetto)")
         else:
-            console.print(f"trace: {tr.note}" + (f" — {tr.path} (open in Perfetto)"
+            console.print(f"trace: {escape(str(tr.note))}" + (f" — {escape(tr.path)} (open in Perfetto)"
                                                  if tr.path else ""))
     for li in m.loaders:
         if li.cache is not None:
@@ -149,9 +150,9 @@ def render(report: Report, console: Console) -> None:
                           f"{int(li.cache['bytes_read'] or 0) / 2**20:.1f} MiB read, "
                           f"{li.cache['uncached']} not stored (store full)")
     for miss in m.tier.missing:
-        console.print(f"[dim]not measured: {miss['metric']} — {miss['reason']}[/dim]")
+        console.print(f"[dim]not measured: {escape(miss['metric'])} — {escape(miss['reason'])}[/dim]")
     for note in m.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
 
 
 def print_report(report: Report, console: Console | None = None) -> None:

@@ -6,7 +6,9 @@ import dataclasses
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from redline.core.findings import Finding
 from redline.report.json_io import clean
@@ -43,12 +45,12 @@ def render(a: TraceAnalysis, findings: list[Finding], console: Console) -> None:
     for r in a.ranks:
         tb = r.temporal
         if tb is None:
-            t.add_row(str(r.rank), str(r.device_name), "no GPU events", *[""] * 7)
+            t.add_row(str(r.rank), Text(str(r.device_name)), "no GPU events", *[""] * 7)
             continue
         idle = r.idle_sum_over_streams
         s = sum(idle.values()) or 1.0
         ov = r.comm_comp_overlap_pct
-        t.add_row(str(r.rank), str(r.device_name or "unknown"), f"{tb.window_us / 1e3:,.1f}",
+        t.add_row(str(r.rank), Text(str(r.device_name or "unknown")), f"{tb.window_us / 1e3:,.1f}",
                   f"{tb.pct(tb.idle_us):.1f}%", f"{tb.pct(tb.compute_us):.1f}%",
                   f"{tb.pct(tb.non_compute_us):.1f}%", f"{idle['host_wait'] / s:.0%}",
                   f"{idle['kernel_wait'] / s:.0%}", f"{idle['other'] / s:.0%}",
@@ -61,7 +63,7 @@ def render(a: TraceAnalysis, findings: list[Finding], console: Console) -> None:
     k.add_column("ms", justify="right")
     k.add_column("share", justify="right")
     for name, us in sorted(kt.items(), key=lambda x: -x[1]):
-        k.add_row(name, f"{us / 1e3:,.2f}", f"{us / total:.1%}")
+        k.add_row(Text(name), f"{us / 1e3:,.2f}", f"{us / total:.1%}")
     console.print(k)
     first = next((r for r in a.ranks if r.temporal is not None), None)
     if first is not None:
@@ -69,7 +71,7 @@ def render(a: TraceAnalysis, findings: list[Finding], console: Console) -> None:
         for col in ("kernel", "count", "total ms", "mean µs", "of busy"):
             top.add_column(col, justify="left" if col == "kernel" else "right")
         for ks in first.top_kernels:
-            top.add_row(ks.name[:70], str(ks.count), f"{ks.total_us / 1e3:,.2f}",
+            top.add_row(Text(ks.name[:70]), str(ks.count), f"{ks.total_us / 1e3:,.2f}",
                         f"{ks.mean_us:,.1f}", f"{ks.share_of_busy:.1%}")
         console.print(top)
         ls = first.launches
@@ -83,11 +85,11 @@ def render(a: TraceAnalysis, findings: list[Finding], console: Console) -> None:
         for c in first.copies:
             bw = "unknown" if c.gb_per_s is None else f"{c.gb_per_s:.1f} GB/s"
             console.print(f"{c.kind}: {c.count} × {c.total_us / max(1, c.count):.1f} µs, {bw}"
-                          + (f", {c.pageable} pageable" if c.pageable else ""))
+                          + (f", {c.pageable} pageable" if c.pageable else ""), markup=False)
         for sy in first.syncs:
             console.print(f"host sync {sy.name}: {sy.count}×, host blocked "
                           f"{sy.host_blocked_us / 1e3:.2f} ms, GPU idle after "
-                          f"{sy.device_idle_after_us / 1e3:.2f} ms")
+                          f"{sy.device_idle_after_us / 1e3:.2f} ms", markup=False)
     for st in a.stragglers:
         console.print(f"rank {st.rank}: last at {st.last_arrivals}/{st.collectives} collectives, "
                       f"{st.mean_lateness_us:.0f} µs late on average")
@@ -96,4 +98,4 @@ def render(a: TraceAnalysis, findings: list[Finding], console: Console) -> None:
     else:
         console.print("[green]No finding[/green] from this trace.")
     for w in a.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from redline.tune.result import TuneResult
 
@@ -84,7 +85,7 @@ def render(r: TuneResult, console: Console | None = None, label: str | None = No
     for row in rows(r):
         t.add_row(*row)
     console.print(t)
-    console.print(f"run length: {r.run_steps_source}")
+    console.print(f"run length: {r.run_steps_source}", markup=False)
     for lim in r.limits:
         console.print(f"still limited: {lim.id} — {lim.evidence}; next: {lim.next_step}",
                       markup=False)
@@ -93,7 +94,7 @@ def render(r: TuneResult, console: Console | None = None, label: str | None = No
     d.add_column("kept")
     d.add_column("why")
     for e in p.decisions:
-        d.add_row(e.label, "yes" if e.kept else "no", e.reason)
+        d.add_row(Text(e.label), "yes" if e.kept else "no", Text(e.reason))
     console.print(d)
     console.print(
         f"plan: micro-batch {p.micro_batch} × {p.accumulation_steps} (effective batch "
@@ -103,9 +104,9 @@ def render(r: TuneResult, console: Console | None = None, label: str | None = No
         f"cudnn.benchmark {p.cudnn_benchmark}, compile {p.compile}, "
         f"optimizer {p.optimizer_impl or 'as built'}")
     if r.reused_plan:
-        console.print(f"reused the remembered plan {r.reused_plan}")
+        console.print(f"reused the remembered plan {r.reused_plan}", markup=False)
     elif r.plan_path:
-        console.print(f"plan remembered at {r.plan_path}")
+        console.print(f"plan remembered at {r.plan_path}", markup=False)
     console.print("apply it: tuned = redline.tune.apply_plan(redline.tune.load_plan(PATH), "
                   "model, optimizer, loader, loss_fn, device); for batch in tuned.loader: "
                   "tuned.step(batch)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from redline.core.report import Report
 from redline.measure.config import WatchConfig
+from redline.measure.ranks import GATHER_TIMEOUT_S
 from redline.measure.recorder import Recorder
 from redline.report.build import build_report
 from redline.report.ranks import exchange
@@ -32,7 +33,11 @@ class Watch(Recorder):
             raise RuntimeError("report() is available after the `with redline.watch()` block")
         rep = build_report(self, command=command, status=status, status_detail=status_detail)
         if self.rank.distributed:
-            rep = exchange(self, rep)
+            # A run that failed or was stopped ends the job: the other ranks are stopped too
+            # and report at once or never, so rank 0 does not wait the full gather timeout.
+            ok = rep.status in ("completed", "step_limit", "no_steps")
+            rep = exchange(self, rep, timeout_s=GATHER_TIMEOUT_S if ok
+                           else min(GATHER_TIMEOUT_S, 10.0))
         if show and self.rank.rank == 0:
             print_report(rep)
         return rep
