@@ -130,3 +130,21 @@ def test_a_killed_rank_is_named_with_its_last_step_and_nothing_hangs(tmp_path: P
     assert missing["status"] == "missing" and 0 < missing["last_step"] <= 600
     assert any("no report from rank(s) 1 (last step it reported" in n
                for n in d["measurements"]["notes"])
+
+
+@pytest.mark.parametrize("no_sync", [False, True])
+def test_accumulation_without_no_sync_is_found_from_counted_all_reduces(
+        tmp_path: Path, no_sync: bool) -> None:
+    out = tmp_path / "r.json"
+    p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "10", "--warmup",
+              "3", "--no-flops", "--json", str(out), "--", *TORCHRUN, "--nproc_per_node", "2",
+              "ddp_accumulate_loop.py", *(["--no-sync"] if no_sync else [])])
+    assert p.returncode == 0, p.stderr[-2000:]
+    found = {f["id"]: f for f in _load(out)["findings"]}
+    if no_sync:
+        assert "sync_every_microbatch" not in found
+    else:
+        f = found["sync_every_microbatch"]
+        assert f["rank"] is None  # every rank syncs every micro-batch
+        assert f["evidence"]["backward_per_step"] == 4
+        assert f["evidence"]["all_reduces_per_step"] == 4 * f["evidence"]["buckets"]

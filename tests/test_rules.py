@@ -6,6 +6,7 @@ import pytest
 
 from factories import H2DMetrics, loader, measurements
 from redline.core.findings import CATALOGUE, ceiling_speedup
+from redline.core.measurements import DdpStats
 from redline.diagnose import (
     JOB_RULES,
     NOT_DIAGNOSED,
@@ -24,6 +25,42 @@ def ids(m) -> list[str]:
 
 def get(m, fid):
     return next(f for f in diagnose(m) if f.id == fid)
+
+
+def _ddp(*, backward: float = 1.0, reduces: float | None = 1.0, buckets: int = 1,
+         find_unused: bool = False, cap_mib: int = 25, view: bool = True,
+         params_mib: float = 10.0, comm_s: float | None = 0.012,
+         overlap_s: float | None = 0.002) -> DdpStats:
+    return DdpStats("gloo", find_unused, 0, view, cap_mib * 2**20,
+                    [int(params_mib * 2**20 / buckets)] * buckets, int(params_mib * 2**20),
+                    comm_s, overlap_s, backward, reduces)
+
+
+def test_sync_every_microbatch_from_counted_all_reduces() -> None:
+    """4 micro-batches per step, 2 buckets: 8 all-reduces per step without no_sync, 2 with."""
+    m = measurements(ddp=_ddp(backward=4, reduces=8, buckets=2))
+    f = get(m, "sync_every_microbatch")
+    assert f.evidence["extra_all_reduces_per_step"] == 6
+    # 3 removable backward syncs of (12 − 2) ms exposed each, in a 100 ms step
+    assert f.ceiling_speedup == pytest.approx(1 / (1 - 3 * 0.010 / 0.1))
+    assert "no_sync()" in f.fix and "set_requires_gradient_sync" in f.fix
+    assert "sync_every_microbatch" not in ids(measurements(ddp=_ddp(backward=4, reduces=2,
+                                                                     buckets=2)))
+    assert "sync_every_microbatch" not in ids(measurements(ddp=_ddp(backward=1, reduces=2,
+                                                                     buckets=2)))
+    unknown = get(measurements(ddp=_ddp(backward=4, reduces=8, buckets=2, comm_s=None)),
+                  "sync_every_microbatch")
+    assert unknown.ceiling_speedup is None
+
+
+def test_ddp_knobs_each_from_their_evidence() -> None:
+    assert "unused_parameter_search" in ids(measurements(ddp=_ddp(find_unused=True)))
+    assert "unused_parameter_search" not in ids(measurements(ddp=_ddp()))
+    small = get(measurements(ddp=_ddp(cap_mib=1, buckets=40, params_mib=40)), "small_ddp_buckets")
+    assert small.evidence["buckets"] == 40
+    assert "small_ddp_buckets" not in ids(measurements(ddp=_ddp(cap_mib=25, buckets=40)))
+    assert "gradient_bucket_copies" in ids(measurements(ddp=_ddp(view=False, params_mib=400)))
+    assert "gradient_bucket_copies" not in ids(measurements(ddp=_ddp(view=False)))
 
 
 def test_ceiling_speedup_is_amdahl() -> None:
@@ -66,6 +103,9 @@ def test_each_rule_reports_only_its_own_id() -> None:
                           "sync_calls_per_step": 2.0, "peak_reserved_bytes": 2**30,
                           "sync_sites": [{"site": "train.py:42", "count": 40}]}),
     ]
+    cases.append(measurements(ddp=_ddp(find_unused=True, cap_mib=1, buckets=40, backward=4,
+                                       reduces=160,
+                                       view=False, params_mib=400)))
     fired = set()
     for m in cases:
         for fid, rule in RULES.items():

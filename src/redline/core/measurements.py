@@ -204,6 +204,29 @@ class MetricTier:
 
 
 @dataclass(slots=True)
+class DdpStats:
+    """A DistributedDataParallel model's own runtime statistics (``_get_ddp_logging_data``,
+    sampled by DDP itself), and the collectives this rank enqueued per optimizer step."""
+
+    backend: str
+    find_unused_parameters: bool
+    unused_parameter_bytes: int
+    gradient_as_bucket_view: bool
+    bucket_cap_bytes: int
+    bucket_sizes_bytes: list[int]
+    parameter_bytes: int
+    backward_comm_s: float | None
+    """DDP's mean gradient-communication time per backward pass."""
+    backward_overlap_s: float | None
+    """…of which overlapped with backward computation."""
+    backward_per_step: float | None
+    """Backward passes per optimizer step (> 1 under gradient accumulation)."""
+    all_reduces_per_step: float | None
+    """All-reduces this rank enqueued per optimizer step in the measured window (flight
+    recorder)."""
+
+
+@dataclass(slots=True)
 class Measurements:
     """Everything measured, before diagnosis."""
 
@@ -222,6 +245,8 @@ class Measurements:
     root_modules: list[str]
     sources: dict[str, str]
     notes: list[str] = field(default_factory=list)
+    ddp: DdpStats | None = None
+    """Set when the loop trains a DistributedDataParallel model (multi-process jobs)."""
 
     def fraction(self, phase: str) -> float:
         for p in self.breakdown:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from redline.core.findings import Finding, rank
 from redline.core.measurements import Measurements
 from redline.core.report import RanksReport
-from redline.diagnose import data, device, host, ranks, trace_rules
+from redline.diagnose import data, ddp, device, host, ranks, trace_rules
 from redline.trace.analyze import RankAnalysis, TraceAnalysis
 
 Rule = Callable[[Measurements], list[Finding]]
@@ -33,6 +33,10 @@ RULES: dict[str, Rule] = {
     "small_batch": device.small_batch,
     "no_mixed_precision": device.no_mixed_precision,
     "fp32_matmul_on_tensor_cores": device.fp32_matmul_on_tensor_cores,
+    "sync_every_microbatch": ddp.sync_every_microbatch,
+    "unused_parameter_search": ddp.unused_parameter_search,
+    "small_ddp_buckets": ddp.small_ddp_buckets,
+    "gradient_bucket_copies": ddp.gradient_bucket_copies,
 }
 """Rules over the always-on measurements of one process."""
 
@@ -57,10 +61,7 @@ RANK_RULES: dict[str, RanksRule] = {
 }
 """Rules over the merged ranks of a multi-process watch."""
 
-NOT_DIAGNOSED: dict[str, str] = {
-    "sync_every_microbatch": "needs the collectives of a multi-process job counted per "
-                             "optimizer step; redline measures one process",
-}
+NOT_DIAGNOSED: dict[str, str] = {}
 """Catalogue ids no rule produces yet, with the reason."""
 
 

@@ -94,3 +94,16 @@ idles between kernels inside the step's own work, i.e. the host does not launch 
 
 DEVICE_BOUND_MIN_BUSY = 0.9
 """Kernels run ≥ 90 % of the step: the device is the bottleneck."""
+
+# -- DDP knobs --------------------------------------------------------------------------------
+
+DDP_DEFAULT_BUCKET_BYTES = 25 * 2**20
+"""DistributedDataParallel's default ``bucket_cap_mb`` (25 MiB, ``torch.nn.parallel.distributed``)."""
+
+DDP_SMALL_BUCKETS_MIN_COUNT = 8
+"""Buckets capped below the default are worth a finding from 8 of them on: fewer all-reduces
+per step than that cost little whatever their size."""
+
+DDP_BUCKET_COPY_MIN_BYTES = 100 * 2**20
+"""A second copy of the gradients is worth a finding from 100 MiB on (below that, the memory
+and the copy are small beside activations)."""

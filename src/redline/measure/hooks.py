@@ -303,6 +303,11 @@ class Instrumentation:
         return enter_root, exit_root
 
     @property
+    def roots(self) -> list[torch.nn.Module]:
+        """The loop's outermost modules seen so far."""
+        return list(self._roots.keys())
+
+    @property
     def root_modules(self) -> list[str]:
         return [type(m).__name__ for m in self._roots]
 

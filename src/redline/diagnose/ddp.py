@@ -1,0 +1,98 @@
+"""DistributedDataParallel knobs that cost collectives, each from counted evidence: DDP's own
+statistics and the flight recorder's all-reduces per optimizer step."""
+
+from __future__ import annotations
+
+from redline.core.findings import Finding, ceiling_speedup, severity_for
+from redline.core.measurements import Measurements
+from redline.diagnose.thresholds import (
+    DDP_BUCKET_COPY_MIN_BYTES,
+    DDP_DEFAULT_BUCKET_BYTES,
+    DDP_SMALL_BUCKETS_MIN_COUNT,
+)
+
+_MIB = 2**20
+
+
+def sync_every_microbatch(m: Measurements) -> list[Finding]:
+    """Gradient accumulation without ``no_sync()``: every micro-batch's backward all-reduces
+    the gradients, where only the last one's needs to."""
+    d = m.ddp
+    step = m.timing.step_time_mean_s
+    if d is None or d.backward_per_step is None or d.all_reduces_per_step is None or not step:
+        return []
+    k, buckets = d.backward_per_step, max(1, len(d.bucket_sizes_bytes))
+    if k < 1.5 or d.all_reduces_per_step < (k - 0.5) * buckets:
+        return []
+    extra = d.all_reduces_per_step - buckets
+    exposed = (None if d.backward_comm_s is None else
+               max(0.0, d.backward_comm_s - (d.backward_overlap_s or 0.0)))
+    removable = None if exposed is None else (k - 1) * exposed
+    share = None if removable is None else min(0.99, removable / step)
+    return [Finding(
+        "sync_every_microbatch", severity_for(share) if share is not None else "medium",
+        f"Gradients are all-reduced after each of the {k:.0f} micro-batches of a step: "
+        f"{d.all_reduces_per_step:.1f} all-reduces per step where {buckets} would do",
+        {"backward_per_step": round(k, 2), "all_reduces_per_step": round(d.all_reduces_per_step, 2),
+         "buckets": buckets, "extra_all_reduces_per_step": round(extra, 2),
+         "extra_mb_per_step": round((k - 1) * d.parameter_bytes / 1e6, 3),
+         "exposed_comm_ms_per_backward": None if exposed is None else round(exposed * 1e3, 3),
+         "comm_source": "DDP's own logging data (sampled iterations)"},
+        None if share is None else ceiling_speedup(share),
+        "Skip the gradient sync on all but the last micro-batch: `with model.no_sync():` around "
+        "their forward and backward (DDP), or `model.set_requires_gradient_sync(is_last)` "
+        "(FSDP2); gradients then accumulate locally and are all-reduced once per step "
+        "(redline.tune.accumulate does this).")]
+
+
+def unused_parameter_search(m: Measurements) -> list[Finding]:
+    """``find_unused_parameters=True`` on a model that uses all its parameters."""
+    d = m.ddp
+    if d is None or not d.find_unused_parameters or d.unused_parameter_bytes:
+        return []
+    return [Finding(
+        "unused_parameter_search", "low",
+        "DDP searches the autograd graph for unused parameters every step, and finds none",
+        {"find_unused_parameters": True, "unused_parameter_bytes": d.unused_parameter_bytes,
+         "parameter_mb": round(d.parameter_bytes / 1e6, 3)},
+        None,
+        "DistributedDataParallel(..., find_unused_parameters=False): the search walks the "
+        "autograd graph after every forward and adds an all-reduce of the used-parameter map "
+        "to every step (PyTorch warns of the cost); static_graph=True where control flow "
+        "skips parameters the same way every step. Re-measure after the change.")]
+
+
+def small_ddp_buckets(m: Measurements) -> list[Finding]:
+    """Many small gradient buckets: each all-reduce pays a fixed latency."""
+    d = m.ddp
+    if (d is None or d.bucket_cap_bytes >= DDP_DEFAULT_BUCKET_BYTES
+            or len(d.bucket_sizes_bytes) < DDP_SMALL_BUCKETS_MIN_COUNT):
+        return []
+    n = len(d.bucket_sizes_bytes)
+    return [Finding(
+        "small_ddp_buckets", "low",
+        f"{n} gradient buckets of at most {d.bucket_cap_bytes / _MIB:.1f} MiB for "
+        f"{d.parameter_bytes / _MIB:,.0f} MiB of parameters: {n} all-reduces per step",
+        {"buckets": n, "bucket_cap_mib": round(d.bucket_cap_bytes / _MIB, 2),
+         "parameter_mib": round(d.parameter_bytes / _MIB, 1)},
+        None,
+        f"Raise bucket_cap_mb (default {DDP_DEFAULT_BUCKET_BYTES // _MIB}): a small message "
+        "runs far below the link's bandwidth (nccl-tests: bus bandwidth grows with message "
+        "size), and each bucket is one more collective; keep enough buckets for the "
+        "all-reduce to overlap backward.")]
+
+
+def gradient_bucket_copies(m: Measurements) -> list[Finding]:
+    """DDP copies every gradient into its buckets and keeps both copies."""
+    d = m.ddp
+    if d is None or d.gradient_as_bucket_view or d.parameter_bytes < DDP_BUCKET_COPY_MIN_BYTES:
+        return []
+    return [Finding(
+        "gradient_bucket_copies", "low",
+        f"DDP keeps a second copy of the {d.parameter_bytes / _MIB:,.0f} MiB of gradients "
+        "and copies into it every step",
+        {"gradient_as_bucket_view": False, "gradient_mib": round(d.parameter_bytes / _MIB, 1)},
+        None,
+        "DistributedDataParallel(..., gradient_as_bucket_view=True): gradients become views "
+        "of the all-reduce buckets, saving their size in memory and the copy (PyTorch docs; "
+        "do not detach_() gradients then).")]
