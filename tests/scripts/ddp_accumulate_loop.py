@@ -13,7 +13,7 @@ torch.manual_seed(0)
 model = nn.parallel.DistributedDataParallel(
     nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for step in range(30):
+for _ in range(30):
     for micro in range(4):
         last = micro == 3
         ctx = model.no_sync() if no_sync and not last else contextlib.nullcontext()
