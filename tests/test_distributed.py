@@ -148,3 +148,35 @@ def test_accumulation_without_no_sync_is_found_from_counted_all_reduces(
         assert f["rank"] is None  # every rank syncs every micro-batch
         assert f["evidence"]["backward_per_step"] == 4
         assert f["evidence"]["all_reduces_per_step"] == 4 * f["evidence"]["buckets"]
+
+
+def test_two_nodes_align_their_clocks_and_report_once(tmp_path: Path) -> None:
+    """Two torchrun agents (--nnodes 2, c10d rendezvous on loopback), each a 'host' of its own
+    (REDLINE_HOSTNAME): the hosts' clocks are aligned to rank 0's through the job's store, with
+    the error bound reported, and the slow rank on the second node is named."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "r.json"
+    procs = []
+    for node in (0, 1):
+        env = {**os.environ, "REDLINE_HOSTNAME": f"node{node}", "COLUMNS": "120"}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+             "--nproc_per_node", "1", "--node_rank", str(node), "--rdzv_backend", "c10d",
+             "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "redline-test",
+             "--no-python", sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "15",
+             "--warmup", "2", "--no-flops", "--json", str(out), "--", "python", "ddp_train.py",
+             "--slow-rank", "1"],
+            cwd=SCRIPTS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs[0][-2000:]
+    assert sum(e.count("redline · ") for e in errs) == 1
+    d = _load(out)
+    r = d["ranks"]
+    assert [e["host"] for e in r["ranks"]] == ["node0", "node1"]
+    assert "clocks aligned to rank 0's" in r["arrivals_source"]
+    assert 0 < r["clock_error_s"] < 0.01
+    assert next(f for f in d["findings"] if f["id"] == "straggler")["rank"] == 1

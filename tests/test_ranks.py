@@ -109,3 +109,20 @@ def test_arrivals_across_hosts_or_unread_are_not_compared() -> None:
     assert _straggler(findings) is None
     ranks, _ = _merge([_summary(0, reason="no flight recorder"), _summary(1)])
     assert ranks.arrivals_source.startswith("arrivals unknown: no flight recorder")
+
+
+def test_arrivals_across_hosts_are_compared_on_rank_0s_clock() -> None:
+    """Rank 1's host clock runs 5 s behind rank 0's: its raw enqueue times look 5 s early.
+    Aligned by the measured offset, rank 1 is 25 ms late, and is the straggler."""
+    a = _summary(0, bwd_s=0.055)
+    b = _summary(1, host="node1", late_s=0.025 - 5.0, data_s=0.027)
+    a["clock"], b["clock"] = [0, 0], [5_000_000_000, 40_000]  # offset 5 s, error 40 µs
+    ranks, findings = _merge([a, b])
+    assert "clocks aligned to rank 0's" in ranks.arrivals_source and "40 µs" in ranks.arrivals_source
+    assert ranks.clock_error_s == pytest.approx(40e-6)
+    f = _straggler(findings)
+    assert f is not None and f.rank == 1 and f.evidence["clock_error_ms"] == 0.04
+    # an alignment too coarse to tell 25 ms apart says nothing
+    b["clock"] = [5_000_000_000, 20_000_000]
+    _, findings = _merge([a, b])
+    assert _straggler(findings) is None

@@ -86,6 +86,8 @@ class RanksReport:
     """step_time_mean_s, data_wait_s, forward_s, backward_s, optimizer_s, comm_wait_s."""
     arrivals_source: str
     """How arrival times were read and put on one clock, or why they could not be."""
+    clock_error_s: float = 0.0
+    """Error bound of the clock alignment across hosts (0 on one host: one clock)."""
 
 
 @dataclass(slots=True)

@@ -83,7 +83,7 @@ def straggler(r: RanksReport) -> list[Finding]:
         return []
     cost = wait / step
     if (share_last < STRAGGLER_MIN_LAST_SHARE or cost < STRAGGLER_MIN_SKEW
-            or wait < STRAGGLER_MIN_WAIT_S):
+            or wait < max(STRAGGLER_MIN_WAIT_S, 2 * r.clock_error_s)):
         return []
     why, fix, numbers = _why(slow, others)
     return [Finding(
@@ -94,5 +94,6 @@ def straggler(r: RanksReport) -> list[Finding]:
          "collectives": slow.collectives,
          "skew_ms_per_step": None if slow.lateness_s is None else round(slow.lateness_s * 1e3, 3),
          "others_wait_ms_per_step": round(wait * 1e3, 3),
-         "share_of_step": round(cost, 4), **numbers},
+         "share_of_step": round(cost, 4), "clock_error_ms": round(r.clock_error_s * 1e3, 3),
+         **numbers},
         ceiling_speedup(cost), fix, rank=slow.rank)]

@@ -40,6 +40,15 @@ class RankInfo:
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def multi_node(self) -> bool:
+        """Ranks on more than one host: their wall clocks must be aligned to be compared
+        (``REDLINE_ALIGN_CLOCKS=1`` aligns them on one host too, ``0`` never)."""
+        forced = os.environ.get("REDLINE_ALIGN_CLOCKS")
+        if forced in ("0", "1"):
+            return forced == "1" and self.distributed
+        return self.world_size > self.local_world_size
+
 
 def rank_info(env: dict[str, str] | None = None) -> RankInfo:
     """The rank from ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``; a single
@@ -56,7 +65,7 @@ def rank_info(env: dict[str, str] | None = None) -> RankInfo:
     return RankInfo(rank=num("RANK", 0), world_size=num("WORLD_SIZE", 1),
                     local_rank=num("LOCAL_RANK", 0),
                     local_world_size=num("LOCAL_WORLD_SIZE", num("WORLD_SIZE", 1)),
-                    host=socket.gethostname(), run_id=run)
+                    host=e.get("REDLINE_HOSTNAME") or socket.gethostname(), run_id=run)
 
 
 class JobStore:
@@ -78,6 +87,15 @@ class JobStore:
     def put(self, key: str, value: bytes) -> None:
         self._store.set(f"{self.prefix}/{key}", value)
 
+    def wait_get(self, key: str, timeout_s: float) -> bytes | None:
+        """The value of ``key`` once it is set, or None after ``timeout_s``."""
+        fk = f"{self.prefix}/{key}"
+        try:  # blocks in the store client until the key is set (no polling delay)
+            self._store.wait([fk], timedelta(seconds=max(0.001, timeout_s)))
+        except Exception:  # timed out (DistStoreError) or the store went away
+            return None
+        return bytes(self._store.get(fk))
+
     def peek(self, key: str) -> bytes | None:
         """The value of ``key`` if it is set now (no waiting)."""
         fk = f"{self.prefix}/{key}"
@@ -98,26 +116,37 @@ class JobStore:
 
 
 class ProgressBeacon:
-    """Publishes this rank's step count every ``interval_s`` (one small store write, off the
-    training thread), so that if the rank dies the merged report can say how far it got."""
+    """Off the training thread, for one watch of a multi-process job: first aligns this host's
+    clock to rank 0's where ranks span hosts (rank 0 answers, the others ask: see
+    :func:`clock_offset`), then publishes this rank's step count every ``interval_s`` (one
+    small store write), so that if the rank dies the merged report can say how far it got."""
 
     def __init__(self, info: RankInfo, steps: Callable[[], int], key: str,
                  interval_s: float = 1.0) -> None:
         self._store = JobStore(info, timeout_s=5.0)
-        self._steps, self._key, self._interval = steps, key, interval_s
+        self._info, self._steps, self._key, self._interval = info, steps, key, interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="redline-progress", daemon=True)
+        self.clock: tuple[int, int] | None = (0, 0) if not info.multi_node or info.rank == 0 \
+            else None
+        """(rank 0's clock − this host's, error bound) in ns; (0, 0) on rank 0's clock; None
+        while (or when) unknown."""
 
     def start(self) -> None:
         self._thread.start()
 
     def _run(self) -> None:
+        with contextlib.suppress(Exception):  # alignment is best effort: unknown stays unknown
+            if self._info.multi_node and self._info.rank == 0:
+                serve_clock(self._store, self._key, self._info.world_size)
+            elif self._info.multi_node:
+                self.clock = clock_offset(self._store, self._key, self._info.rank)
         last = -1
         while not self._stop.wait(self._interval):
             n = self._steps()
             if n != last:
                 try:
-                    self._store.put(self._key, str(n).encode())
+                    self._store.put(f"{self._key}/progress{self._info.rank}", str(n).encode())
                 except Exception:  # the store went away (the job ends): stop publishing
                     return
                 last = n
@@ -126,4 +155,40 @@ class ProgressBeacon:
         self._stop.set()
         self._thread.join(timeout=5)
         with contextlib.suppress(Exception):  # the final count: exact for a rank that ends
-            self._store.put(self._key, str(self._steps()).encode())
+            self._store.put(f"{self._key}/progress{self._info.rank}",
+                            str(self._steps()).encode())
+
+
+CLOCK_ROUNDS = 8
+"""Round trips per rank; the one with the shortest round trip gives the offset (its error
+bound is half that round trip, as in NTP's clock filter: Mills, RFC 5905 §10)."""
+
+
+def serve_clock(store: JobStore, key: str, world_size: int, timeout_s: float = 60.0) -> None:
+    """Rank 0: answer every other rank's clock requests with this host's wall clock."""
+    deadline = time.monotonic() + timeout_s
+    for r in range(1, world_size):
+        for i in range(CLOCK_ROUNDS):
+            left = deadline - time.monotonic()
+            if left <= 0 or store.wait_get(f"{key}/clock/req{r}.{i}", left) is None:
+                break  # this rank does not ask (or no longer): the next one may
+            store.put(f"{key}/clock/resp{r}.{i}", str(time.time_ns()).encode())
+
+
+def clock_offset(store: JobStore, key: str, rank: int,
+                 timeout_s: float = 60.0) -> tuple[int, int] | None:
+    """(rank 0's clock − this host's clock, error bound), both ns, from round trips through
+    the store that rank 0 answers (:func:`serve_clock`); None if it does not answer."""
+    best: tuple[int, int] | None = None
+    for i in range(CLOCK_ROUNDS):
+        t0 = time.time_ns()
+        store.put(f"{key}/clock/req{rank}.{i}", b"?")
+        got = store.wait_get(f"{key}/clock/resp{rank}.{i}", timeout_s)
+        t1 = time.time_ns()
+        if got is None:
+            break
+        err = (t1 - t0) // 2
+        offset = int(got) - (t0 + t1) // 2
+        if best is None or err < best[1]:
+            best = (offset, err)
+    return best

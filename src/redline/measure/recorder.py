@@ -84,6 +84,7 @@ class Recorder:
         """This recorder's keys in the job's store: the n-th recorder of every rank is the same
         one (ranks run the same code)."""
         self._beacon_error: str | None = None
+        self.beacon: ProgressBeacon | None = None
         self.arrivals: list[Arrival] = []
         """This rank's arrivals at collectives in the measured window (multi-process jobs)."""
         self.arrivals_reason: str | None = None
@@ -161,12 +162,13 @@ class Recorder:
             return
         try:
             beacon = ProgressBeacon(self.rank, lambda: len(self.tracker.steps),
-                                    f"{self.progress_key}/progress{self.rank.rank}")
+                                    self.progress_key)
         except Exception as e:  # no store to reach: the merged report will say so
             self._beacon_error = f"{type(e).__name__}: {e}"
             return
         beacon.start()
         stack.callback(beacon.stop)
+        self.beacon = beacon
 
     def _start_nvml(self, stack: ExitStack) -> None:
         nv, reason = import_pynvml()

@@ -40,6 +40,7 @@ def summary(w: Recorder, report: Report) -> dict[str, Any]:
         "main_cpu_cores": m.host.main_cpu_cores,
         "arrivals": [[a.group, a.seq, a.created_ns] for a in w.arrivals],
         "arrivals_reason": w.arrivals_reason,
+        "clock": None if w.beacon is None else w.beacon.clock,
         "findings": [dataclasses.asdict(f) for f in report.findings],
     }
 
@@ -49,7 +50,7 @@ def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: in
     """Rank 0's view: its summary and the others' (by rank), the findings merged."""
     got = {own["rank"]: own, **others}
     missing = [r for r in range(world_size) if r not in got]
-    skew, source = _skew(got)
+    skew, source, clock_error_s = _skew(got)
     entries = []
     for r in range(world_size):
         s = got.get(r)
@@ -76,24 +77,31 @@ def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: in
             last_arrivals=k.get("last", 0),
             lateness_s=k["late_ns"] / 1e9 / steps if k else None))
     merged = {name: _merged(entries, name) for name in MERGED}
-    ranks = RanksReport(world_size, missing, entries, merged, source)
+    ranks = RanksReport(world_size, missing, entries, merged, source, clock_error_s)
     return ranks, _merge_findings(findings, others, ranks)
 
 
-def _skew(got: dict[int, dict[str, Any]]) -> tuple[dict[int, dict[str, Any]], str]:
+def _skew(got: dict[int, dict[str, Any]]) -> tuple[dict[int, dict[str, Any]], str, float]:
     """Per rank: collectives met on every rank, how often it was last, its wait for later
-    ranks and its lateness behind the first (ns, summed); and where the arrivals came from."""
+    ranks and its lateness behind the first (ns, summed); where the arrivals came from; and
+    the clock alignment's error bound (s)."""
     reasons = {s["arrivals_reason"] for s in got.values() if s["arrivals_reason"]}
     if reasons:
-        return {}, "arrivals unknown: " + "; ".join(sorted(reasons))
+        return {}, "arrivals unknown: " + "; ".join(sorted(reasons)), 0.0
     hosts = {s["host"] for s in got.values()}
-    if len(hosts) > 1:
-        return {}, (f"arrivals not compared: the ranks run on {len(hosts)} hosts, whose wall "
-                    "clocks differ by offsets redline does not estimate yet")
+    clocks = {r: s.get("clock") for r, s in got.items()}
+    if len(hosts) > 1 and any(c is None for c in clocks.values()):
+        unaligned = sorted(r for r, c in clocks.items() if c is None)
+        return {}, (f"arrivals not compared: the ranks run on {len(hosts)} hosts and the "
+                    f"clocks of rank(s) {', '.join(map(str, unaligned))} could not be aligned "
+                    "to rank 0's"), 0.0
+    offset = {r: (c[0] if c is not None and len(hosts) > 1 else 0) for r, c in clocks.items()}
+    error_ns = max((c[1] for c in clocks.values() if c is not None and len(hosts) > 1),
+                   default=0)
     at: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
     for r, s in got.items():
         for group, seq, t in s["arrivals"]:
-            at[(group, seq)][r] = t
+            at[(group, seq)][r] = t + offset[r]
     out: dict[int, dict[str, Any]] = {r: {"collectives": 0, "last": 0, "wait_ns": 0,
                                           "late_ns": 0} for r in got}
     for times in at.values():
@@ -108,8 +116,11 @@ def _skew(got: dict[int, dict[str, Any]]) -> tuple[dict[int, dict[str, Any]], st
             o["late_ns"] += t - first
         out[last_rank]["last"] += 1
     n = out[min(out)]["collectives"]
-    return out, (f"flight-recorder enqueue times of {n} collectives met on every rank, one host "
-                 "(one clock)")
+    where = ("one host (one clock)" if len(hosts) == 1 else
+             f"{len(hosts)} hosts, clocks aligned to rank 0's by round trips through the job's "
+             f"store (error bound ≤ {error_ns / 1e3:,.0f} µs)")
+    return out, f"flight-recorder enqueue times of {n} collectives met on every rank, {where}", \
+        error_ns / 1e9
 
 
 def _merged(entries: list[RankEntry], name: str) -> MergedMetric:
