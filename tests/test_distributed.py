@@ -180,3 +180,20 @@ def test_two_nodes_align_their_clocks_and_report_once(tmp_path: Path) -> None:
     assert "clocks aligned to rank 0's" in r["arrivals_source"]
     assert 0 < r["clock_error_s"] < 0.01
     assert next(f for f in d["findings"] if f["id"] == "straggler")["rank"] == 1
+
+
+def test_the_loops_own_collectives_are_a_phase_of_their_own(tmp_path: Path) -> None:
+    """A loop that all-reduces its loss every step, rank 1 slow to load data: rank 0 is
+    blocked in that all-reduce (the 'comm' phase, not compute), and most of it is waiting."""
+    out = tmp_path / "r.json"
+    p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "15", "--warmup",
+              "2", "--no-flops", "--json", str(out), "--", *TORCHRUN, "--nproc_per_node", "2",
+              "ddp_train.py", "--slow-rank", "1", "--log-loss"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = _load(out)
+    comm = next(s for s in d["measurements"]["breakdown"] if s["phase"] == "comm")
+    assert comm["mean_s"] > 0
+    r0, r1 = d["ranks"]["ranks"]
+    assert r0["comm_s"] is not None and r0["comm_wait_s"] > 0.02
+    assert r0["transfer_s"] is not None and r0["transfer_s"] < r0["comm_s"]
+    assert r1["comm_wait_s"] < r0["comm_wait_s"]

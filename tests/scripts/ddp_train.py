@@ -16,6 +16,8 @@ p.add_argument("--slow-rank", type=int, default=-1)
 p.add_argument("--steps", type=int, default=40)
 p.add_argument("--crash-rank", type=int, default=-1)
 p.add_argument("--crash-at", type=int, default=-1)
+p.add_argument("--log-loss", action="store_true",
+               help="all-reduce the loss every step, as loops that log a global loss do")
 p.add_argument("--killed", action="store_true",
                help="the crashing rank dies by SIGKILL (no chance to report) instead of exiting")
 args = p.parse_args()
@@ -48,8 +50,11 @@ for i, (x, y) in enumerate(loader):
         if args.killed:
             os.kill(os.getpid(), signal.SIGKILL)
         raise SystemExit(3)
-    nn.functional.mse_loss(model(x), y).backward()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
     opt.step()
     opt.zero_grad()
+    if args.log_loss:
+        dist.all_reduce(loss.detach())
 print(f"rank {rank} done", flush=True)
 dist.destroy_process_group()

@@ -50,9 +50,15 @@ class RankEntry:
     forward_s: float | None
     backward_s: float | None
     optimizer_s: float | None
+    comm_s: float | None
+    """Time blocked in communication: the loop's own ``torch.distributed`` calls (the 'comm'
+    phase) plus DDP's gradient communication not overlapped with backward (DDP's own
+    statistics); None when neither was measured."""
     comm_wait_s: float | None
     """Time this rank waited at collectives for ranks that arrived after it (from the arrival
     times of the flight recorder); None when arrivals could not be compared."""
+    transfer_s: float | None
+    """``comm_s − comm_wait_s``: communication time not spent waiting for a late peer."""
     throughput_samples_per_s: float | None
     main_cpu_cores: float | None
     collectives: int

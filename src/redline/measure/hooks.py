@@ -27,6 +27,7 @@ import torch
 import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_module
 
+from redline.measure.comm_hooks import install_collectives
 from redline.measure.data_hooks import DataHooks, H2DStats
 from redline.measure.loader import LoaderInfo
 from redline.measure.patching import COMPILE_HOOK_WARNING, compiling, patch
@@ -38,6 +39,7 @@ from redline.measure.timeline import (
 )
 
 T = TypeVar("T")
+
 
 @dataclass(slots=True)
 class PrecisionSeen:
@@ -133,6 +135,7 @@ class Instrumentation:
         self._install_modules_global(stack)
         self._install_autograd(stack)
         self._install_optim(stack)
+        install_collectives(stack, self.tracker, self._tid)
         if self.device_type != "cpu":
             self.data.install_h2d(stack)
 

@@ -281,6 +281,7 @@ def _sources(w: Recorder) -> dict[str, str]:
         "forward": "host time inside outermost nn.Module calls (forward hooks)",
         "backward": "host time inside torch.autograd.backward / grad",
         "optimizer": "host time inside Optimizer.step (global optimizer hooks)",
+        "comm": "host time inside torch.distributed collectives the loop calls itself",
         "cpu": "psutil /proc readings every "
                f"{w.config.sample_interval_s:g} s; an exiting worker may lose one interval",
         "mfu": "torch.utils.flop_counter.FlopCounterMode over one step ÷ mean step time "

@@ -14,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-PHASES: tuple[str, ...] = ("data_wait", "h2d_copy", "forward", "backward", "optimizer")
-"""Timed phases, in the order the systematic path treats them. Time in none of them is 'other'."""
+PHASES: tuple[str, ...] = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "comm")
+"""Timed phases, in the order the systematic path treats them. Time in none of them is 'other'.
+'comm' is the host blocked in ``torch.distributed`` collectives the loop calls itself (DDP's and
+FSDP's own run inside backward and forward; their waits are read from the flight recorder)."""
 
 # Phase ids: the hooks pass these ints (a list index is the cheapest accumulator in CPython;
 # this code runs several times per training step).
-DATA_WAIT, H2D_COPY, FORWARD, BACKWARD, OPTIMIZER = range(len(PHASES))
+DATA_WAIT, H2D_COPY, FORWARD, BACKWARD, OPTIMIZER, COMM = range(len(PHASES))
 
 STEP_SOURCES: tuple[str, ...] = ("optimizer", "forward_backward", "manual")
 

@@ -17,13 +17,14 @@ from collections import defaultdict
 from typing import Any
 
 from redline.core.findings import Finding, rank
+from redline.core.measurements import Measurements
 from redline.core.report import MergedMetric, RankEntry, RanksReport, Report
 from redline.diagnose.engine import diagnose_ranks
 from redline.measure.ranks import GATHER_TIMEOUT_S, JobStore, RankInfo
 from redline.measure.recorder import Recorder
 
 MERGED = ("step_time_mean_s", "data_wait_s", "forward_s", "backward_s", "optimizer_s",
-          "comm_wait_s")
+          "comm_s", "comm_wait_s")
 
 
 def summary(w: Recorder, report: Report) -> dict[str, Any]:
@@ -38,11 +39,21 @@ def summary(w: Recorder, report: Report) -> dict[str, Any]:
         "step_time_mean_s": m.timing.step_time_mean_s, "phases": phases,
         "throughput_samples_per_s": m.timing.throughput_samples_per_s,
         "main_cpu_cores": m.host.main_cpu_cores,
+        "ddp_exposed_comm_s": _ddp_exposed(m),
         "arrivals": [[a.group, a.seq, a.created_ns] for a in w.arrivals],
         "arrivals_reason": w.arrivals_reason,
         "clock": None if w.beacon is None else w.beacon.clock,
         "findings": [dataclasses.asdict(f) for f in report.findings],
     }
+
+
+def _ddp_exposed(m: Measurements) -> float | None:
+    """DDP's gradient communication not overlapped with backward, per optimizer step."""
+    d = m.ddp
+    if d is None or d.backward_comm_s is None:
+        return None
+    return max(0.0, d.backward_comm_s - (d.backward_overlap_s or 0.0)) * (d.backward_per_step
+                                                                          or 1.0)
 
 
 def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: int,
@@ -58,20 +69,26 @@ def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: in
             entries.append(RankEntry(
                 rank=r, local_rank=-1, host="unknown", status="missing", steps_measured=0,
                 last_step=None, step_time_mean_s=None, data_wait_s=None, h2d_copy_s=None,
-                forward_s=None, backward_s=None, optimizer_s=None, comm_wait_s=None,
+                forward_s=None, backward_s=None, optimizer_s=None, comm_s=None,
+                comm_wait_s=None, transfer_s=None,
                 throughput_samples_per_s=None, main_cpu_cores=None, collectives=0,
                 last_arrivals=0, lateness_s=None))
             continue
         ph = s["phases"]
         steps = max(1, int(s["steps_measured"]))
         k = skew.get(r, {})
+        wait = k["wait_ns"] / 1e9 / steps if k else None
+        exposed = s.get("ddp_exposed_comm_s")
+        comm = (None if exposed is None and not ph.get("comm") else
+                (exposed or 0.0) + (ph.get("comm") or 0.0))
         entries.append(RankEntry(
             rank=r, local_rank=s["local_rank"], host=s["host"], status=s["status"],
             steps_measured=s["steps_measured"], last_step=s["last_step"],
             step_time_mean_s=s["step_time_mean_s"], data_wait_s=ph.get("data_wait"),
             h2d_copy_s=ph.get("h2d_copy"), forward_s=ph.get("forward"),
             backward_s=ph.get("backward"), optimizer_s=ph.get("optimizer"),
-            comm_wait_s=k["wait_ns"] / 1e9 / steps if k else None,
+            comm_s=comm, comm_wait_s=wait,
+            transfer_s=None if comm is None or wait is None else max(0.0, comm - wait),
             throughput_samples_per_s=s["throughput_samples_per_s"],
             main_cpu_cores=s["main_cpu_cores"], collectives=k.get("collectives", 0),
             last_arrivals=k.get("last", 0),

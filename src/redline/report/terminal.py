@@ -50,7 +50,7 @@ def render_findings(findings: list[Finding], console: Console) -> None:
 def render_ranks(r: RanksReport, console: Console) -> None:
     """The per-rank table and the merged view of a multi-process job."""
     t = Table(title=f"Ranks ({r.world_size}): ms per step", title_justify="left")
-    for col in ("rank", "host", "status", "step", "data", "fwd", "bwd", "opt", "comm wait",
+    for col in ("rank", "host", "status", "step", "data", "fwd", "bwd", "opt", "comm", "wait",
                 "last", "late"):
         t.add_column(col, justify="left" if col in ("host", "status") else "right",
                      overflow="fold")
@@ -61,16 +61,17 @@ def render_ranks(r: RanksReport, console: Console) -> None:
     for e in r.ranks:
         last = f"{e.last_arrivals}/{e.collectives}" if e.collectives else ""
         t.add_row(str(e.rank), Text(e.host), e.status, ms(e.step_time_mean_s), ms(e.data_wait_s),
-                  ms(e.forward_s), ms(e.backward_s), ms(e.optimizer_s), ms(e.comm_wait_s),
-                  last, ms(e.lateness_s))
+                  ms(e.forward_s), ms(e.backward_s), ms(e.optimizer_s), ms(e.comm_s),
+                  ms(e.comm_wait_s), last, ms(e.lateness_s))
     console.print(t)
     parts = [f"{name.removesuffix('_s').replace('_', ' ')} median {ms(m.median)} ms, slowest "
              f"rank {m.slowest_rank}, spread {ms(m.spread)} ms"
              for name, m in r.merged.items() if m.median is not None]
     if parts:
         console.print("merged: " + " · ".join(parts))
-    console.print("[dim]comm wait: waiting at collectives for later ranks; last: collectives "
-                  "it arrived at last; late: behind the first rank, per step. Arrivals: "
+    console.print("[dim]comm: blocked in communication not overlapped with compute; wait: "
+                  "of it, waiting at collectives for later ranks; last: collectives it arrived "
+                  "at last; late: behind the first rank, per step. Arrivals: "
                   f"{r.arrivals_source}[/dim]")
     if r.missing:
         console.print(f"[yellow]missing ranks:[/yellow] {', '.join(map(str, r.missing))}")
