@@ -16,7 +16,7 @@ STEP = 0.040
 def _summary(rank: int, *, late_s: float = 0.0, data_s: float = 0.002, fwd_s: float = 0.005,
              bwd_s: float = 0.030, cpu: float = 0.9, host: str = "node0", steps: int = 10,
              jitter_ns: int = 0, findings: list[dict[str, Any]] | None = None,
-             reason: str | None = None) -> dict[str, Any]:
+             reason: str | None = None, compute: list[float] | None = None) -> dict[str, Any]:
     """Rank ``rank``: ``steps`` steps of one all-reduce each, arriving ``late_s`` after t0."""
     t0 = 1_000_000_000_000
     arrivals = [["0", k, t0 + int((k * STEP + late_s) * 1e9) + (jitter_ns * ((k + rank) % 2))]
@@ -27,7 +27,10 @@ def _summary(rank: int, *, late_s: float = 0.0, data_s: float = 0.002, fwd_s: fl
                        "backward": bwd_s, "optimizer": 0.001, "other": 0.002},
             "throughput_samples_per_s": 800.0, "main_cpu_cores": cpu,
             "arrivals": [] if reason else arrivals, "arrivals_reason": reason,
-            "findings": findings or []}
+            "findings": findings or [],
+            # each step ends just after its all-reduce
+            "step_ends_ns": [t + 1_000_000 for _, _, t in arrivals],
+            "step_compute_s": compute or [fwd_s + bwd_s + 0.001] * steps}
 
 
 def _merge(summaries: list[dict[str, Any]], world: int | None = None,
@@ -126,3 +129,17 @@ def test_arrivals_across_hosts_are_compared_on_rank_0s_clock() -> None:
     b["clock"] = [5_000_000_000, 20_000_000]
     _, findings = _merge([a, b])
     assert _straggler(findings) is None
+
+
+def test_per_rank_scores_against_the_fastest_and_against_its_own_best() -> None:
+    """40 steps: rank 1 computes 25 % more than rank 0 throughout; rank 2 matches rank 0 for
+    30 steps, then slows to twice its compute (a throttled device)."""
+    steady = [0.020] * 40
+    ranks, _ = _merge([_summary(0, steps=40, compute=steady),
+                       _summary(1, steps=40, compute=[0.025] * 40),
+                       _summary(2, steps=40, compute=[0.020] * 30 + [0.040] * 10)])
+    s0, s1, s2 = ranks.ranks
+    assert s0.score_vs_fastest == 1.0 and s0.score_vs_own_best == 1.0
+    assert s1.score_vs_fastest == pytest.approx(0.8) and s1.score_vs_own_best == 1.0
+    assert s2.score_vs_fastest == 1.0  # its median is still its old speed
+    assert s2.score_vs_own_best == pytest.approx(0.5)

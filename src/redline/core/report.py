@@ -67,6 +67,12 @@ class RankEntry:
     """Of those, how many this rank arrived at last."""
     lateness_s: float | None
     """Mean per step of (its arrival − the first rank's arrival), summed over collectives."""
+    score_vs_fastest: float | None = None
+    """The fastest rank's median compute per step ÷ this rank's (1: as fast; compute is
+    forward + backward + optimizer less the wait at that step's collectives)."""
+    score_vs_own_best: float | None = None
+    """Its best 10-step median compute ÷ its last (below 1: it slowed down during the run —
+    throttling, a noisy neighbour)."""
 
 
 @dataclass(slots=True)

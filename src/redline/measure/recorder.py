@@ -79,6 +79,7 @@ class Recorder:
         self.window_start: float | None = None
         self.window_start_ns = 0
         """Wall-clock start of the measured window (the flight recorder's clock)."""
+        self.wall_offset_ns = 0
         self.rank = rank_info()
         self.progress_key = f"w{next(_RECORDERS)}"
         """This recorder's keys in the job's store: the n-th recorder of every rank is the same
@@ -206,6 +207,9 @@ class Recorder:
     def _begin_window(self) -> None:
         self.window_start = time.perf_counter()
         self.window_start_ns = time.time_ns()
+        self.wall_offset_ns = self.window_start_ns - int(self.window_start * 1e9)
+        """time.time_ns() − perf_counter in ns: puts step boundaries on the flight recorder's
+        clock."""
         self.cpu.mark()
         if self.nvml is not None:
             self.nvml.mark()

@@ -8,6 +8,7 @@ a few hundred bytes plus ~30 bytes per collective (docs/distributed.md).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import json
@@ -22,6 +23,7 @@ from redline.core.report import MergedMetric, RankEntry, RanksReport, Report
 from redline.diagnose.engine import diagnose_ranks
 from redline.measure.ranks import GATHER_TIMEOUT_S, JobStore, RankInfo
 from redline.measure.recorder import Recorder
+from redline.measure.timeline import BACKWARD, FORWARD, OPTIMIZER
 
 MERGED = ("step_time_mean_s", "data_wait_s", "forward_s", "backward_s", "optimizer_s",
           "comm_s", "comm_wait_s")
@@ -44,6 +46,11 @@ def summary(w: Recorder, report: Report) -> dict[str, Any]:
         "arrivals_reason": w.arrivals_reason,
         "clock": None if w.beacon is None else w.beacon.clock,
         "findings": [dataclasses.asdict(f) for f in report.findings],
+        # per measured step: its end on the wall clock (ns) and its compute (forward +
+        # backward + optimizer, host s), for the per-rank scores
+        "step_ends_ns": [int(s.end_s * 1e9) + w.wall_offset_ns for s in w.measured_steps],
+        "step_compute_s": [round(s.phases[FORWARD] + s.phases[BACKWARD] + s.phases[OPTIMIZER], 7)
+                           for s in w.measured_steps],
     }
 
 
@@ -93,6 +100,7 @@ def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: in
             main_cpu_cores=s["main_cpu_cores"], collectives=k.get("collectives", 0),
             last_arrivals=k.get("last", 0),
             lateness_s=k["late_ns"] / 1e9 / steps if k else None))
+    _score(entries, got, skew)
     merged = {name: _merged(entries, name) for name in MERGED}
     ranks = RanksReport(world_size, missing, entries, merged, source, clock_error_s)
     return ranks, _merge_findings(findings, others, ranks)
@@ -121,6 +129,7 @@ def _skew(got: dict[int, dict[str, Any]]) -> tuple[dict[int, dict[str, Any]], st
             at[(group, seq)][r] = t + offset[r]
     out: dict[int, dict[str, Any]] = {r: {"collectives": 0, "last": 0, "wait_ns": 0,
                                           "late_ns": 0} for r in got}
+    ends = {r: s.get("step_ends_ns") or [] for r, s in got.items()}
     for times in at.values():
         if len(times) != len(got):
             continue  # outside some rank's window: not comparable
@@ -131,6 +140,9 @@ def _skew(got: dict[int, dict[str, Any]]) -> tuple[dict[int, dict[str, Any]], st
             o["collectives"] += 1
             o["wait_ns"] += last - t
             o["late_ns"] += t - first
+            step = bisect.bisect_left(ends[r], t - offset[r])  # the step it was enqueued in
+            by_step = o.setdefault("wait_by_step", {})
+            by_step[step] = by_step.get(step, 0.0) + (last - t) / 1e9
         out[last_rank]["last"] += 1
     n = out[min(out)]["collectives"]
     where = ("one host (one clock)" if len(hosts) == 1 else
@@ -138,6 +150,39 @@ def _skew(got: dict[int, dict[str, Any]]) -> tuple[dict[int, dict[str, Any]], st
              f"store (error bound ≤ {error_ns / 1e3:,.0f} µs)")
     return out, f"flight-recorder enqueue times of {n} collectives met on every rank, {where}", \
         error_ns / 1e9
+
+
+SCORE_CHUNK = 10
+"""Steps per chunk of a rank's own-best score: medians over 10 steps ride out a preempted
+step, and still show a slow-down within a few dozen steps."""
+
+
+def _score(entries: list[RankEntry], got: dict[int, dict[str, Any]],
+           skew: dict[int, dict[str, Any]]) -> None:
+    """Per-rank scores, as NVIDIA's resiliency extension reports them for sections users mark
+    by hand, here from every step's compute less the rank's wait at that step's collectives:
+    against the fastest rank (its median compute ÷ this rank's) and against the rank's own best
+    (its best 10-step median ÷ its last one: below 1, it slowed down during the run)."""
+    computes: dict[int, list[float]] = {}
+    for e in entries:
+        s = got.get(e.rank)
+        if s is None or not s.get("step_compute_s"):
+            continue
+        waits = skew.get(e.rank, {}).get("wait_by_step", {})
+        computes[e.rank] = [max(0.0, c - waits.get(i, 0.0))
+                            for i, c in enumerate(s["step_compute_s"])]
+    medians = {r: statistics.median(c) for r, c in computes.items()}
+    fastest = min((m for m in medians.values() if m > 0), default=None)
+    for e in entries:
+        c = computes.get(e.rank)
+        if c is None:
+            continue
+        if fastest is not None and medians[e.rank] > 0:
+            e.score_vs_fastest = round(fastest / medians[e.rank], 4)
+        chunks = [statistics.median(c[i:i + SCORE_CHUNK])
+                  for i in range(0, len(c) - SCORE_CHUNK + 1, SCORE_CHUNK)]
+        if len(chunks) >= 2 and chunks[-1] > 0:
+            e.score_vs_own_best = round(min(chunks) / chunks[-1], 4)
 
 
 def _merged(entries: list[RankEntry], name: str) -> MergedMetric:

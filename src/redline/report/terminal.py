@@ -47,6 +47,10 @@ def render_findings(findings: list[Finding], console: Console) -> None:
     console.print(ft)
 
 
+SCORE_NOTE_BELOW = 0.9
+"""Per-rank scores below this are named under the ranks table (the JSON has them all)."""
+
+
 def render_ranks(r: RanksReport, console: Console) -> None:
     """The per-rank table and the merged view of a multi-process job."""
     t = Table(title=f"Ranks ({r.world_size}): ms per step", title_justify="left")
@@ -64,6 +68,14 @@ def render_ranks(r: RanksReport, console: Console) -> None:
                   ms(e.forward_s), ms(e.backward_s), ms(e.optimizer_s), ms(e.comm_s),
                   ms(e.comm_wait_s), last, ms(e.lateness_s))
     console.print(t)
+    slower = [f"rank {e.rank} ({e.score_vs_fastest:.2f})" for e in r.ranks
+              if e.score_vs_fastest is not None and e.score_vs_fastest < SCORE_NOTE_BELOW]
+    slowed = [f"rank {e.rank} ({e.score_vs_own_best:.2f} of its best)" for e in r.ranks
+              if e.score_vs_own_best is not None and e.score_vs_own_best < SCORE_NOTE_BELOW]
+    if slower:
+        console.print("computes slower than the fastest rank: " + ", ".join(slower))
+    if slowed:
+        console.print("slowed down during the run: " + ", ".join(slowed))
     parts = [f"{name.removesuffix('_s').replace('_', ' ')} median {ms(m.median)} ms, slowest "
              f"rank {m.slowest_rank}, spread {ms(m.spread)} ms"
              for name, m in r.merged.items() if m.median is not None]
