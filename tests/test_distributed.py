@@ -112,8 +112,11 @@ def test_a_rank_that_fails_keeps_the_exit_code_and_both_reports(tmp_path: Path) 
               "ddp_train.py", "--crash-rank", "1", "--crash-at", "12"])
     assert p.returncode != 0  # torchrun's: a rank failed
     d = _load(out)
-    assert [(e["rank"], e["status"]) for e in d["ranks"]["ranks"]] == [(0, "script_error"),
-                                                                       (1, "script_error")]
+    statuses = {e["rank"]: e["status"] for e in d["ranks"]["ranks"]}
+    assert statuses[1] == "script_error"
+    # Rank 0 either sees the broken collective (script_error) or is stopped by torchrun's
+    # SIGTERM first (interrupted); which one wins is a race in torchrun, both are true.
+    assert statuses[0] in {"script_error", "interrupted"}
     assert d["ranks"]["missing"] == []
 
 
