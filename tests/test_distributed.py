@@ -120,6 +120,41 @@ def test_a_rank_that_fails_keeps_the_exit_code_and_both_reports(tmp_path: Path) 
     assert d["ranks"]["missing"] == []
 
 
+def test_a_rank_that_never_steps_is_named_with_its_error(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "100", "--warmup",
+              "2", "--no-flops", "--json", str(out), "--", *TORCHRUN, "--nproc_per_node", "2",
+              "ddp_train.py", "--crash-rank", "1", "--crash-at", "0"])
+    assert p.returncode != 0
+    d = _load(out)
+    r1 = d["ranks"]["ranks"][1]
+    assert r1["status"] == "script_error" and r1["last_step"] is None
+    # no step measured: phase times and waits are unknown, not zero
+    assert r1["data_wait_s"] is None and r1["comm_wait_s"] is None
+    assert d["ranks"]["merged"]["comm_wait_s"]["slowest_rank"] is None
+    note = next(n for n in d["measurements"]["notes"] if "never completed a step" in n)
+    assert "1 (script_error: the script exited with code 3)" in note
+
+
+def test_eight_ranks_merge_into_one_report(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "12", "--warmup",
+              "2", "--no-flops", "--json", str(out), "--", *TORCHRUN, "--nproc_per_node", "8",
+              "ddp_train.py", "--steps", "20"], timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stderr.count("redline · ") == 1
+    d = _load(out)
+    entries = d["ranks"]["ranks"]
+    assert [e["rank"] for e in entries] == list(range(8))
+    assert [e["local_rank"] for e in entries] == list(range(8))
+    assert all(e["status"] == "step_limit" and e["steps_measured"] == 12 for e in entries)
+    # the exposed all-reduce is part of backward: never more than it
+    assert all(e["comm_s"] <= e["backward_s"] + 1e-9 for e in entries)
+    assert all(e["collectives"] > 0 for e in entries)  # the same all-reduces met on all 8
+    step = d["ranks"]["merged"]["step_time_mean_s"]
+    assert step["slowest_rank"] in range(8) and step["median"] > 0
+
+
 def test_a_killed_rank_is_named_with_its_last_step_and_nothing_hangs(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "5000", "--warmup",

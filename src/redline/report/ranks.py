@@ -37,6 +37,7 @@ def summary(w: Recorder, report: Report) -> dict[str, Any]:
     return {
         "rank": info.rank, "local_rank": info.local_rank, "host": info.host,
         "status": report.status, "steps_measured": m.timing.steps_measured,
+        "status_detail": _first_sentence(report.status_detail),
         "last_step": len(w.steps) - 1 if w.steps else None,
         "step_time_mean_s": m.timing.step_time_mean_s, "phases": phases,
         "throughput_samples_per_s": m.timing.throughput_samples_per_s,
@@ -52,6 +53,14 @@ def summary(w: Recorder, report: Report) -> dict[str, Any]:
         "step_compute_s": [round(s.phases[FORWARD] + s.phases[BACKWARD] + s.phases[OPTIMIZER], 7)
                            for s in w.measured_steps],
     }
+
+
+def _first_sentence(text: str | None, limit: int = 200) -> str | None:
+    """The head of a status detail, for the note that names a rank (a few hundred bytes)."""
+    if not text:
+        return None
+    head = text.split(". ", 1)[0]
+    return head if len(head) <= limit else head[:limit - 1] + "…"
 
 
 def _ddp_exposed(m: Measurements) -> float | None:
@@ -81,11 +90,16 @@ def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: in
                 throughput_samples_per_s=None, main_cpu_cores=None, collectives=0,
                 last_arrivals=0, lateness_s=None))
             continue
-        ph = s["phases"]
+        # a rank with no measured step has no phase times: unknown, not zero
+        ph = s["phases"] if s["steps_measured"] else {}
         steps = max(1, int(s["steps_measured"]))
-        k = skew.get(r, {})
+        k = skew.get(r, {}) if s["steps_measured"] else {}
         wait = k["wait_ns"] / 1e9 / steps if k else None
         exposed = s.get("ddp_exposed_comm_s")
+        if exposed is not None and ph.get("backward") is not None:
+            # DDP's averages come from its sampled iterations, warm-up included; the exposed
+            # all-reduce happens inside backward, so it cannot exceed the measured backward
+            exposed = min(exposed, ph["backward"])
         comm = (None if exposed is None and not ph.get("comm") else
                 (exposed or 0.0) + (ph.get("comm") or 0.0))
         entries.append(RankEntry(
@@ -251,11 +265,17 @@ def exchange(w: Recorder, report: Report, store: JobStore | None = None,
         return report
     others = {int(k.rsplit("rank", 1)[1]): decode(v) for k, v in got.items()}
     ranks, findings = merge(mine, others, info.world_size, report.findings)
+    got_all = {0: mine, **others}
     for entry in ranks.ranks:
         if entry.status == "missing":  # how far it got, from its progress beacon
             with contextlib.suppress(Exception):
                 beat = store.peek(f"{key}/progress{entry.rank}")
                 entry.last_step = int(beat) - 1 if beat else None
+    never = [f"{x.rank} ({x.status}: {got_all[x.rank].get('status_detail') or 'no detail'})"
+             for x in ranks.ranks if x.status != "missing" and x.last_step is None]
+    if never:
+        report.measurements.notes.append(
+            f"rank(s) {', '.join(never)} never completed a step")
     if ranks.missing:
         seen = ", ".join(f"{x.rank} (last step it reported: {x.last_step})"
                          if x.last_step is not None else f"{x.rank} (no step reported)"
