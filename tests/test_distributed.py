@@ -155,6 +155,20 @@ def test_eight_ranks_merge_into_one_report(tmp_path: Path) -> None:
     assert step["slowest_rank"] in range(8) and step["median"] > 0
 
 
+def test_traces_of_every_rank_are_analysed_together(tmp_path: Path) -> None:
+    out, traces = tmp_path / "r.json", tmp_path / "traces"
+    p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "12", "--warmup",
+              "2", "--no-flops", "--trace", str(traces), "--json", str(out), "--", *TORCHRUN,
+              "--nproc_per_node", "2", "ddp_train.py", "--steps", "40", "--slow-rank", "1"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert sorted(f.name for f in traces.iterdir()) == ["redline-trace-rank0.json.gz",
+                                                        "redline-trace-rank1.json.gz"]
+    note = _load(out)["trace"]["note"]
+    assert "2 of 2 ranks' traces analysed together" in note
+    # gloo's host-side all-reduces: rank 1 (30 ms slower to load) arrives last
+    assert "rank 1 arrives last at" in note and "gloo's host-side collectives" in note
+
+
 def test_a_killed_rank_is_named_with_its_last_step_and_nothing_hangs(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "5000", "--warmup",

@@ -166,7 +166,7 @@ def straggler(a: TraceAnalysis) -> list[Finding]:
     if not a.stragglers:
         return []
     worst = max(a.stragglers, key=lambda s: s.mean_lateness_us)
-    window = max((r.temporal.window_us for r in a.ranks if r.temporal), default=0.0)
+    window = a.stragglers_window_us
     late_total = worst.mean_lateness_us * worst.collectives
     share = late_total / window if window else 0.0
     if share < STRAGGLER_MIN_SKEW:
@@ -174,8 +174,9 @@ def straggler(a: TraceAnalysis) -> list[Finding]:
     return [Finding(
         "straggler", severity_for(share),
         f"Rank {worst.rank} arrives last at {worst.last_arrivals} of {worst.collectives} "
-        f"collectives, {worst.mean_lateness_us:.0f} µs late on average",
-        {"rank": worst.rank, "last_arrivals": worst.last_arrivals,
+        f"collectives, {worst.mean_lateness_us:.0f} µs late on average"
+        + (" (gloo's host-side collectives)" if a.stragglers_source == "host" else ""),
+        {"rank": worst.rank, "source": a.stragglers_source, "last_arrivals": worst.last_arrivals,
          "collectives": worst.collectives, "mean_lateness_us": round(worst.mean_lateness_us, 1),
          "share_of_window": round(share, 4)},
         ceiling_speedup(share),

@@ -21,9 +21,11 @@ class TraceCapture:
 
     def __init__(self, directory: str | os.PathLike[str], device_type: str,
                  active: int = 3, wait: int = 1, warmup: int = 1,
-                 host_ops: bool = True) -> None:
+                 host_ops: bool = True, rank: int | None = None) -> None:
         self.dir = Path(directory)
-        self.path = self.dir / f"redline-trace-{os.getpid()}.json.gz"
+        # one file per rank of a multi-process job, so that the folder holds the job's traces
+        self.path = self.dir / (f"redline-trace-rank{rank}.json.gz" if rank is not None
+                                else f"redline-trace-{os.getpid()}.json.gz")
         self.cuda = device_type == "cuda"
         self.host_ops = host_ops or not self.cuda  # a CPU run has nothing else to record
         self._steps_total = wait + warmup + active

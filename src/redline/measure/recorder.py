@@ -229,7 +229,8 @@ class Recorder:
         if self.config.trace_dir is not None and self.capture is None:
             self.capture = TraceCapture(self.config.trace_dir, self.device.type,
                                         active=self.config.trace_steps,
-                                        host_ops=self.config.trace_host_ops)
+                                        host_ops=self.config.trace_host_ops,
+                                        rank=self.rank.rank if self.rank.distributed else None)
             if self.capture.start():
                 self._state = "tracing"
                 return True

@@ -13,17 +13,20 @@ import contextlib
 import dataclasses
 import json
 import statistics
+import warnings
 import zlib
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from redline.core.findings import Finding, rank
 from redline.core.measurements import Measurements
 from redline.core.report import MergedMetric, RankEntry, RanksReport, Report
-from redline.diagnose.engine import diagnose_ranks
+from redline.diagnose.engine import diagnose_ranks, diagnose_trace
 from redline.measure.ranks import GATHER_TIMEOUT_S, JobStore, RankInfo
 from redline.measure.recorder import Recorder
 from redline.measure.timeline import BACKWARD, FORWARD, OPTIMIZER
+from redline.trace import TraceError, analyze_paths
 
 MERGED = ("step_time_mean_s", "data_wait_s", "forward_s", "backward_s", "optimizer_s",
           "comm_s", "comm_wait_s")
@@ -47,6 +50,8 @@ def summary(w: Recorder, report: Report) -> dict[str, Any]:
         "arrivals_reason": w.arrivals_reason,
         "clock": None if w.beacon is None else w.beacon.clock,
         "findings": [dataclasses.asdict(f) for f in report.findings],
+        "trace_path": (str(w.capture.path) if w.capture is not None and w.capture.written
+                       else None),
         # per measured step: its end on the wall clock (ns) and its compute (forward +
         # backward + optimizer, host s), for the per-rank scores
         "step_ends_ns": [int(s.end_s * 1e9) + w.wall_offset_ns for s in w.measured_steps],
@@ -283,4 +288,46 @@ def exchange(w: Recorder, report: Report, store: JobStore | None = None,
         report.measurements.notes.append(
             f"no report from rank(s) {seen} within {timeout_s:g} s of rank 0's end "
             "(crashed, killed or still running)")
+    if report.trace is not None:
+        report, findings = _job_trace(report, findings, {0: mine, **others})
     return dataclasses.replace(report, ranks=ranks, findings=findings)
+
+
+def _job_trace(report: Report, findings: list[Finding],
+               got: dict[int, dict[str, Any]]) -> tuple[Report, list[Finding]]:
+    """``doctor --trace`` on every rank: rank 0 analyses the ranks' traces together (arrival
+    skew from collective kernels, or gloo's host-side collectives on CPU), where the files
+    are on this host's file system."""
+    assert report.trace is not None
+    paths = {r: s.get("trace_path") for r, s in sorted(got.items())}
+    here = [p for p in paths.values() if p and Path(p).is_file()]
+    elsewhere = [f"{r} ({got[r]['host']})" for r, p in paths.items()
+                 if p and not Path(p).is_file()]
+    parts = [f"{len(here)} of {len(paths)} ranks' traces analysed together"]
+    if elsewhere:
+        parts.append(f"rank(s) {', '.join(elsewhere)} wrote theirs on another host: copy them "
+                     "into one folder and run `redline trace` on it")
+    if len(here) < 2:
+        return report, findings
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            analysis = analyze_paths(sorted(here))
+    except TraceError as e:
+        parts = [f"the ranks' traces could not be analysed together: {e}"]
+        analysis = None
+    if analysis is not None and analysis.stragglers:
+        worst = max(analysis.stragglers, key=lambda x: x.mean_lateness_us)
+        side = "collective kernels" if analysis.stragglers_source == "device" else \
+            "gloo's host-side collectives"
+        parts.append(f"in them rank {worst.rank} arrives last at {worst.last_arrivals} of "
+                     f"{worst.collectives} {side}, {worst.mean_lateness_us / 1e3:.1f} ms late "
+                     "on average")
+    if analysis is not None and not any(f.id == "straggler" for f in findings):
+        found = [dataclasses.replace(f, rank=r if isinstance(r := f.evidence.get("rank"), int)
+                                     else None)
+                 for f in diagnose_trace(analysis) if f.id == "straggler"]
+        findings = rank([*findings, *found])
+    note = "; ".join(p for p in (report.trace.note, *parts) if p)
+    return dataclasses.replace(report, trace=dataclasses.replace(report.trace, note=note)), \
+        findings

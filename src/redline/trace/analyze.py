@@ -14,7 +14,7 @@ from redline.trace.breakdown import (
     kernel_types,
     temporal,
 )
-from redline.trace.events import RankTrace, TraceError
+from redline.trace.events import HOST_COLLECTIVE_PREFIX, RankTrace, TraceError
 from redline.trace.families import KernelFamilies, kernel_families
 from redline.trace.kernels import (
     CopyStat,
@@ -67,6 +67,12 @@ class TraceAnalysis:
     hta_compat: bool
     warnings: list[str] = field(default_factory=list)
     stragglers: list[Straggler] = field(default_factory=list)
+    stragglers_source: str | None = None
+    """What the arrival skew was read from: "device" (collective kernels) or "host" (gloo's
+    host-side collectives, on jobs without collective kernels); None with fewer than 2 ranks."""
+    stragglers_window_us: float = 0.0
+    """The longest rank's analysed window on the same side (device busy span, or host span):
+    the denominator of the straggler's share."""
 
     @property
     def kernel_types_us(self) -> dict[str, float]:
@@ -109,8 +115,21 @@ def analyze_paths(paths: list[str | Path], hta_compat: bool = False) -> TraceAna
         seen[t.rank] = t.path
     ordered = sorted(traces, key=lambda t: t.rank)
     result = TraceAnalysis([analyze_rank(t, hta_compat) for t in ordered], hta_compat)
-    comm = {t.rank: [e for e in filter_iterations(t)
-                     if e.stream != -1 and kernel_type(e) == COMMUNICATION] for t in ordered}
+    kept = {t.rank: filter_iterations(t) for t in ordered}
+    comm = {r: [e for e in ev if e.stream != -1 and kernel_type(e) == COMMUNICATION]
+            for r, ev in kept.items()}
+    if len(ordered) > 1 and any(comm.values()):
+        result.stragglers_source = "device"
+        result.stragglers_window_us = max((r.temporal.window_us for r in result.ranks
+                                           if r.temporal), default=0.0)
+    elif len(ordered) > 1:
+        # CPU jobs (gloo): its host-side annotations, one per collective, in issue order
+        comm = {r: [e for e in ev if e.stream == -1 and e.name.startswith(HOST_COLLECTIVE_PREFIX)]
+                for r, ev in kept.items()}
+        result.stragglers_source = "host" if any(comm.values()) else None
+        result.stragglers_window_us = max(
+            (max(e.end for e in ev) - min(e.ts for e in ev) for ev in kept.values() if ev),
+            default=0.0)
     result.stragglers = stragglers(comm)
     for t in ordered:
         for why, (n, example) in t.left_out.items():

@@ -19,7 +19,15 @@ RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 """Host-side runtime calls (cudaLaunchKernel, hipLaunchKernel, cudaStreamSynchronize, ...)."""
 
 KEPT_CATEGORIES = GPU_CATEGORIES | RUNTIME_CATEGORIES
-"""Events the analyses read (plus ProfilerStep annotations, kept by name)."""
+"""Events the analyses read (plus the annotations of KEPT_NAME_PREFIXES, kept by name)."""
+
+HOST_COLLECTIVE_PREFIX = "gloo:"
+"""Host-side collectives: the gloo backend records one annotation per collective
+(``gloo:all_reduce``, ...) on its own thread, lasting from the collective's start on this rank
+to its end on all ranks; on jobs without NCCL kernels these give the arrival skew."""
+
+KEPT_NAME_PREFIXES = ("ProfilerStep", HOST_COLLECTIVE_PREFIX)
+"""Annotations kept whatever their category: step marks and host-side collectives."""
 
 
 class TraceError(RedlineError, ValueError):

@@ -4,9 +4,9 @@ Kineto writes one event per block, blocks separated by exactly ``"\\n  },\\n  {"
 each with ``"ph": ..., "cat": ..., "name": ...``. A JSON string cannot hold a raw newline, so
 that separator never occurs inside a name. Instead of parsing every event, a regular expression
 finds the few categories the analyses read (kernels, copies, syncs, runtime calls, ProfilerStep
-marks); only those blocks are cut out and parsed. cpu_op events and flow arrows — most of a
-trace — are never parsed. Other layouts (compact JSON, other producers) go through the general
-parsers in :mod:`redline.trace.load`.
+marks, gloo's host-side collectives); only those blocks are cut out and parsed. cpu_op events
+and flow arrows — most of a trace — are never parsed. Other layouts (compact JSON, other
+producers) go through the general parsers in :mod:`redline.trace.load`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import orjson
 
 from redline.core.errors import RedlineError
-from redline.trace.events import NO_DEVICE_WORK
+from redline.trace.events import KEPT_NAME_PREFIXES, NO_DEVICE_WORK
 
 SEP = b"\n  },\n  {"
 OPEN = b'"traceEvents": [\n  {'
@@ -30,7 +30,8 @@ _KEPT = re.compile(
     rb'"name": "([^"]*))')
 """Starts with a literal so the regex engine skips ahead fast; runtime calls capture their
 name (API names never hold quotes) to drop those that do no device work."""
-_STEP = b'"name": "ProfilerStep#'
+_MARKS = tuple(b'"name": "' + p.encode() for p in KEPT_NAME_PREFIXES)
+"""Annotations kept by name (a handful per step), whatever their category."""
 _SKIP_RUNTIME = frozenset(n.encode() for n in NO_DEVICE_WORK)
 
 
@@ -62,11 +63,14 @@ def _starts(body: bytes) -> list[int]:
     """Positions of the kept events' category (or ProfilerStep name) marks, in file order."""
     pos = [m.start() for m in _KEPT.finditer(body)
            if m.group(2) is None or m.group(3) not in _SKIP_RUNTIME]
-    k = body.find(_STEP)
-    if k >= 0:  # ProfilerStep marks (a handful per trace), whatever their category
+    found = False
+    for mark in _MARKS:  # step marks and host collectives, whatever their category
+        k = body.find(mark)
         while k >= 0:
+            found = True
             pos.append(k)
-            k = body.find(_STEP, k + 1)
+            k = body.find(mark, k + 1)
+    if found:
         pos.sort()
     return pos
 
@@ -79,7 +83,7 @@ def _extract(body: bytes) -> Iterator[Any]:
         s = body.rfind(SEP, 0, pos)
         s = 0 if s < 0 else s + len(SEP)
         if s == last:
-            continue  # a second mark inside the same event (ProfilerStep in a kept category)
+            continue  # a second mark inside the same event (a kept name in a kept category)
         last = s
         e = body.find(SEP, pos)
         chunk = body[s:] if e < 0 else body[s:e]

@@ -26,6 +26,7 @@ import orjson
 from redline.trace.events import (
     GPU_CATEGORIES,
     KEPT_CATEGORIES,
+    KEPT_NAME_PREFIXES,
     NO_DEVICE_WORK,
     RUNTIME_CATEGORIES,
     Event,
@@ -269,7 +270,7 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
             raise TraceError(f"{p}: traceEvents[{i}] is {type(e).__name__}, expected an "
                              "object") from None
         if cat not in kept_cats:
-            if cat is None or not str(e.get("name", "")).startswith("ProfilerStep"):
+            if cat is None or not str(e.get("name", "")).startswith(KEPT_NAME_PREFIXES):
                 continue
         elif cat in RUNTIME_CATEGORIES and e.get("name") in NO_DEVICE_WORK:
             continue
