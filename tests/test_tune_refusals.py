@@ -63,6 +63,18 @@ def test_a_loss_that_is_not_a_scalar_is_refused_by_name(tmp_path: Path) -> None:
         tune(lambda: _setup(lambda m, b: 1.0), _cfg(tmp_path))  # type: ignore[arg-type,return-value]
 
 
+def test_tune_refuses_to_run_as_one_rank_of_many(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    built: list[TrainSetup] = []
+    with pytest.raises(SetupError, match=r"runs in one process; this is rank 1 of 2 .*"
+                                         r"without torchrun"):
+        tune(lambda: built.append(_setup()) or built[-1], _cfg(tmp_path))
+    assert built == []  # refused before the user's factory ran
+    assert not (tmp_path / "plans").exists()
+
+
 def test_a_remembered_plan_is_reused_only_after_the_numerics_check(tmp_path: Path) -> None:
     ok = _setup()
     first = next(iter(DataLoader(ok.loader.dataset, batch_size=1)))

@@ -21,6 +21,7 @@ from redline.core.loader import LoaderSettings
 from redline.data.autotune import autotune_loader, rebuild_factory
 from redline.data.prefetcher import map_tensors
 from redline.diagnose.limits import remaining_limits
+from redline.measure.ranks import rank_info
 from redline.tune.batch_finder import BatchSearch, find_batch_size
 from redline.tune.config import DEFAULT_RUN_STEPS, TuneConfig
 from redline.tune.decide import ABPolicy, MeasureFn
@@ -349,6 +350,15 @@ def tune(factory: Factory, config: TuneConfig | None = None,
         BatchDoesNotFitError: the model does not fit at micro-batch 1.
         NonFiniteLossError: the loss is NaN/inf in fp32 already.
     """
+    job = rank_info()
+    if job.world_size > 1:
+        # Ranks timing their own trials would decide differently and then call different
+        # collectives (a hang), and all would write one plan file.
+        raise SetupError(
+            f"redline tune runs in one process; this is rank {job.rank} of {job.world_size} "
+            "(WORLD_SIZE is set, e.g. by torchrun). Tune the per-rank setup once, without "
+            "torchrun (`redline tune script.py`: its micro-batch is per rank), then apply the "
+            "plan on every rank with redline.tune.apply_plan.")
     cfg = config or TuneConfig()
     t0 = time.perf_counter()
     p = TunePath(factory, cfg, log, measure_fn)
