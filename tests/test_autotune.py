@@ -134,3 +134,22 @@ def test_autotune_times_short_epochs_whole_for_every_setting() -> None:
     long = autotune_loader(_epoch_loader(40), simulated_accelerator(0.002), cpus=1,
                            batches_per_trial=4)
     assert all(t.whole_epochs == 0 for t in long.trials) and "whole epochs" not in long.reason
+
+
+def test_a_distributed_sampler_is_kept_when_the_loader_is_rebuilt() -> None:
+    from torch.utils.data.distributed import DistributedSampler
+
+    from redline.data.autotune import rebuild_factory
+
+    ds = TensorDataset(torch.arange(40))
+    sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=3)
+    loader = DataLoader(ds, batch_size=4, sampler=sampler)
+    make = rebuild_factory(loader)
+    sampler.set_epoch(2)  # the loop's call, after the rebuild, still applies
+    theirs = [b[0].tolist() for b in loader]
+    ours = [b[0].tolist() for b in make(LoaderSettings(num_workers=2))]
+    assert ours == theirs and len(ours) == 5  # this rank's shard (20 of 40), same order
+    flat = [i for b in theirs for i in b]
+    assert flat != sorted(flat) and set(flat) < set(range(40))  # shuffled, half the dataset
+    tens = [b[0].tolist() for b in rebuild_factory(loader, batch_size=10)(LoaderSettings())]
+    assert [len(b) for b in tens] == [10, 10] and [i for b in tens for i in b] == flat

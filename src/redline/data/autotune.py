@@ -312,15 +312,20 @@ def rebuild_factory(loader: DataLoader[Any], batch_size: int | None = None,
                     ) -> Callable[[LoaderSettings], DataLoader[Any]]:
     """A ``make_loader`` that rebuilds this DataLoader (same dataset, sampling and collation;
     same batch size unless ``batch_size`` is given) with other settings. Raises ValueError for
-    loaders it cannot rebuild faithfully (a custom batch sampler)."""
+    loaders it cannot rebuild faithfully (a custom batch sampler, an unknown sampler).
+
+    A ``DistributedSampler`` is kept as the same object: the rebuilt loader reads this rank's
+    shard in the same order, and the loop's ``set_epoch`` calls on it still apply."""
     from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+    from torch.utils.data.distributed import DistributedSampler
 
     bs = loader.batch_sampler
     if loader.batch_size is None or not isinstance(bs, BatchSampler):
         raise ValueError("the DataLoader uses a custom batch sampler: pass your own "
                          "make_loader to autotune_loader")
+    shared = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
     shuffle = isinstance(loader.sampler, RandomSampler)
-    if not shuffle and not isinstance(loader.sampler, SequentialSampler):
+    if not shuffle and shared is None and not isinstance(loader.sampler, SequentialSampler):
         raise ValueError(f"the DataLoader uses a {type(loader.sampler).__name__}: pass your own "
                          "make_loader to autotune_loader")
 
@@ -331,7 +336,7 @@ def rebuild_factory(loader: DataLoader[Any], batch_size: int | None = None,
         if s.num_workers > 0 and loader.multiprocessing_context is not None:
             kw["multiprocessing_context"] = loader.multiprocessing_context
         return DataLoader(loader.dataset, batch_size=batch_size or loader.batch_size,
-                          shuffle=shuffle, drop_last=loader.drop_last,
+                          shuffle=shuffle, sampler=shared, drop_last=loader.drop_last,
                           collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn,
                           generator=generator, **kw)
 
