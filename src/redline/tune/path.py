@@ -21,7 +21,6 @@ from redline.core.loader import LoaderSettings
 from redline.data.autotune import autotune_loader, rebuild_factory
 from redline.data.prefetcher import map_tensors
 from redline.diagnose.limits import remaining_limits
-from redline.measure.ranks import rank_info
 from redline.tune.batch_finder import BatchSearch, find_batch_size
 from redline.tune.config import DEFAULT_RUN_STEPS, TuneConfig
 from redline.tune.decide import ABPolicy, MeasureFn
@@ -44,7 +43,7 @@ from redline.tune.precision import (
 )
 from redline.tune.result import TuneResult, merge_trials, project
 from redline.tune.runtime import TunedLoop, train_step
-from redline.tune.setup import Factory, SetupError
+from redline.tune.setup import Factory, SetupError, require_one_process
 from redline.tune.trial import TrialMetrics, endless, fresh, measure, probe_batch, state_tensors
 
 _SIXTEEN_BIT = ("bf16", "fp16")
@@ -350,15 +349,7 @@ def tune(factory: Factory, config: TuneConfig | None = None,
         BatchDoesNotFitError: the model does not fit at micro-batch 1.
         NonFiniteLossError: the loss is NaN/inf in fp32 already.
     """
-    job = rank_info()
-    if job.world_size > 1:
-        # Ranks timing their own trials would decide differently and then call different
-        # collectives (a hang), and all would write one plan file.
-        raise SetupError(
-            f"redline tune runs in one process; this is rank {job.rank} of {job.world_size} "
-            "(WORLD_SIZE is set, e.g. by torchrun). Tune the per-rank setup once, without "
-            "torchrun (`redline tune script.py`: its micro-batch is per rank), then apply the "
-            "plan on every rank with redline.tune.apply_plan.")
+    require_one_process()
     cfg = config or TuneConfig()
     t0 = time.perf_counter()
     p = TunePath(factory, cfg, log, measure_fn)
