@@ -105,6 +105,30 @@ def test_a_balanced_job_never_gets_a_straggler(tmp_path: Path, ranks: int) -> No
     assert _stragglers(_windows(tmp_path, "balanced", ranks)) == [None] * 10
 
 
+@pytest.mark.parametrize("slow", [1, -1])
+def test_fsdp_the_rank_that_makes_the_others_wait_is_named_with_why(tmp_path: Path,
+                                                                     slow: int) -> None:
+    """FSDP2: 14 collectives a step; the late rank is late at the first, then arrival order is
+    chance. It is found by the wait it causes; its 20 ms between steps is named as such, and the
+    others' wait for the root's all-gather counts in their forward, not outside the phases."""
+    out = tmp_path / "r.json"
+    p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "20", "--warmup",
+              "3", "--no-flops", "--json", str(out), "--", *TORCHRUN, "--nproc_per_node", "2",
+              "fsdp_train.py", "--slow-rank", str(slow)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    d = _load(out)
+    found = [f for f in d["findings"] if f["id"] == "straggler"]
+    if slow < 0:
+        assert found == []
+        return
+    (f,) = found
+    assert f["rank"] == 1 and f["evidence"]["share_of_wait_caused"] >= 0.75
+    assert 15 <= f["evidence"]["outside_phases_excess_ms"] <= 30  # the 20 ms it sleeps
+    assert "outside data loading, forward, backward and the optimizer" in f["title"]
+    r0, r1 = d["ranks"]["ranks"]
+    assert r0["forward_s"] - r1["forward_s"] > 0.010  # rank 0 waits inside its forward
+
+
 def test_a_rank_that_fails_keeps_the_exit_code_and_both_reports(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "100", "--warmup",

@@ -143,3 +143,30 @@ def test_per_rank_scores_against_the_fastest_and_against_its_own_best() -> None:
     assert s1.score_vs_fastest == pytest.approx(0.8) and s1.score_vs_own_best == 1.0
     assert s2.score_vs_fastest == 1.0  # its median is still its old speed
     assert s2.score_vs_own_best == pytest.approx(0.5)
+
+
+def test_the_rank_that_causes_the_waiting_is_named_when_arrival_order_is_chance() -> None:
+    """FSDP-like: 14 collectives a step. Rank 1 is 20 ms late at the first of each step (its
+    loop's own work between steps); at the other 13 rank 0 happens to arrive 0.1 ms after it,
+    so rank 0 is last at 13 of 14. The wait each caused names rank 1, and why."""
+    s0, s1 = _summary(0, fwd_s=0.025), _summary(1, fwd_s=0.005)
+    t0, per_step = 1_000_000_000_000, 14
+    for s, first_ms, rest_ms in ((s0, 0.0, 0.1), (s1, 20.0, 0.0)):
+        s["arrivals"] = [["0", k * per_step + j,
+                          t0 + int((k * STEP) * 1e9) + int(((first_ms if j == 0 else
+                                                              20.0 + j + rest_ms)) * 1e6)]
+                         for k in range(10) for j in range(per_step)]
+        s["step_ends_ns"] = [t0 + int(((k + 1) * STEP) * 1e9) for k in range(10)]
+        # the step less the phases: 20 ms more on rank 1 (its work between steps)
+        s["phases"].update(data_wait=0.0, backward=0.010, optimizer=0.001)
+    s0["step_time_mean_s"] = s1["step_time_mean_s"] = 0.040
+    ranks, findings = _merge([s0, s1])
+    e0, e1 = ranks.ranks
+    assert (e0.last_arrivals, e1.last_arrivals) == (130, 10)
+    assert e1.caused_wait_s == pytest.approx(0.020)
+    assert e0.caused_wait_s == pytest.approx(13 * 0.0001)
+    f = _straggler(findings)
+    assert f is not None and f.rank == 1
+    assert f.evidence["share_of_wait_caused"] == pytest.approx(0.020 / 0.0213, abs=1e-3)
+    assert f.evidence["outside_phases_excess_ms"] == pytest.approx(20.0)
+    assert "spends 20.0 ms more per step outside data loading" in f.title

@@ -67,6 +67,9 @@ class RankEntry:
     """Of those, how many this rank arrived at last."""
     lateness_s: float | None
     """Mean per step of (its arrival − the first rank's arrival), summed over collectives."""
+    caused_wait_s: float | None = None
+    """Mean per step of the others' wait at the collectives this rank arrived at last: the wait
+    it caused (the ranks' caused waits sum to their total wait)."""
     score_vs_fastest: float | None = None
     """The fastest rank's median compute per step ÷ this rank's (1: as fast; compute is
     forward + backward + optimizer less the wait at that step's collectives)."""

@@ -2,9 +2,10 @@
 
 Under DDP every rank's step time is the same (the gradient all-reduce is a barrier inside
 backward), so per-rank step times hide the slow rank; the order in which ranks arrive at each
-collective does not. The rank that arrives last at most collectives, and keeps the others
-waiting a measured share of the step, is the straggler; what it does more of than the others
-(waiting for data, computing, or getting less CPU on its host) is why.
+collective does not. The rank that arrives last at most collectives (or causes most of the
+waiting at them), and keeps the others waiting a measured share of the step, is the straggler;
+what it does more of than the others (waiting for data, computing, or getting less CPU on its
+host) is why.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import statistics
 from redline.core.findings import Finding, ceiling_speedup, severity_for
 from redline.core.report import RankEntry, RanksReport
 from redline.diagnose.thresholds import (
+    STRAGGLER_MIN_CAUSED_SHARE,
     STRAGGLER_MIN_LAST_SHARE,
     STRAGGLER_MIN_SKEW,
     STRAGGLER_MIN_WAIT_S,
@@ -38,15 +40,35 @@ def _why(slow: RankEntry, others: list[RankEntry]) -> tuple[str, str, dict[str, 
             return None
         return e.forward_s + e.backward_s + (e.optimizer_s or 0.0) - (e.comm_wait_s or 0.0)
 
+    def outside(e: RankEntry) -> float | None:
+        # the step less its measured phases: the loop's own code between them (logging,
+        # host work, a sleep); a rank's waits inside the loop's collectives stay in it, so the
+        # ranks that wait more have more, never the late one
+        parts = (e.data_wait_s, e.h2d_copy_s, e.forward_s, e.backward_s, e.optimizer_s)
+        if e.step_time_mean_s is None or any(p is None for p in parts):
+            return None
+        return e.step_time_mean_s - sum(p or 0.0 for p in parts)
+
     data_excess = ((slow.data_wait_s or 0.0) - (_median([e.data_wait_s for e in others]) or 0.0))
     c_slow, c_med = compute(slow), _median([compute(e) for e in others])
     compute_excess = (c_slow - c_med) if c_slow is not None and c_med is not None else 0.0
+    o_slow, o_med = outside(slow), _median([outside(e) for e in others])
+    outside_excess = (o_slow - o_med) if o_slow is not None and o_med is not None else 0.0
     cpu_med = _median([e.main_cpu_cores for e in others])
     numbers: dict[str, float | None] = {
         "data_wait_excess_ms": round(data_excess * 1e3, 3),
         "compute_excess_ms": round(compute_excess * 1e3, 3),
+        "outside_phases_excess_ms": round(outside_excess * 1e3, 3),
         "main_cpu_cores": None if slow.main_cpu_cores is None else round(slow.main_cpu_cores, 3),
         "others_main_cpu_cores": None if cpu_med is None else round(cpu_med, 3)}
+    if outside_excess > max(data_excess, compute_excess, 0.0):
+        return (f"it spends {outside_excess * 1e3:,.1f} ms more per step outside data loading, "
+                "forward, backward and the optimizer than the median rank (the loop's own code "
+                "between them)",
+                f"Find what rank {slow.rank}'s loop does between its steps that the others do "
+                "not (logging, metrics, checkpointing or evaluation on one rank, a host-side "
+                "transform, a sleep), and move it off the step or spread it over the ranks.",
+                numbers)
     if data_excess >= compute_excess and data_excess > 0:
         return (f"it waits {data_excess * 1e3:,.1f} ms more per step for data than the median "
                 "rank",
@@ -74,24 +96,28 @@ def straggler(r: RanksReport) -> list[Finding]:
     present = [e for e in r.ranks if e.status != "missing" and e.collectives]
     if len(present) < 2:
         return []
-    slow = max(present, key=lambda e: (e.last_arrivals, e.lateness_s or 0.0))
+    slow = max(present, key=lambda e: (e.caused_wait_s or 0.0, e.last_arrivals))
     others = _others(r, slow.rank)
     share_last = slow.last_arrivals / slow.collectives
+    caused_all = sum(e.caused_wait_s or 0.0 for e in present)
+    share_caused = (slow.caused_wait_s or 0.0) / caused_all if caused_all else 0.0
     step = _median([e.step_time_mean_s for e in present])
     wait = _median([e.comm_wait_s for e in others])
     if not step or wait is None:
         return []
     cost = wait / step
-    if (share_last < STRAGGLER_MIN_LAST_SHARE or cost < STRAGGLER_MIN_SKEW
+    if ((share_last < STRAGGLER_MIN_LAST_SHARE and share_caused < STRAGGLER_MIN_CAUSED_SHARE)
+            or cost < STRAGGLER_MIN_SKEW
             or wait < max(STRAGGLER_MIN_WAIT_S, 2 * r.clock_error_s)):
         return []
     why, fix, numbers = _why(slow, others)
     return [Finding(
         "straggler", severity_for(cost),
         f"Rank {slow.rank} arrives last at {slow.last_arrivals} of {slow.collectives} "
-        f"collectives; the other ranks wait {wait * 1e3:,.1f} ms per step for it: {why}",
+        f"collectives and causes {share_caused:.0%} of the waiting at them; the other ranks "
+        f"wait {wait * 1e3:,.1f} ms per step for it: {why}",
         {"rank": slow.rank, "host": slow.host, "last_arrivals": slow.last_arrivals,
-         "collectives": slow.collectives,
+         "collectives": slow.collectives, "share_of_wait_caused": round(share_caused, 4),
          "skew_ms_per_step": None if slow.lateness_s is None else round(slow.lateness_s * 1e3, 3),
          "others_wait_ms_per_step": round(wait * 1e3, 3),
          "share_of_step": round(cost, 4), "clock_error_ms": round(r.clock_error_s * 1e3, 3),

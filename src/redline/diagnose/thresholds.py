@@ -85,6 +85,12 @@ STRAGGLER_MIN_LAST_SHARE = 0.75
 arrival moves from rank to rank (half the time each, for two), so a rank that is last three
 times in four is late for a reason, not by chance."""
 
+STRAGGLER_MIN_CAUSED_SHARE = 0.75
+"""…or causes ≥ 75 % of all the waiting at collectives (the others' wait where it was last).
+A job with many collectives per step (FSDP's per-layer all-gathers and reduce-scatters) has a
+late rank at the first collective of each step and lockstep, order-by-chance arrivals at the
+rest: the count of last arrivals then hides it, the time it makes the others wait does not."""
+
 # -- the stall note and the limits left after tuning -----------------------------------------
 
 HOST_GAP_MIN = 0.1

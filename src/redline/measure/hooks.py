@@ -236,11 +236,16 @@ class Instrumentation:
         tid, get_ident = self._tid, threading.get_ident
         for m in list(self._roots.keys()):
             try:
+                if m._forward_pre_hooks or m._forward_hooks:
+                    # The module's own hooks run outside ``forward`` (FSDP's unshard waits for
+                    # its all-gather there): time around them, first in and last out.
+                    raise TypeError("hooked module")
                 patch(self._stack, m, "forward",
                       _TimedForward(m.forward, enter_root, exit_root, tid), raw=True)
             except (AttributeError, TypeError, RuntimeError):  # TorchScript and the like
                 self._stack.callback(m.register_forward_pre_hook(
-                    lambda _m, _a: enter_root() if get_ident() == tid else None).remove)
+                    lambda _m, _a: enter_root() if get_ident() == tid else None,
+                    prepend=True).remove)
                 self._stack.callback(m.register_forward_hook(
                     lambda _m, _a, _o: exit_root() if get_ident() == tid else None,
                     always_call=True).remove)

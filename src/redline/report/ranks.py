@@ -118,7 +118,8 @@ def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: in
             throughput_samples_per_s=s["throughput_samples_per_s"],
             main_cpu_cores=s["main_cpu_cores"], collectives=k.get("collectives", 0),
             last_arrivals=k.get("last", 0),
-            lateness_s=k["late_ns"] / 1e9 / steps if k else None))
+            lateness_s=k["late_ns"] / 1e9 / steps if k else None,
+            caused_wait_s=k["caused_ns"] / 1e9 / steps if k else None))
     _score(entries, got, skew)
     merged = {name: _merged(entries, name) for name in MERGED}
     ranks = RanksReport(world_size, missing, entries, merged, source, clock_error_s)
@@ -147,7 +148,7 @@ def _skew(got: dict[int, dict[str, Any]]) -> tuple[dict[int, dict[str, Any]], st
         for group, seq, t in s["arrivals"]:
             at[(group, seq)][r] = t + offset[r]
     out: dict[int, dict[str, Any]] = {r: {"collectives": 0, "last": 0, "wait_ns": 0,
-                                          "late_ns": 0} for r in got}
+                                          "late_ns": 0, "caused_ns": 0} for r in got}
     ends = {r: s.get("step_ends_ns") or [] for r, s in got.items()}
     for times in at.values():
         if len(times) != len(got):
@@ -163,6 +164,7 @@ def _skew(got: dict[int, dict[str, Any]]) -> tuple[dict[int, dict[str, Any]], st
             by_step = o.setdefault("wait_by_step", {})
             by_step[step] = by_step.get(step, 0.0) + (last - t) / 1e9
         out[last_rank]["last"] += 1
+        out[last_rank]["caused_ns"] += sum(last - t for t in times.values())
     n = out[min(out)]["collectives"]
     where = ("one host (one clock)" if len(hosts) == 1 else
              f"{len(hosts)} hosts, clocks aligned to rank 0's by round trips through the job's "

@@ -1,0 +1,37 @@
+"""A plain gloo FSDP2 loop (``fully_shard`` per block and on the root; no redline in it); with
+--slow-rank R, rank R does 20 ms of its own work between steps (as a loop that logs or
+evaluates on one rank does)."""
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+p = argparse.ArgumentParser()
+p.add_argument("--slow-rank", type=int, default=-1)
+p.add_argument("--steps", type=int, default=40)
+args = p.parse_args()
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.ReLU()) for _ in range(4)],
+                      nn.Linear(128, 1))
+for block in model[:4]:
+    fully_shard(block)
+fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+g = torch.Generator().manual_seed(rank)
+for _ in range(args.steps):
+    x, y = torch.randn(16, 128, generator=g), torch.randn(16, 1, generator=g)
+    if rank == args.slow_rank:
+        time.sleep(0.02)
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print(f"rank {rank} done", flush=True)
+dist.destroy_process_group()
