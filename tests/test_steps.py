@@ -404,3 +404,24 @@ def test_a_loop_on_another_thread_is_named_not_hidden() -> None:
     note = next(n for n in rep.measurements.notes if "another thread" in n)
     assert note.startswith("5 training step(s) ran on another thread (trainer)")
     assert "MainThread" in note
+
+
+def test_a_root_with_its_own_forward_hooks_is_timed_around_them() -> None:
+    """FSDP's root waits for its parameters in a pre-forward hook: that wait is forward time,
+    not time outside the phases; the module's hooks and forward are left as they were."""
+    import time
+
+    model = nn.Linear(8, 1)
+    theirs = model.register_forward_pre_hook(lambda m, a: time.sleep(0.02))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(_data(N * 4), batch_size=4)
+    with _watch() as w:
+        for x, y in loader:
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    # steps after the first (which finds the roots through global hooks) time the hook too
+    assert all(s.phase_s["forward"] >= 0.02 for s in w.steps[1:])
+    assert len(model._forward_pre_hooks) == 1 and not model._forward_hooks
+    assert "forward" not in vars(model)
+    theirs.remove()

@@ -235,20 +235,22 @@ class Instrumentation:
         enter_root, exit_root = self._enter_root, self._exit_root
         tid, get_ident = self._tid, threading.get_ident
         for m in list(self._roots.keys()):
-            try:
-                if m._forward_pre_hooks or m._forward_hooks:
-                    # The module's own hooks run outside ``forward`` (FSDP's unshard waits for
-                    # its all-gather there): time around them, first in and last out.
-                    raise TypeError("hooked module")
-                patch(self._stack, m, "forward",
-                      _TimedForward(m.forward, enter_root, exit_root, tid), raw=True)
-            except (AttributeError, TypeError, RuntimeError):  # TorchScript and the like
-                self._stack.callback(m.register_forward_pre_hook(
-                    lambda _m, _a: enter_root() if get_ident() == tid else None,
-                    prepend=True).remove)
-                self._stack.callback(m.register_forward_hook(
-                    lambda _m, _a, _o: exit_root() if get_ident() == tid else None,
-                    always_call=True).remove)
+            # A module with hooks of its own runs them outside ``forward`` (FSDP's root waits
+            # for its parameters' all-gather in a pre-forward hook): time around its hooks,
+            # first in and last out, instead of patching ``forward``.
+            if not (m._forward_pre_hooks or m._forward_hooks):
+                try:
+                    patch(self._stack, m, "forward",
+                          _TimedForward(m.forward, enter_root, exit_root, tid), raw=True)
+                    continue
+                except (AttributeError, TypeError, RuntimeError):  # TorchScript and the like
+                    pass
+            self._stack.callback(m.register_forward_pre_hook(
+                lambda _m, _a: enter_root() if get_ident() == tid and not compiling() else None,
+                prepend=True).remove)
+            self._stack.callback(m.register_forward_hook(
+                lambda _m, _a, _o: exit_root() if get_ident() == tid and not compiling() else None,
+                always_call=True).remove)
 
     def _time_compiled_in_place(self) -> None:
         """Find modules compiled in place (``Module.compile()`` sets ``_compiled_call_impl``,
