@@ -67,3 +67,34 @@ def test_equal_host_collectives_name_no_straggler(tmp_path: Path) -> None:
 def test_one_rank_has_no_skew_to_read(tmp_path: Path) -> None:
     a = analyze_paths([write_trace(tmp_path / "r.json", _events([60.0, 5.0]), rank=0)])
     assert a.stragglers_source is None and a.stragglers == []
+
+
+def _report_with_trace() -> Any:
+    from factories import measurements
+    from redline.core.report import Report, TraceSummary
+
+    return Report("redline.report/2", "0", "0", "now", None, "completed", None, measurements(),
+                  [], trace=TraceSummary("t", 5, 0, None, None, None, None, "CPU-only trace"))
+
+
+def test_rank_zero_analyses_the_traces_it_can_read_and_names_the_others(tmp_path: Path) -> None:
+    from redline.report.ranks import _job_trace
+
+    paths = {}
+    for r, d in {0: [60.0, 60.0, 60.0], 1: [5.0, 5.0, 5.0]}.items():
+        paths[r] = str(write_trace(tmp_path / f"redline-trace-rank{r}.json", _events(d),
+                                   rank=r, gz=False))
+    got = {0: {"trace_path": paths[0], "host": "a"}, 1: {"trace_path": paths[1], "host": "a"},
+           2: {"trace_path": str(tmp_path / "elsewhere" / "redline-trace-rank2.json"),
+               "host": "b"}}
+    report, findings = _job_trace(_report_with_trace(), [], got)
+    note = report.trace.note
+    assert note.startswith("CPU-only trace; 2 of 3 ranks' traces analysed together")
+    assert "rank(s) 2 (b) wrote theirs on another host" in note
+    assert "rank 1 arrives last at 2 of 2 gloo's host-side collectives, 0.1 ms late" in note
+    (f,) = findings  # no live straggler: the trace's becomes the finding, with its rank
+    assert f.id == "straggler" and f.rank == 1
+    # one trace here: said, and nothing analysed
+    report, findings = _job_trace(_report_with_trace(), [], {0: got[0], 2: got[2]})
+    assert "1 of 2 ranks' traces on this host: not analysed together" in report.trace.note
+    assert findings == []

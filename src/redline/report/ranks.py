@@ -291,7 +291,7 @@ def exchange(w: Recorder, report: Report, store: JobStore | None = None,
             f"no report from rank(s) {seen} within {timeout_s:g} s of rank 0's end "
             "(crashed, killed or still running)")
     if report.trace is not None:
-        report, findings = _job_trace(report, findings, {0: mine, **others})
+        report, findings = _job_trace(report, findings, got_all)
     return dataclasses.replace(report, ranks=ranks, findings=findings)
 
 
@@ -305,19 +305,20 @@ def _job_trace(report: Report, findings: list[Finding],
     here = [p for p in paths.values() if p and Path(p).is_file()]
     elsewhere = [f"{r} ({got[r]['host']})" for r, p in paths.items()
                  if p and not Path(p).is_file()]
-    parts = [f"{len(here)} of {len(paths)} ranks' traces analysed together"]
+    parts = [f"{len(here)} of {len(paths)} ranks' traces analysed together" if len(here) >= 2
+             else f"{len(here)} of {len(paths)} ranks' traces on this host: not analysed "
+             "together"]
     if elsewhere:
         parts.append(f"rank(s) {', '.join(elsewhere)} wrote theirs on another host: copy them "
                      "into one folder and run `redline trace` on it")
-    if len(here) < 2:
-        return report, findings
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            analysis = analyze_paths(sorted(here))
-    except TraceError as e:
-        parts = [f"the ranks' traces could not be analysed together: {e}"]
-        analysis = None
+    analysis = None
+    if len(here) >= 2:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                analysis = analyze_paths(sorted(here))
+        except TraceError as e:
+            parts = [f"the ranks' traces could not be analysed together: {e}"]
     if analysis is not None and analysis.stragglers:
         worst = max(analysis.stragglers, key=lambda x: x.mean_lateness_us)
         side = "collective kernels" if analysis.stragglers_source == "device" else \
