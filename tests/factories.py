@@ -11,6 +11,7 @@ from redline.core.measurements import (
     DeviceInfo,
     DeviceMetrics,
     EffectiveConfig,
+    FsdpStats,
     H2DMetrics,
     HostMetrics,
     LoaderReport,
@@ -48,7 +49,8 @@ def measurements(*, device: str = "cpu", phases: dict[str, float] | None = None,
                  host: dict[str, Any] | None = None, dev: dict[str, Any] | None = None,
                  loaders: list[LoaderReport] | None = None, precision: str = "fp32",
                  cc: str | None = None, name: str = "x86_64", steps: int = 20,
-                 ddp: DdpStats | None = None, **config: Any) -> Measurements:
+                 ddp: DdpStats | None = None, fsdp: FsdpStats | None = None,
+                 **config: Any) -> Measurements:
     loaders = loaders if loaders is not None else [loader()]
     li = loaders[0] if loaders else None
     h = HostMetrics(cpus_available=2.0, cpus_source="test", torch_threads=2,
@@ -75,6 +77,7 @@ def measurements(*, device: str = "cpu", phases: dict[str, float] | None = None,
         precision=PrecisionInfo(precision, "fp32", None, 0.0, "highest", False),
         mfu=MfuResult(None, None, None, None, None, None, "test"),
         tier=MetricTier("cpu", [], []), counts={}, root_modules=["Net"], sources={}, ddp=ddp,
+        fsdp=fsdp,
     )
 
 

@@ -129,6 +129,29 @@ def test_fsdp_the_rank_that_makes_the_others_wait_is_named_with_why(tmp_path: Pa
     assert r0["forward_s"] - r1["forward_s"] > 0.010  # rank 0 waits inside its forward
 
 
+@pytest.mark.parametrize("last_only", [False, True])
+def test_fsdp_accumulation_that_reduces_every_micro_batch_is_found(tmp_path: Path,
+                                                                   last_only: bool) -> None:
+    out = tmp_path / "r.json"
+    p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "8", "--warmup",
+              "2", "--no-flops", "--json", str(out), "--", *TORCHRUN, "--nproc_per_node", "2",
+              "fsdp_train.py", "--steps", "12", "--micro", "3",
+              *(["--sync-last-only"] if last_only else [])])
+    assert p.returncode == 0, p.stderr[-3000:]
+    d = _load(out)
+    fsdp = d["measurements"]["fsdp"]
+    assert fsdp["groups"] == 5 and fsdp["backward_per_step"] == 3.0  # 4 blocks + the root
+    # gloo reduces FSDP2's gradients with all-reduce: one per group per synced backward
+    assert fsdp["reductions_per_step"] == (5.0 if last_only else 15.0)
+    found = {f["id"]: f for f in d["findings"]}
+    if last_only:
+        assert "sync_every_microbatch" not in found
+    else:
+        f = found["sync_every_microbatch"]
+        assert f["rank"] is None and f["evidence"]["extra_reductions_per_step"] == 10.0
+        assert "set_requires_gradient_sync" in f["fix"]
+
+
 def test_a_rank_that_fails_keeps_the_exit_code_and_both_reports(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "100", "--warmup",

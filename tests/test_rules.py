@@ -6,7 +6,7 @@ import pytest
 
 from factories import H2DMetrics, loader, measurements
 from redline.core.findings import CATALOGUE, ceiling_speedup
-from redline.core.measurements import DdpStats
+from redline.core.measurements import DdpStats, FsdpStats
 from redline.diagnose import (
     JOB_RULES,
     NOT_DIAGNOSED,
@@ -51,6 +51,17 @@ def test_sync_every_microbatch_from_counted_all_reduces() -> None:
     unknown = get(measurements(ddp=_ddp(backward=4, reduces=8, buckets=2, comm_s=None)),
                   "sync_every_microbatch")
     assert unknown.ceiling_speedup is None
+
+
+def test_fsdp_sync_every_microbatch_from_counted_reductions() -> None:
+    """FSDP2, 3 fully_shard groups, 4 micro-batches: 12 reductions per step unsynced, 3 with
+    set_requires_gradient_sync(False) on all but the last."""
+    f = get(measurements(fsdp=FsdpStats(3, 4.0, 12.0)), "sync_every_microbatch")
+    assert f.evidence["extra_reductions_per_step"] == 9 and f.ceiling_speedup is None
+    assert "set_requires_gradient_sync(is_last)" in f.fix and "no_sync" not in f.fix
+    for quiet in (FsdpStats(3, 4.0, 3.0), FsdpStats(3, 1.0, 3.0), FsdpStats(3, None, 12.0),
+                  FsdpStats(3, 4.0, None)):
+        assert "sync_every_microbatch" not in ids(measurements(fsdp=quiet))
 
 
 def test_ddp_knobs_each_from_their_evidence() -> None:

@@ -1,6 +1,7 @@
 """A plain gloo FSDP2 loop (``fully_shard`` per block and on the root; no redline in it); with
 --slow-rank R, rank R does 20 ms of its own work between steps (as a loop that logs or
-evaluates on one rank does)."""
+evaluates on one rank does); with --micro K, K micro-batches per optimizer step, reducing
+gradients after each unless --sync-last-only."""
 
 import argparse
 import time
@@ -13,6 +14,8 @@ from torch.distributed.fsdp import fully_shard
 p = argparse.ArgumentParser()
 p.add_argument("--slow-rank", type=int, default=-1)
 p.add_argument("--steps", type=int, default=40)
+p.add_argument("--micro", type=int, default=1)
+p.add_argument("--sync-last-only", action="store_true")
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -29,8 +32,10 @@ for _ in range(args.steps):
     x, y = torch.randn(16, 128, generator=g), torch.randn(16, 1, generator=g)
     if rank == args.slow_rank:
         time.sleep(0.02)
-    loss = nn.functional.mse_loss(model(x), y)
-    loss.backward()
+    for k in range(args.micro):
+        if args.sync_last_only:
+            model.set_requires_gradient_sync(k == args.micro - 1)
+        nn.functional.mse_loss(model(x), y).backward()
     opt.step()
     opt.zero_grad()
 print(f"rank {rank} done", flush=True)

@@ -227,6 +227,21 @@ class DdpStats:
 
 
 @dataclass(slots=True)
+class FsdpStats:
+    """An FSDP2 (``fully_shard``) model's parameter groups, and the gradient reductions this
+    rank enqueued per optimizer step (flight recorder)."""
+
+    groups: int
+    """Modules sharded with ``fully_shard`` (each reduces its gradients once per synced
+    backward)."""
+    backward_per_step: float | None
+    """Backward passes per optimizer step (> 1 under gradient accumulation)."""
+    reductions_per_step: float | None
+    """Gradient reductions per optimizer step: reduce-scatters, or all-reduces where the
+    backend has no reduce-scatter (gloo); the loop's own all-reduces count too."""
+
+
+@dataclass(slots=True)
 class Measurements:
     """Everything measured, before diagnosis."""
 
@@ -247,6 +262,8 @@ class Measurements:
     notes: list[str] = field(default_factory=list)
     ddp: DdpStats | None = None
     """Set when the loop trains a DistributedDataParallel model (multi-process jobs)."""
+    fsdp: FsdpStats | None = None
+    """Set when the loop trains an FSDP2 (``fully_shard``) model (multi-process jobs)."""
 
     def fraction(self, phase: str) -> float:
         for p in self.breakdown:

@@ -1,5 +1,5 @@
-"""DistributedDataParallel knobs that cost collectives, each from counted evidence: DDP's own
-statistics and the flight recorder's all-reduces per optimizer step."""
+"""DistributedDataParallel (and FSDP2) knobs that cost collectives, each from counted evidence:
+DDP's own statistics and the flight recorder's gradient reductions per optimizer step."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ _MIB = 2**20
 
 
 def sync_every_microbatch(m: Measurements) -> list[Finding]:
-    """Gradient accumulation without ``no_sync()``: every micro-batch's backward all-reduces
-    the gradients, where only the last one's needs to."""
+    """Gradient accumulation without ``no_sync()`` (DDP) or
+    ``set_requires_gradient_sync(False)`` (FSDP2): every micro-batch's backward reduces the
+    gradients, where only the last one's needs to."""
+    if m.ddp is None and m.fsdp is not None:
+        return _fsdp_sync_every_microbatch(m)
     d = m.ddp
     step = m.timing.step_time_mean_s
     if d is None or d.backward_per_step is None or d.all_reduces_per_step is None or not step:
@@ -43,6 +46,28 @@ def sync_every_microbatch(m: Measurements) -> list[Finding]:
         "their forward and backward (DDP), or `model.set_requires_gradient_sync(is_last)` "
         "(FSDP2); gradients then accumulate locally and are all-reduced once per step "
         "(redline.tune.accumulate does this).")]
+
+
+def _fsdp_sync_every_microbatch(m: Measurements) -> list[Finding]:
+    f = m.fsdp
+    if f is None or f.backward_per_step is None or f.reductions_per_step is None:
+        return []
+    k, groups = f.backward_per_step, max(1, f.groups)
+    if k < 1.5 or f.reductions_per_step < (k - 0.5) * groups:
+        return []
+    return [Finding(
+        "sync_every_microbatch", "medium",
+        f"Gradients are reduced after each of the {k:.0f} micro-batches of a step: "
+        f"{f.reductions_per_step:.1f} gradient reductions per step where {groups} would do "
+        f"(one per fully_shard group)",
+        {"backward_per_step": round(k, 2), "reductions_per_step": round(f.reductions_per_step, 2),
+         "fully_shard_groups": groups,
+         "extra_reductions_per_step": round(f.reductions_per_step - groups, 2),
+         "comm_source": "flight recorder: reduce-scatters (all-reduces on gloo) enqueued"},
+        None,
+        "Skip the gradient sync on all but the last micro-batch: "
+        "`model.set_requires_gradient_sync(is_last)` before each micro-batch's backward "
+        "(FSDP2); gradients then accumulate unsharded locally and are reduced once per step.")]
 
 
 def unused_parameter_search(m: Measurements) -> list[Finding]:

@@ -1,4 +1,4 @@
-"""A DistributedDataParallel model's own statistics, read once at watch exit.
+"""A DistributedDataParallel or FSDP2 model's own statistics, read once at watch exit.
 
 DDP keeps runtime logging data (``DistributedDataParallel._get_ddp_logging_data``, a
 prototype API sampled by DDP itself: the first iterations, then one in 100): its settings,
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from redline.core.measurements import DdpStats
+import torch
+
+from redline.core.measurements import DdpStats, FsdpStats
 from redline.measure.collectives import Arrival
 
 
@@ -49,3 +51,25 @@ def ddp_stats(roots: list[Any], arrivals: list[Arrival], measured_steps: int,
         backward_per_step=counts.get("backward", 0) / opt if opt else None,
         all_reduces_per_step=reduces / measured_steps if arrivals and measured_steps else None,
     )
+
+
+def fsdp_stats(roots: list[Any], arrivals: list[Arrival], measured_steps: int,
+               counts: dict[str, int]) -> FsdpStats | None:
+    """The first FSDP2 (``fully_shard``) model among ``roots``, or None: its parameter groups
+    and the gradient reductions per optimizer step (all-reduces count: gloo has no
+    reduce-scatter, and FSDP2 reduces with all-reduce there)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without FSDP2
+        return None
+    root = next((m for m in roots if isinstance(m, FSDPModule)), None)
+    if root is None:
+        return None
+    modules = root.modules() if isinstance(root, torch.nn.Module) else []
+    opt = counts.get("optimizer_step", 0)
+    reductions = sum(1 for a in arrivals if "reduce_scatter" in a.name or "all_reduce" in a.name)
+    return FsdpStats(
+        groups=sum(1 for m in modules if isinstance(m, FSDPModule)),
+        backward_per_step=counts.get("backward", 0) / opt if opt else None,
+        reductions_per_step=(reductions / measured_steps if arrivals and measured_steps
+                             else None))

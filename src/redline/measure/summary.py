@@ -24,7 +24,7 @@ from redline.core.measurements import (
     StepTiming,
 )
 from redline.core.report import TraceSummary
-from redline.measure.ddp import ddp_stats
+from redline.measure.ddp import ddp_stats, fsdp_stats
 from redline.measure.mfu import mfu_for
 from redline.measure.stats import percentile, span_fraction, step_times
 from redline.measure.system import cpu_budget, cpu_flags, shm_info
@@ -196,6 +196,7 @@ def build_measurements(w: Recorder) -> Measurements:
         tier=_tier(w), counts=dict(w.tracker.counts), root_modules=inst.root_modules,
         sources=_sources(w), notes=notes,
         ddp=ddp_stats(inst.roots, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
+        fsdp=fsdp_stats(inst.roots, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
     )
 
 
