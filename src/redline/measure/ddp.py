@@ -36,8 +36,6 @@ def ddp_stats(roots: list[Any], arrivals: list[Arrival], measured_steps: int,
         return v / 1e9 if isinstance(v, int) and v > 0 else None
 
     sizes = [int(x) for x in str(d.get("bucket_sizes", "")).replace(" ", "").split(",") if x]
-    opt = counts.get("optimizer_step", 0)
-    reduces = sum(1 for a in arrivals if "all_reduce" in a.name)
     return DdpStats(
         backend=str(d.get("backend_name", "")),
         find_unused_parameters=bool(d.get("find_unused_parameters", 0)),
@@ -48,9 +46,22 @@ def ddp_stats(roots: list[Any], arrivals: list[Arrival], measured_steps: int,
         parameter_bytes=int(d.get("total_parameter_size_bytes", 0) or 0),
         backward_comm_s=ns("avg_backward_comm_time"),
         backward_overlap_s=ns("avg_backward_compute_comm_overlap_time"),
-        backward_per_step=counts.get("backward", 0) / opt if opt else None,
-        all_reduces_per_step=reduces / measured_steps if arrivals and measured_steps else None,
+        backward_per_step=_backward_per_step(counts),
+        all_reduces_per_step=_per_step(arrivals, measured_steps, ("all_reduce",)),
     )
+
+
+def _backward_per_step(counts: dict[str, int]) -> float | None:
+    opt = counts.get("optimizer_step", 0)
+    return counts.get("backward", 0) / opt if opt else None
+
+
+def _per_step(arrivals: list[Arrival], measured_steps: int,
+              kinds: tuple[str, ...]) -> float | None:
+    """Collectives of these kinds this rank enqueued per measured step (None: none read)."""
+    if not arrivals or not measured_steps:
+        return None
+    return sum(1 for a in arrivals if any(k in a.name for k in kinds)) / measured_steps
 
 
 def fsdp_stats(roots: list[Any], arrivals: list[Arrival], measured_steps: int,
@@ -66,10 +77,7 @@ def fsdp_stats(roots: list[Any], arrivals: list[Arrival], measured_steps: int,
     if root is None:
         return None
     modules = root.modules() if isinstance(root, torch.nn.Module) else []
-    opt = counts.get("optimizer_step", 0)
-    reductions = sum(1 for a in arrivals if "reduce_scatter" in a.name or "all_reduce" in a.name)
     return FsdpStats(
         groups=sum(1 for m in modules if isinstance(m, FSDPModule)),
-        backward_per_step=counts.get("backward", 0) / opt if opt else None,
-        reductions_per_step=(reductions / measured_steps if arrivals and measured_steps
-                             else None))
+        backward_per_step=_backward_per_step(counts),
+        reductions_per_step=_per_step(arrivals, measured_steps, ("reduce_scatter", "all_reduce")))

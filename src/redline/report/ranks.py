@@ -73,8 +73,12 @@ def _ddp_exposed(m: Measurements) -> float | None:
     d = m.ddp
     if d is None or d.backward_comm_s is None:
         return None
-    return max(0.0, d.backward_comm_s - (d.backward_overlap_s or 0.0)) * (d.backward_per_step
-                                                                          or 1.0)
+    exposed = max(0.0, d.backward_comm_s - (d.backward_overlap_s or 0.0)) * (
+        d.backward_per_step or 1.0)
+    # DDP's averages come from its sampled iterations, warm-up included; the exposed
+    # all-reduce happens inside backward, so it cannot exceed the measured backward
+    backward = next((p.mean_s for p in m.breakdown if p.phase == "backward"), None)
+    return exposed if backward is None else min(exposed, backward)
 
 
 def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: int,
@@ -101,10 +105,6 @@ def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: in
         k = skew.get(r, {}) if s["steps_measured"] else {}
         wait = k["wait_ns"] / 1e9 / steps if k else None
         exposed = s.get("ddp_exposed_comm_s")
-        if exposed is not None and ph.get("backward") is not None:
-            # DDP's averages come from its sampled iterations, warm-up included; the exposed
-            # all-reduce happens inside backward, so it cannot exceed the measured backward
-            exposed = min(exposed, ph["backward"])
         comm = (None if exposed is None and not ph.get("comm") else
                 (exposed or 0.0) + (ph.get("comm") or 0.0))
         entries.append(RankEntry(
@@ -301,12 +301,12 @@ def _job_trace(report: Report, findings: list[Finding],
     skew from collective kernels, or gloo's host-side collectives on CPU), where the files
     are on this host's file system."""
     assert report.trace is not None
-    paths = {r: s.get("trace_path") for r, s in sorted(got.items())}
-    here = [p for p in paths.values() if p and Path(p).is_file()]
-    elsewhere = [f"{r} ({got[r]['host']})" for r, p in paths.items()
-                 if p and not Path(p).is_file()]
-    parts = [f"{len(here)} of {len(paths)} ranks' traces analysed together" if len(here) >= 2
-             else f"{len(here)} of {len(paths)} ranks' traces on this host: not analysed "
+    paths = {r: s["trace_path"] for r, s in sorted(got.items()) if s.get("trace_path")}
+    readable = {r: Path(p).is_file() for r, p in paths.items()}
+    here = [p for r, p in paths.items() if readable[r]]
+    elsewhere = [f"{r} ({got[r]['host']})" for r in paths if not readable[r]]
+    parts = [f"{len(here)} of {len(got)} ranks' traces analysed together" if len(here) >= 2
+             else f"{len(here)} of {len(got)} ranks' traces on this host: not analysed "
              "together"]
     if elsewhere:
         parts.append(f"rank(s) {', '.join(elsewhere)} wrote theirs on another host: copy them "

@@ -14,7 +14,7 @@ from redline.trace.breakdown import (
     kernel_types,
     temporal,
 )
-from redline.trace.events import HOST_COLLECTIVE_PREFIX, RankTrace, TraceError
+from redline.trace.events import HOST_COLLECTIVE_PREFIX, Event, RankTrace, TraceError
 from redline.trace.families import KernelFamilies, kernel_families
 from redline.trace.kernels import (
     CopyStat,
@@ -83,8 +83,10 @@ class TraceAnalysis:
         return dict(out)
 
 
-def analyze_rank(t: RankTrace, hta_compat: bool = False) -> RankAnalysis:
-    events = filter_iterations(t)
+def analyze_rank(t: RankTrace, hta_compat: bool = False,
+                 events: list[Event] | None = None) -> RankAnalysis:
+    """One rank's analyses over ``events`` (default: :func:`filter_iterations` of ``t``)."""
+    events = filter_iterations(t) if events is None else events
     device = [e for e in events if e.stream != -1]
     return RankAnalysis(
         rank=t.rank, path=t.path, device_name=t.device_name, device_events=len(device),
@@ -114,23 +116,33 @@ def analyze_paths(paths: list[str | Path], hta_compat: bool = False) -> TraceAna
                              "analyse one job's traces at a time")
         seen[t.rank] = t.path
     ordered = sorted(traces, key=lambda t: t.rank)
-    result = TraceAnalysis([analyze_rank(t, hta_compat) for t in ordered], hta_compat)
-    kept = {t.rank: filter_iterations(t) for t in ordered}
-    comm = {r: [e for e in ev if e.stream != -1 and kernel_type(e) == COMMUNICATION]
-            for r, ev in kept.items()}
-    if len(ordered) > 1 and any(comm.values()):
+    result = TraceAnalysis([], hta_compat)
+    # per rank, from one pass of iteration filtering: collective kernels, gloo's host-side
+    # collectives (CPU jobs), and the host span they are measured against
+    device_comm: dict[int, list[Event]] = {}
+    host_comm: dict[int, list[Event]] = {}
+    host_span_us = 0.0
+    for t in ordered:
+        events = filter_iterations(t)
+        result.ranks.append(analyze_rank(t, hta_compat, events))
+        device_comm[t.rank] = [e for e in events
+                               if e.stream != -1 and kernel_type(e) == COMMUNICATION]
+        host_comm[t.rank] = [e for e in events if e.stream == -1
+                             and e.name.startswith(HOST_COLLECTIVE_PREFIX)]
+        if events:
+            host_span_us = max(host_span_us,
+                               max(e.end for e in events) - min(e.ts for e in events))
+    if len(ordered) > 1 and any(device_comm.values()):
         result.stragglers_source = "device"
         result.stragglers_window_us = max((r.temporal.window_us for r in result.ranks
                                            if r.temporal), default=0.0)
-    elif len(ordered) > 1:
-        # CPU jobs (gloo): its host-side annotations, one per collective, in issue order
-        comm = {r: [e for e in ev if e.stream == -1 and e.name.startswith(HOST_COLLECTIVE_PREFIX)]
-                for r, ev in kept.items()}
-        result.stragglers_source = "host" if any(comm.values()) else None
-        result.stragglers_window_us = max(
-            (max(e.end for e in ev) - min(e.ts for e in ev) for ev in kept.values() if ev),
-            default=0.0)
-    result.stragglers = stragglers(comm)
+        result.stragglers = stragglers(device_comm)
+    elif len(ordered) > 1 and any(host_comm.values()):
+        result.stragglers_source = "host"
+        result.stragglers_window_us = host_span_us
+        result.stragglers = stragglers(host_comm)
+    else:  # one rank, or no collective seen: per-rank rows with nothing compared
+        result.stragglers = stragglers(device_comm)
     for t in ordered:
         for why, (n, example) in t.left_out.items():
             result.warnings.append(f"{t.path}: {n} event(s) with a {why} left out of every "
