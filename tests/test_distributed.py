@@ -296,3 +296,53 @@ def test_the_loops_own_collectives_are_a_phase_of_their_own(tmp_path: Path) -> N
     assert r0["comm_s"] is not None and r0["comm_wait_s"] > 0.02
     assert r0["transfer_s"] is not None and r0["transfer_s"] < r0["comm_s"]
     assert r1["comm_wait_s"] < r0["comm_wait_s"]
+
+
+def test_tune_under_torchrun_takes_one_path_on_every_rank(tmp_path: Path) -> None:
+    """`redline tune` as every rank of a 2-rank DDP job whose loader has a DistributedSampler:
+    each rank runs the same trials (as many setups built; the job store's agreement points
+    check each is the same one), DDP bucket settings are measured like the other knobs, the
+    micro-batch is searched under a memory budget, and rank 0 alone prints and writes a plan
+    made for 2 ranks."""
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    plan, res = tmp_path / "plan.json", tmp_path / "res.json"
+    env = {**os.environ, "TUNE_CALLS_DIR": str(calls), "TUNE_MEMORY_LIMIT": "260000",
+           "REDLINE_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run([*TORCHRUN, "--nproc_per_node", "2", "--no-python", sys.executable, "-m",
+                        "redline.cli.main", "tune", "ddp_tune.py", "--steps", "6", "--rounds",
+                        "1", "--no-compile", "--plan", str(plan), "--json", str(res)],
+                       cwd=SCRIPTS, capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-3000:]
+    assert p.stdout.count("redline tune: before → after") == 1  # rank 0's only
+    assert "per rank, × 2 ranks = 64 samples per optimizer step" in p.stdout
+    built = [len((calls / f"rank{r}.txt").read_text().splitlines()) for r in (0, 1)]
+    assert built[0] == built[1] > 10
+    d = json.loads(plan.read_text())
+    assert d["key"]["world_size"] == 2 and d["effective_batch"] == 32
+    assert d["loader"] is not None
+    knobs = [x["knob"] for x in d["decisions"]]
+    assert "DDP bucket_cap_mb" in knobs and "DDP gradient_as_bucket_view" in knobs
+    batch = next(x for x in d["decisions"] if x["knob"] == "batch size")
+    assert batch["details"]["trials"] >= 2  # probed under the budget, not just the cap
+    r = json.loads(res.read_text())
+    assert r["before"]["throughput_samples_per_s"] > 0
+
+
+def test_tune_stops_every_rank_when_one_ranks_setup_fails(tmp_path: Path) -> None:
+    """Rank 1's factory raises in the middle of the search: the job ends with an error that
+    says what failed, no plan is written, and nothing waits for the lost rank."""
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    plan = tmp_path / "plan.json"
+    env = {**os.environ, "TUNE_CALLS_DIR": str(calls), "TUNE_FAIL_AT": "6",
+           "REDLINE_AGREE_FAIL_WAIT_S": "5",
+           "REDLINE_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run([*TORCHRUN, "--nproc_per_node", "2", "--no-python", sys.executable, "-m",
+                        "redline.cli.main", "tune", "ddp_tune.py", "--steps", "4", "--rounds",
+                        "1", "--no-compile", "--plan", str(plan)],
+                       cwd=SCRIPTS, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode != 0
+    out = p.stderr + p.stdout
+    assert "failed on rank 1 (SetupError: " in out and "/data/shard-1.tar is missing" in out
+    assert not plan.exists()

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from redline.core.loader import LoaderSettings
+from redline.measure.agree import NoJobStoreError
 from redline.tune import (
     NonFiniteLossError,
     PlanError,
@@ -63,13 +64,16 @@ def test_a_loss_that_is_not_a_scalar_is_refused_by_name(tmp_path: Path) -> None:
         tune(lambda: _setup(lambda m, b: 1.0), _cfg(tmp_path))  # type: ignore[arg-type,return-value]
 
 
-def test_tune_refuses_to_run_as_one_rank_of_many(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rank_without_its_job_store_is_refused_before_the_factory_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
     built: list[TrainSetup] = []
-    with pytest.raises(SetupError, match=r"runs in one process; this is rank 1 of 2 .*"
-                                         r"without torchrun"):
+    with pytest.raises(NoJobStoreError, match=r"rank 1 of 2 .*MASTER_ADDR / MASTER_PORT are not "
+                                             r"set.*torchrun --nproc_per_node=N --no-python "
+                                             r"redline tune"):
         tune(lambda: built.append(_setup()) or built[-1], _cfg(tmp_path))
     assert built == []  # refused before the user's factory ran
     assert not (tmp_path / "plans").exists()

@@ -101,7 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "factory (default redline_setup(), returning redline.tune.TrainSetup) "
                        "once per trial and walk the path data pipeline → batch size → "
                        "precision → kernels, keeping what measured faster and numerically "
-                       "safe. Your files are only read.")
+                       "safe. Your files are only read. Under torchrun (torchrun "
+                       "--nproc_per_node=N --no-python redline tune SCRIPT) every rank runs the "
+                       "same trials on its shard, DDP bucket settings are measured too, and "
+                       "rank 0 prints the result and writes the plan.")
     u.add_argument("script", help="a Python file that defines the factory")
     u.add_argument("--factory", default="redline_setup",
                    help="name of the factory function (default: redline_setup)")
@@ -206,6 +209,7 @@ def _tune(args: argparse.Namespace) -> int:
 
     from redline.core.errors import RedlineError
     from redline.core.files import refuse_overwriting_inputs, write_text_atomic
+    from redline.measure.ranks import rank_info
     from redline.report.tune_render import render, to_dict
     from redline.tune import TuneConfig, load_factory, save_plan, tune
 
@@ -221,6 +225,8 @@ def _tune(args: argparse.Namespace) -> int:
         return _fail("tune", str(e), 2)
     except KeyboardInterrupt:
         return _fail("tune", "interrupted; no plan written", 130)
+    if rank_info().rank != 0:
+        return 0  # rank 0 speaks and writes for the job (every rank took the same path)
     render(result)
     try:
         save_plan(result.plan, args.plan)

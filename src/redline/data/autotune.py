@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from redline.core.loader import LoaderSettings
+from redline.measure.agree import Agreement
 from redline.measure.loader import batch_nbytes, batch_samples
 from redline.measure.system import cpu_budget, shm_info
 
@@ -198,10 +199,24 @@ def consume_time(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     return statistics.median(times), batch
 
 
+def merge_rank_trials(trials: list[Trial]) -> Trial:
+    """The job's view of one setting from every rank's trial: samples/s add up (each rank
+    loads its own shard), data wait and CPU busy are the worst rank's (the job steps at the
+    pace of the rank whose loader lags), the window the shortest."""
+    if len(trials) == 1:
+        return trials[0]
+    t0 = trials[0]
+    return Trial(t0.settings, t0.torch_threads, sum(t.samples_per_s for t in trials),
+                 max(t.data_wait_fraction for t in trials),
+                 max(t.cpu_cores_busy for t in trials), max(t.seconds for t in trials),
+                 timed_batches=min(t.timed_batches for t in trials),
+                 whole_epochs=min(t.whole_epochs for t in trials))
+
+
 def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                     consume: Callable[[Any], None], *, device: str = "cpu",
                     batches_per_trial: int = 24, max_workers: int | None = None,
-                    cpus: float | None = None) -> LoaderPlan:
+                    cpus: float | None = None, agree: Agreement | None = None) -> LoaderPlan:
     """Find DataLoader settings for this loop by measuring it.
 
     Args:
@@ -212,15 +227,21 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         batches_per_trial: batches timed per setting.
         max_workers: upper bound (default: 2 × usable CPUs, enough for I/O-bound fetches).
         cpus: usable CPUs (default: affinity ∩ cgroup quota).
+        agree: the job's ranks, each tuning its own loader in step with the others (each
+            trial runs the training step, whose collectives need every rank): every input of
+            a decision is agreed (the least CPUs, /dev/shm and RAM of any rank; each trial
+            merged by :func:`merge_rank_trials`), so every rank stops at the same trial.
 
     Returns:
         A :class:`LoaderPlan` with the settings, every trial and the reason in numbers.
     """
     t_begin = time.perf_counter()
-    budget = cpus if cpus is not None else cpu_budget().cpus
+    job = agree or Agreement()
+    budget = job.min(cpus if cpus is not None else cpu_budget().cpus, "loader CPUs")
     cap = max_workers if max_workers is not None else max(1, int(2 * budget))
     pin = device.startswith("cuda") and torch.cuda.is_available()
     consume_s, sample_batch = consume_time(make_loader, consume)
+    consume_s = job.max(consume_s, "loader consume time")
     plan = LoaderPlan(LoaderSettings(), max(1, int(budget)), consume_s)
     # One window rule for every trial (see measure): whole epochs when the deepest queue this
     # search may try (cap workers × prefetch 4) would leave no room inside an epoch.
@@ -228,14 +249,19 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     whole = epoch is not None and epoch < cap * 4 + 1 + MIN_TIMED_BATCHES
 
     def measure_(s: LoaderSettings, threads: int) -> Trial:
-        return measure(make_loader, consume, s, threads, batches_per_trial, whole_epochs=whole)
+        return merge_rank_trials(job.run(
+            lambda: measure(make_loader, consume, s, threads, batches_per_trial,
+                            whole_epochs=whole), f"loader trial {s.num_workers} workers"))
 
     first = measure_(plan.settings, plan.torch_threads)
     plan.trials.append(first)
     best = first
-    batch_bytes = batch_nbytes(sample_batch)
+    batch_bytes = int(job.max(batch_nbytes(sample_batch), "loader batch bytes"))
     shm = shm_info()
-    ram = psutil.virtual_memory().available
+    frees = [f for f in job.gather(shm.free_bytes if shm is not None else None, "loader shm")
+             if f is not None]
+    shm_free = min(frees) if frees else None
+    ram = job.min(psutil.virtual_memory().available, "loader RAM")
     reason = ""
     if first.data_wait_fraction <= WAIT_TARGET:
         reason = (f"data wait is already {first.data_wait_fraction:.1%} of the step in the "
@@ -248,10 +274,11 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             reason = f"reached {cap} workers (2 × {budget:g} usable CPUs)"
             break
         in_flight = workers * prefetch * batch_bytes
-        if shm is not None and in_flight > SHM_SHARE * shm.free_bytes:
+        if shm_free is not None and in_flight > SHM_SHARE * shm_free:
             reason = (f"{workers} workers × prefetch {prefetch} × {batch_bytes / 2**20:.1f} MiB "
-                      f"batches would use over half of /dev/shm ({shm.free_bytes / 2**20:.0f} "
+                      f"batches would use over half of /dev/shm ({shm_free / 2**20:.0f} "
                       "MiB free)")
+
             break
         if in_flight > 0.25 * ram:
             reason = "batches in flight would use over a quarter of the free RAM"

@@ -96,13 +96,18 @@ def render(r: TuneResult, console: Console | None = None, label: str | None = No
     for e in p.decisions:
         d.add_row(Text(e.label), "yes" if e.kept else "no", Text(e.reason))
     console.print(d)
+    n = p.key.world_size
+    job = (f" per rank; {p.effective_batch * n} over the job's {n} ranks" if n > 1 else "")
+    ddp = [f"{k} {v}" for k, v in (("DDP bucket_cap_mb", p.ddp.bucket_cap_mb),
+                                   ("DDP gradient_as_bucket_view", p.ddp.gradient_as_bucket_view))
+           if v is not None]
     console.print(
         f"plan: micro-batch {p.micro_batch} × {p.accumulation_steps} (effective batch "
-        f"{p.effective_batch}, unchanged), {p.precision}, workers {p.loader.num_workers}, "
+        f"{p.effective_batch}{job}, unchanged), {p.precision}, workers {p.loader.num_workers}, "
         f"prefetch {p.loader.prefetch_factor}, pin_memory {p.loader.pin_memory}, "
         f"channels_last {p.channels_last}, "
         f"cudnn.benchmark {p.cudnn_benchmark}, compile {p.compile}, "
-        f"optimizer {p.optimizer_impl or 'as built'}")
+        f"optimizer {p.optimizer_impl or 'as built'}" + "".join(f", {x}" for x in ddp))
     if r.reused_plan:
         console.print(f"reused the remembered plan {r.reused_plan}", markup=False)
     elif r.plan_path:

@@ -5,7 +5,8 @@ With a mean-reduced loss, ∇ mean(B) = Σᵢ (nᵢ / |B|) · ∇ mean(Bᵢ) for
 micro-batches Bᵢ of nᵢ samples, so an uneven last micro-batch is weighted by its size, not by
 1/k (as Composer's automatic micro-batching does; a split that floors ``batch // micro`` and
 drops the rest changes the effective batch). Under DDP every micro-batch but the last
-runs inside ``no_sync()``, so gradients are all-reduced once per optimizer step.
+runs inside ``no_sync()`` (FSDP2: with ``set_requires_gradient_sync(False)``), so gradients are
+reduced once per optimizer step.
 
 BatchNorm statistics are computed per micro-batch, so a model with BatchNorm sees other
 running statistics when the micro-batch changes; :func:`batchnorm_modules` lets callers say so.
@@ -69,10 +70,28 @@ def split_batch(batch: Any, micro: int) -> list[tuple[Any, int]]:
     return out
 
 
+@contextlib.contextmanager
+def _fsdp2_no_sync(model: Any) -> Any:
+    # FSDP2 (fully_shard) has no no_sync(): gradient reduction is switched off for the
+    # module and every sharded submodule, then on again for the last micro-batch (torch's
+    # FSDPModule.set_requires_gradient_sync).
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
 def _no_sync(model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
-    # DistributedDataParallel (and FSDP1) expose no_sync(); a plain module needs none.
+    """No gradient synchronization for a micro-batch that is not the last: DDP's (and FSDP1's)
+    no_sync(), FSDP2's set_requires_gradient_sync; a plain module needs none."""
     fn = getattr(model, "no_sync", None)
-    return fn() if callable(fn) else contextlib.nullcontext()
+    if callable(fn):
+        return fn()  # type: ignore[no-any-return]
+    if callable(getattr(model, "set_requires_gradient_sync", None)):
+        return _fsdp2_no_sync(model)
+    return contextlib.nullcontext()
+
 
 
 def _scalar(loss: Any, loss_fn: Any) -> torch.Tensor:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from redline.core.errors import RedlineError
+from redline.measure.agree import Agreement
 from redline.tune.memory_budget import MemoryBudget
 
 MAX_TRIALS = 4
@@ -107,14 +108,33 @@ def _cuda_cleanup() -> None:
 
 class _Prober:
     def __init__(self, step: Callable[[int], None], state: Callable[[], Iterable[torch.Tensor]],
-                 limit: int | None, cuda: torch.device | None) -> None:
+                 limit: int | None, cuda: torch.device | None, agree: Agreement) -> None:
         self.step, self.state, self.limit, self.cuda = step, state, limit, cuda
+        self.agree = agree
         self.warm = False
         self.probes: list[Probe] = []
         self.cuda_reserved_peak = 0
 
     def run(self, b: int, role: str) -> _Timeline | None:
+        """One probe on every rank of the job: it fits only if it fit on all of them, and the
+        job's timeline is the one of the rank with the highest peak (so every rank predicts
+        the same batch from the same numbers)."""
         t0 = time.perf_counter()
+        here = self._here(b)
+        got = self.agree.gather((here, self.cuda_reserved_peak), f"batch probe {b}")
+        self.cuda_reserved_peak = max(r for _, r in got)
+        oom = [r for r, (tl, _) in enumerate(got) if tl is None]
+        seconds = self.agree.max(time.perf_counter() - t0, f"batch probe {b} time")
+        if oom:
+            where = f" (rank {', '.join(map(str, oom))})" if self.agree.world_size > 1 else ""
+            self.probes.append(Probe(b, None, True, seconds, role + where))
+            return None
+        tl = max((t for t, _ in got if t is not None), key=lambda t: t.peak)
+        self.probes.append(Probe(b, tl.peak, False, seconds, role))
+        return tl
+
+    def _here(self, b: int) -> _Timeline | None:
+        """This process's probe: its timeline, or None after an out-of-memory error."""
         # On CUDA the real allocator enforces the limit; the mode only counts (no limit).
         budget_limit = None if self.cuda is not None else self.limit
         try:
@@ -134,10 +154,8 @@ class _Prober:
             if self.cuda is not None:
                 self.cuda_reserved_peak = torch.cuda.max_memory_reserved(self.cuda)
         except torch.OutOfMemoryError:
-            self.probes.append(Probe(b, None, True, time.perf_counter() - t0, role))
             _cuda_cleanup()
             return None
-        self.probes.append(Probe(b, tl.peak, False, time.perf_counter() - t0, role))
         return tl
 
 
@@ -177,7 +195,8 @@ def _does_not_fit(limit: int | None, persistent: int) -> BatchDoesNotFitError:
 def find_batch_size(step: Callable[[int], None], *,
                     state: Callable[[], Iterable[torch.Tensor]],
                     max_batch: int, limit_bytes: int | None,
-                    cuda_device: torch.device | None = None) -> BatchSearch:
+                    cuda_device: torch.device | None = None,
+                    agree: Agreement | None = None) -> BatchSearch:
     """The largest micro-batch that fits, predicted from probes and verified.
 
     Args:
@@ -190,6 +209,11 @@ def find_batch_size(step: Callable[[int], None], *,
             simulated budget): the cap is verified once.
         cuda_device: the CUDA device when training there (the real allocator enforces the
             limit; its overhead sets the headroom).
+        agree: the job's ranks, each probing in step with the others (the step's collectives
+            need all of them): the least memory of any rank is the limit, and a probe fits
+            only where it fit on every rank. A rank that runs out of memory inside a step
+            while its peers wait in that step's collective stops the job (as any such error
+            does under DDP); with equal devices and shards, all ranks run out together.
 
     Raises:
         BatchDoesNotFitError: batch 1 does not fit; the message lists the options.
@@ -199,7 +223,11 @@ def find_batch_size(step: Callable[[int], None], *,
     t_begin = time.perf_counter()
     persistent = sum(int(t.untyped_storage().nbytes()) for t in
                      {id(t.untyped_storage()): t for t in state()}.values())
-    pr = _Prober(step, state, limit_bytes, cuda_device)
+    job = agree or Agreement()
+    limits = [x for x in job.gather(limit_bytes, "batch limit") if x is not None]
+    limit_bytes = min(limits) if limits else None
+    pr = _Prober(step, state, limit_bytes, cuda_device, job)
+
     res = BatchSearch(batch=0, max_batch=max_batch, limit_bytes=limit_bytes, usable_bytes=None,
                       allocator_overhead=None, overhead_source="", persistent_bytes=persistent,
                       predicted_batch=None, fit="none", probes=pr.probes)

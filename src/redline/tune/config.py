@@ -59,6 +59,8 @@ class TuneConfig:
     tune_batch: bool = True
     tune_precision: bool = True
     tune_kernels: bool = True
+    tune_ddp: bool = True
+    """A DistributedDataParallel model's bucket size and gradient-as-bucket-view are measured."""
     try_compile: bool = True
     """torch.compile is measured (its compile time is amortized over ``run_steps``)."""
     store_dir: str | None = None

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from redline.measure.agree import RanksDivergedError
 from redline.tune.config import TuneConfig
 from redline.tune.decision import Decision
 from redline.tune.plan import TunePlan
@@ -77,7 +78,7 @@ class ABPolicy:
         what = decision.label
         try:
             c = self.compare(plan, candidate, what, step_only)
-        except (SetupError, NonFiniteLossError):
+        except (SetupError, NonFiniteLossError, RanksDivergedError):
             raise  # the job itself is broken, whatever the knob: say so, do not tune on
         except Exception as e:  # a knob that cannot run here (compile without a compiler…)
             decision.kept, decision.reason = False, f"failed: {type(e).__name__}: {e}"[:400]

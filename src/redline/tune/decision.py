@@ -22,9 +22,12 @@ class Knob(str, Enum):
     OPTIMIZER = "optimizer"
     COMPILE = "torch.compile"
     SDPA = "sdpa"
+    DDP_BUCKET = "DDP bucket_cap_mb"
+    DDP_BUCKET_VIEW = "DDP gradient_as_bucket_view"
 
 
-_VALUE_IN_LABEL = (Knob.PRECISION, Knob.OPTIMIZER)
+_VALUE_IN_LABEL = (Knob.PRECISION, Knob.OPTIMIZER, Knob.DDP_BUCKET)
+
 
 
 @dataclass(slots=True)

@@ -21,10 +21,14 @@ from redline.core.loader import LoaderSettings
 from redline.data.autotune import autotune_loader, rebuild_factory
 from redline.data.prefetcher import map_tensors
 from redline.diagnose.limits import remaining_limits
+from redline.measure.agree import Agreement, RanksDivergedError
+from redline.measure.system import cpu_budget
 from redline.tune.batch_finder import BatchSearch, find_batch_size
 from redline.tune.config import DEFAULT_RUN_STEPS, TuneConfig
+from redline.tune.ddp import as_ddp, bucket_candidate, cannot_rewrap, rewrap
 from redline.tune.decide import ABPolicy, MeasureFn
 from redline.tune.decision import Decision, Knob
+from redline.tune.job import job_trial
 from redline.tune.kernels import (
     AttentionSite,
     cudnn_benchmark_applies,
@@ -40,28 +44,30 @@ from redline.tune.precision import (
     check_numerics,
     make_scaler,
     supported,
+    worst_check,
 )
 from redline.tune.result import TuneResult, merge_trials, project
 from redline.tune.runtime import TunedLoop, train_step
-from redline.tune.setup import Factory, SetupError, require_one_process
-from redline.tune.trial import TrialMetrics, endless, fresh, measure, probe_batch, state_tensors
+from redline.tune.setup import Factory, SetupError
+from redline.tune.trial import TrialMetrics, endless, fresh, probe_batch, state_tensors
 
 _SIXTEEN_BIT = ("bf16", "fp16")
 
 
 def compare(factory: Factory, before: TunePlan, after: TunePlan, cfg: TuneConfig,
-            ) -> tuple[TrialMetrics, TrialMetrics]:
+            agree: Agreement | None = None) -> tuple[TrialMetrics, TrialMetrics]:
     """Before and after, alternating ``cfg.rounds`` times; the first round also counts FLOPs
     (MFU) and peak memory, and on CUDA traces a few steps for the kernel-union device busy
     (the CUDA-event span is an upper bound that a host-bound loop inflates)."""
     rows: dict[str, list[TrialMetrics]] = {"before": [], "after": []}
     cuda = before.key.device.startswith("cuda")
+    job = agree or Agreement()
     for r in range(cfg.rounds):
         for label, pl in (("before", before), ("after", after)):
-            rows[label].append(measure(factory, pl, label, steps=cfg.steps_per_trial,
-                                       warmup=cfg.warmup_steps,
-                                       count_flops=r == 0 and not pl.compile, memory=r == 0,
-                                       trace=r == 0 and cuda))
+            rows[label].append(job_trial(factory, pl, label, job, steps=cfg.steps_per_trial,
+                                         warmup=cfg.warmup_steps,
+                                         count_flops=r == 0 and not pl.compile, memory=r == 0,
+                                         trace=r == 0 and cuda))
     return merge_trials(rows["before"]), merge_trials(rows["after"])
 
 
@@ -84,13 +90,16 @@ def compile_pays(compile_s: float, eager_step_s: float, compiled_step_s: float, 
     return t_comp <= t_eager * (1 - min_gain), t_eager, t_comp
 
 
-def trial_measure(factory: Factory, cfg: TuneConfig) -> MeasureFn:
+def trial_measure(factory: Factory, cfg: TuneConfig, agree: Agreement | None = None,
+                  ) -> MeasureFn:
     """The path's measuring function: one trial of a plan on a fresh setup (a compiled plan
-    gets at least 2 warm-up steps, which absorb the compile)."""
+    gets at least 2 warm-up steps, which absorb the compile), on every rank of the job."""
+    job = agree or Agreement()
+
     def run(plan: TunePlan, label: str, step_only: bool) -> TrialMetrics:
         warmup = max(2, cfg.warmup_steps) if plan.compile else cfg.warmup_steps
-        return measure(factory, plan, label, steps=cfg.steps_per_trial, warmup=warmup,
-                       step_only=step_only)
+        return job_trial(factory, plan, label, job, steps=cfg.steps_per_trial, warmup=warmup,
+                         step_only=step_only)
     return run
 
 
@@ -98,14 +107,17 @@ class TunePath:
     """The knobs of the path, each a method that returns the plan to keep."""
 
     def __init__(self, factory: Factory, cfg: TuneConfig, log: Callable[[str], None],
-                 measure_fn: MeasureFn | None = None) -> None:
+                 measure_fn: MeasureFn | None = None, agree: Agreement | None = None) -> None:
         self.factory, self.cfg, self.log = factory, cfg, log
-        self.policy = ABPolicy(cfg, measure_fn or trial_measure(factory, cfg), log)
+        self.agree = agree or Agreement()
+        """The job's ranks: every measured input of a decision is agreed through it."""
+        self.policy = ABPolicy(cfg, measure_fn or trial_measure(factory, cfg, self.agree), log)
         s = fresh(factory)
         self.device = torch.device(s.device)
         first = next(iter(DataLoader(s.loader.dataset, batch_size=1,
                                      collate_fn=s.loader.collate_fn)))
-        self.key = plan_key(s.model, self.device, "fp32", first)
+        self.key = plan_key(s.model, self.device, "fp32", first, self.agree.world_size)
+
         self.user_loader = s.loader
         """The factory's DataLoader: the baseline's loader settings come from it."""
         self.micro, self.effective = s.micro_batch, s.effective_batch
@@ -126,8 +138,10 @@ class TunePath:
         it = endless(rebuild_factory(s.loader, batch_size=self.effective)(LoaderSettings()))
         batches = [map_tensors(next(it), lambda t: t.to(self.device))
                    for _ in range(self.cfg.numerics_steps)]
-        chk = check_numerics(s.model, s.optimizer, batches, plan.micro_batch, s.loss_fn,
-                             plan.precision, self.device, self.cfg.tolerance)
+        chk = self.agree.merge(
+            check_numerics(s.model, s.optimizer, batches, plan.micro_batch, s.loss_fn,
+                           plan.precision, self.device, self.cfg.tolerance),
+            f"numerics {plan.precision}", worst_check)
         self.log(f"  numerics of the remembered plan ({plan.precision}): {chk.reason}")
         return None if chk.passed else chk.reason
 
@@ -145,9 +159,14 @@ class TunePath:
         def consume(batch: Any) -> None:
             loop.step(map_tensors(batch, lambda t: t.to(dev, non_blocking=True)))
 
+        job = self.agree.info
         try:
+            # Ranks on one host share its CPUs: each may use its share for workers.
             lp = autotune_loader(make, consume, device=dev.type,
-                                 batches_per_trial=self.cfg.loader_batches_per_trial)
+                                 batches_per_trial=self.cfg.loader_batches_per_trial,
+                                 cpus=(cpu_budget().cpus / job.local_world_size
+                                       if job.distributed else None),
+                                 agree=self.agree)
         finally:
             loop.close()
         cand = dataclasses.replace(plan, loader=lp.settings, torch_threads=lp.torch_threads,
@@ -175,6 +194,7 @@ class TunePath:
         ac = autocast_for(plan.precision, self.device)
         scaler = make_scaler(plan.precision, self.device)
         model = s.model.to(memory_format=torch.channels_last) if plan.channels_last else s.model  # type: ignore[call-overload]
+        model = rewrap(model, plan.ddp)
 
         def step(b: int) -> None:
             train_step(model, s.optimizer, make(b), b, s.loss_fn, ac, scaler)
@@ -185,7 +205,8 @@ class TunePath:
             limit = free + torch.cuda.memory_allocated(self.device)
         search = find_batch_size(step, state=lambda: state_tensors(model, s.optimizer),
                                  max_batch=plan.effective_batch, limit_bytes=limit,
-                                 cuda_device=self.device if self.device.type == "cuda" else None)
+                                 cuda_device=self.device if self.device.type == "cuda" else None,
+                                 agree=self.agree)
         self.log(f"  batch finder: {search.reason} ({search.trials} trials, {search.ooms} OOM; "
                  f"probes use the {how})")
         details: dict[str, str | int | float | bool | None] = {
@@ -213,8 +234,10 @@ class TunePath:
             it = endless(rebuild_factory(s.loader, batch_size=self.effective)(LoaderSettings()))
             batches = [map_tensors(next(it), lambda t: t.to(self.device))
                        for _ in range(self.cfg.numerics_steps)]
-            chk = check_numerics(s.model, s.optimizer, batches, plan.micro_batch, s.loss_fn,
-                                 prec, self.device, self.cfg.tolerance)
+            chk = self.agree.merge(
+                check_numerics(s.model, s.optimizer, batches, plan.micro_batch, s.loss_fn,
+                               prec, self.device, self.cfg.tolerance),
+                f"numerics {prec}", worst_check)
             checks.append(chk)
             self.log(f"  numerics {prec}: {chk.reason}")
             if not chk.passed:
@@ -277,6 +300,32 @@ class TunePath:
             plan = self.compile(plan)
         return plan, sites
 
+    def ddp(self, plan: TunePlan) -> TunePlan:
+        """A DDP model's bucket capacity (one candidate, :func:`bucket_candidate`) and
+        ``gradient_as_bucket_view``, each kept only when measured faster."""
+        s = fresh(self.factory)
+        ddp = as_ddp(s.model)
+        if ddp is None:
+            return plan
+        why = cannot_rewrap(ddp)
+        if why is not None:
+            plan.decisions.append(Decision(Knob.DDP_BUCKET, False, f"not tried: {why}"))
+            return plan
+        cand_mb = bucket_candidate(ddp)
+        view = bool(getattr(ddp, "gradient_as_bucket_view", False))
+        del s, ddp
+        if cand_mb is not None:
+            mb, why = cand_mb
+            settings = dataclasses.replace(plan.ddp, bucket_cap_mb=round(mb, 4))
+            plan = self.decide(plan, dataclasses.replace(plan, ddp=settings, decisions=[]),
+                               Decision(Knob.DDP_BUCKET, False, "", value=f"{mb:.4g}",
+                                        details={"why": why}))
+        if not view:
+            settings = dataclasses.replace(plan.ddp, gradient_as_bucket_view=True)
+            plan = self.decide(plan, dataclasses.replace(plan, ddp=settings, decisions=[]),
+                               Decision(Knob.DDP_BUCKET_VIEW, False, ""))
+        return plan
+
     def compile(self, plan: TunePlan) -> TunePlan:
         """torch.compile, kept only if the whole planned run is shorter with its compile time
         (:func:`compile_pays`)."""
@@ -286,14 +335,15 @@ class TunePath:
         try:
             # The first steps carry the compile; the trial's warm-up absorbs them.
             m = policy.measure(cand, "torch.compile", True)
-        except (SetupError, NonFiniteLossError):
+        except (SetupError, NonFiniteLossError, RanksDivergedError):
             raise
         except Exception as e:
             plan.decisions.append(Decision(Knob.COMPILE, False,
                                            f"failed: {type(e).__name__}: {e}"[:400]))
             self.log(f"  torch.compile: failed ({type(e).__name__}), not kept")
             return plan
-        wall = time.perf_counter() - t0
+        wall = self.agree.max(time.perf_counter() - t0, "compile trial wall time")
+
         if not policy.current_step_only or not policy.current_tp:
             # The compiled trial times the step alone: so must the eager side it is held to.
             policy.current_tp = policy.measure(plan, "eager", True).throughput_samples_per_s
@@ -349,18 +399,25 @@ def tune(factory: Factory, config: TuneConfig | None = None,
         BatchDoesNotFitError: the model does not fit at micro-batch 1.
         NonFiniteLossError: the loss is NaN/inf in fp32 already.
     """
-    require_one_process()
     cfg = config or TuneConfig()
     t0 = time.perf_counter()
-    p = TunePath(factory, cfg, log, measure_fn)
+    agree = Agreement.for_job()
+    if agree.rank != 0:
+        log = _silent  # rank 0 speaks for the job; every rank takes the same path
+    p = TunePath(factory, cfg, log, measure_fn, agree)
     store = PlanStore(cfg.store_dir)
     base = baseline_plan(p.key, p.micro, p.effective, p.user_loader)
     ls = base.loader
+    ranks = (f" per rank, × {agree.world_size} ranks = {p.effective * agree.world_size} "
+             "samples per optimizer step" if agree.world_size > 1 else "")
     log(f"redline tune: baseline is micro-batch {p.micro} × {p.effective // p.micro} = "
-        f"effective batch {p.effective}, fp32, the loader as given ({ls.num_workers} "
+        f"effective batch {p.effective}{ranks}, fp32, the loader as given ({ls.num_workers} "
         f"workers, prefetch {ls.prefetch_factor}, pin_memory {ls.pin_memory}, persistent "
         f"{ls.persistent_workers})")
-    reused = store.get(p.key) if cfg.reuse else None
+    # Rank 0's memory of plans is the job's: a plan remembered on one host only is not
+    # reused on some ranks and searched again on others.
+    reused = agree.first(store.get(p.key) if cfg.reuse and agree.rank == 0 else None,
+                         "remembered plan")
     if reused is not None:
         refused = p.numerics_refuse(reused)
         if refused is not None:
@@ -391,21 +448,31 @@ def tune(factory: Factory, config: TuneConfig | None = None,
             # 16-bit kept only with channels_last (precision_again): the same reason to look
             # at the batch again as after the precision step.
             plan, search = _batch_again(p, plan, cfg, search, log)
+        if cfg.tune_ddp and agree.world_size > 1:
+            log("DDP communication")
+            plan = p.ddp(plan)
         if cfg.tune_loader and any(d.kept for d in plan.decisions if d.knob is not Knob.LOADER):
             # A faster step moves the bottleneck to the input pipeline: provision it for the
             # final step (the loader autotune stops at once if the input keeps up).
             log("data pipeline, again (the step got faster)")
             plan = p.loader(plan, again=True)
     log("measuring before and after, side by side...")
-    before, after = compare(factory, base, plan, cfg)
+    before, after = compare(factory, base, plan, cfg, agree)
     path_str = None
-    if reused is None:
+    if reused is None and agree.rank == 0:
         path_str = str(store.put(plan))
-    return TuneResult(plan, before, after, project(before, p.run_steps, cfg.price_per_device_hour),
-                      project(after, p.run_steps, cfg.price_per_device_hour),
+    n = agree.world_size
+    return TuneResult(plan, before, after,
+                      project(before, p.run_steps, cfg.price_per_device_hour, devices=n),
+                      project(after, p.run_steps, cfg.price_per_device_hour, devices=n),
+
                       p.run_steps_source, cfg.price_per_device_hour, search, checks, sites,
                       str(store.path(p.key)) if reused is not None else None, path_str,
                       time.perf_counter() - t0,
                       remaining_limits(after.data_wait_fraction,
                                        after.device_busy_kernels_fraction,
                                        after.device_busy_fraction))
+
+
+def _silent(_: str) -> None:
+    """The log of ranks other than 0."""

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,33 @@ class PlanKey:
     """The precision the user's configuration trained in (before tuning)."""
     input_shapes: str
     """Per-sample shapes and dtypes of the batch, e.g. '(3,96,96):float32|():int64'."""
+    world_size: int = 1
+    """Processes of the job the plan was made for (``WORLD_SIZE``): its batch sizes are per
+    rank, its loader workers a share of each host's CPUs, its DDP settings measured with that
+    many peers."""
 
     def digest(self) -> str:
-        raw = "|".join((self.model_signature, self.device, self.precision, self.input_shapes))
-        return hashlib.sha256(raw.encode()).hexdigest()[:16]
+        parts = [self.model_signature, self.device, self.precision, self.input_shapes]
+        if self.world_size != 1:  # single-process digests stay those of earlier plans
+            parts.append(f"world{self.world_size}")
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class DdpSettings:
+    """DistributedDataParallel settings the tuned loop re-wraps the user's DDP model with
+    (:func:`redline.tune.ddp.rewrap`); None keeps what the user built."""
+
+    bucket_cap_mb: float | None = None
+    """Gradient bucket capacity in MiB (DDP's default is 25): smaller buckets start
+    all-reducing earlier in the backward pass, larger ones launch fewer collectives."""
+    gradient_as_bucket_view: bool | None = None
+    """Gradients as views into the communication buckets: one copy of every gradient less in
+    memory and no copy into the buckets per step."""
+
+    def __post_init__(self) -> None:
+        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be > 0 or None, got {self.bucket_cap_mb}")
 
 
 @dataclass(slots=True)
@@ -84,6 +108,9 @@ class TunePlan:
     compile: bool = False
     optimizer_impl: str | None = None
     """'fused' | 'foreach' | None (the optimizer as built)."""
+    ddp: DdpSettings = field(default_factory=DdpSettings)
+    """DDP settings to re-wrap a DistributedDataParallel model with (ignored for others)."""
+
     schema: str = PLAN_SCHEMA
     decisions: list[Decision] = field(default_factory=list)
     """One entry per step of the path: what was tried, measured numbers, kept or why not."""
@@ -194,13 +221,22 @@ def input_shapes(batch: Any) -> str:
 
 
 def plan_key(model: torch.nn.Module, device: torch.device, precision: str,
-             batch: Any) -> PlanKey:
+             batch: Any, world_size: int = 1) -> PlanKey:
     sig, cls = model_signature(model)
-    return PlanKey(sig, cls, device_label(device), precision, input_shapes(batch))
+    return PlanKey(sig, cls, device_label(device), precision, input_shapes(batch), world_size)
 
 
 def check_plan(plan: TunePlan, key: PlanKey) -> None:
-    """Raise :class:`PlanMismatchError` naming every field that differs."""
+    """Raise :class:`PlanMismatchError` naming every field that differs; warn when only the
+    world size does (the per-rank batch still fits; the loader's share of CPUs and the DDP
+    settings were measured for another job)."""
+    if plan.key.world_size != key.world_size:
+        warnings.warn(
+            f"this plan was made for {plan.key.world_size} process(es) and is applied in a job "
+            f"of {key.world_size}: its micro-batch (per rank) still fits, but its loader workers "
+            "and DDP settings were measured for the other job; run `redline tune` under this "
+            "job's launcher to measure them here", stacklevel=3)
+
     diffs = [f"{f}: plan has {getattr(plan.key, f)!r}, this run has {getattr(key, f)!r}"
              for f in ("model_signature", "device", "input_shapes")
              if getattr(plan.key, f) != getattr(key, f)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,20 @@ class NumericsCheck:
     passed: bool
     reason: str
     tolerance: NumericsTolerance = field(default_factory=NumericsTolerance)
+
+
+def worst_check(checks: list[NumericsCheck]) -> NumericsCheck:
+    """The job's verdict from every rank's check (in rank order): the first failing rank's, named
+    in its reason (a precision is kept only if every rank's shard trains safely in it), else the
+    rank with the largest loss deviation."""
+    if len(checks) == 1:
+        return checks[0]
+    for r, c in enumerate(checks):
+        if not c.passed:
+            return dataclasses.replace(c, reason=f"rank {r}: {c.reason}")
+    r, c = max(enumerate(checks), key=lambda rc: rc[1].max_loss_rel)
+    return dataclasses.replace(c, reason=f"{c.reason} (every one of {len(checks)} ranks passed; "
+                               f"rank {r} deviated most)")
 
 
 def supported(device: torch.device) -> dict[str, str | None]:

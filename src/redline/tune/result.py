@@ -87,3 +87,50 @@ def merge_trials(ms: list[TrialMetrics]) -> TrialMetrics:
         device_busy_kernels_source=next((m.device_busy_kernels_source for m in ms
                                          if m.device_busy_kernels_fraction is not None),
                                         first.device_busy_kernels_source))
+
+
+def merge_ranks(rows: list[tuple[str, TrialMetrics]]) -> TrialMetrics:
+    """The job's row from every rank's ``(host, metrics)`` of one trial, in rank order.
+
+    Throughput adds up (each rank trains its own shard); a step lasts as long as the slowest
+    rank's (the collectives hold the others), per step and in the median; data wait and peak
+    memory are the worst rank's, since that rank is what the job waits for or what must fit;
+    device busy and MFU are the ranks' mean. Energy adds up per device (NVML) but once per host
+    for RAPL, whose counters cover the host's CPU packages that all its ranks share."""
+    ms = [m for _, m in rows]
+    if len(ms) == 1:
+        return ms[0]
+
+    def known(xs: list[float | None]) -> list[float] | None:
+        v = [x for x in xs if x is not None]
+        return v if len(v) == len(xs) else None
+
+    tps = known([m.throughput_samples_per_s for m in ms])
+    steps = known([m.step_time_s for m in ms])
+    waits = known([m.data_wait_fraction for m in ms])
+    busy = known([m.device_busy_fraction for m in ms])
+    mfu = known([m.mfu for m in ms])
+    kbusy = known([m.device_busy_kernels_fraction for m in ms])
+    peaks = [m.peak_memory_bytes for m in ms]
+    n = min(len(m.step_times_s) for m in ms)
+    per_host = ms[0].energy_source.startswith("RAPL")
+    first_on_host: dict[str, TrialMetrics] = {}
+    for h, m in rows:
+        first_on_host.setdefault(h, m)  # the host's lowest rank reads its counters
+    energy_rows = list(first_on_host.values()) if per_host else ms
+    energy = known([m.energy_j_per_step for m in energy_rows])
+    first = ms[0]
+    return TrialMetrics(
+        first.label, sum(tps) if tps else None, max(steps) if steps else None,
+        max(waits) if waits else None, statistics.fmean(busy) if busy else None,
+        statistics.fmean(mfu) if mfu else None,
+        max(p for p in peaks if p is not None) if all(p is not None for p in peaks) else None,
+        f"{first.peak_memory_source} (the largest of {len(ms)} ranks)",
+        sum(energy) if energy else None,
+        (f"{first.energy_source}, summed over {len(energy_rows)} "
+         f"{'hosts' if per_host else 'ranks'}") if energy else first.energy_source,
+        min(m.steps for m in ms), max(m.wall_s for m in ms),
+        step_times_s=[max(m.step_times_s[i] for m in ms) for i in range(n)],
+        device_busy_kernels_fraction=statistics.fmean(kbusy) if kbusy else None,
+        device_busy_kernels_source=(f"{first.device_busy_kernels_source} (mean of {len(ms)} "
+                                    "ranks)" if kbusy else first.device_busy_kernels_source))

@@ -23,7 +23,9 @@ from torch.utils.data import DataLoader
 
 from redline.data.autotune import rebuild_factory
 from redline.data.prefetcher import DevicePrefetcher, map_tensors
+from redline.measure.ranks import rank_info
 from redline.tune.accumulate import accumulate
+from redline.tune.ddp import rewrap
 from redline.tune.kernels import cudnn_benchmark
 from redline.tune.plan import PlanMismatchError, TunePlan, check_plan, plan_key
 from redline.tune.precision import autocast_for, make_scaler, tf32
@@ -101,7 +103,8 @@ class TunedLoop:
         self.loader: Iterable[Any] = self.on_device(base)
         if plan.channels_last:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        self.model: torch.nn.Module = model
+        self.model: torch.nn.Module = rewrap(model, plan.ddp)
+        model = self.model
         self.optimizer = rebuild_optimizer(optimizer, plan.optimizer_impl)
         self.forward_model: Any = torch.compile(model) if plan.compile else model
         self._autocast = autocast_for(plan.precision, device)
@@ -166,5 +169,7 @@ def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Op
     if check:
         first = next(iter(DataLoader(loader.dataset, batch_size=1,
                                      collate_fn=loader.collate_fn)))
-        check_plan(plan, plan_key(model, dev, plan.key.precision, first))
+        check_plan(plan, plan_key(model, dev, plan.key.precision, first,
+                                  rank_info().world_size))
+
     return TunedLoop(plan, model, optimizer, loader, loss_fn, dev)

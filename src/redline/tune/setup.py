@@ -33,7 +33,6 @@ import torch
 from torch.utils.data import DataLoader
 
 from redline.core.errors import RedlineError
-from redline.measure.ranks import rank_info
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -148,15 +147,3 @@ def load_factory(script: str, name: str = "redline_setup") -> Factory:
                          f"redline.tune.TrainSetup (functions found: {', '.join(found) or 'none'}"
                          "; pick one with --factory)")
     return fn  # type: ignore[no-any-return]
-
-
-def require_one_process() -> None:
-    """Refuse to tune as one rank of many: ranks timing their own trials would decide
-    differently and then call different collectives (a hang), and all would write one plan."""
-    job = rank_info()
-    if job.world_size > 1:
-        raise SetupError(
-            f"redline tune runs in one process; this is rank {job.rank} of {job.world_size} "
-            "(WORLD_SIZE is set, e.g. by torchrun). Tune the per-rank setup once, without "
-            "torchrun (`redline tune script.py`: its micro-batch is per rank), then apply the "
-            "plan on every rank with redline.tune.apply_plan.")

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from redline.core.loader import LoaderSettings
 from redline.data.autotune import epoch_batches, rebuild_factory
 from redline.data.prefetcher import map_tensors
+from redline.measure.agree import Agreement
 from redline.measure.config import WatchConfig
 from redline.measure.loader import batch_nbytes
 from redline.measure.rapl import RaplMeter
@@ -131,14 +132,15 @@ def measured_window(plan: TunePlan, epoch: int | None, steps: int) -> tuple[int,
 
 def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup: int,
             count_flops: bool = False, memory: bool = False, step_only: bool = False,
-            trace: bool = False) -> TrialMetrics:
+            trace: bool = False, agree: Agreement | None = None) -> TrialMetrics:
     """Train ``warmup`` (+1 FLOP-counting) + ``steps`` optimizer steps with ``plan`` applied to a
     fresh setup, under a watch (end to end with loader workers, the measured window may be
     longer and starts at a fresh epoch: :func:`measured_window`). ``step_only``: the batches
     are fetched from the plan's loader before the watch starts and cycled, so the trial times
     the training step alone. ``trace``: also record ``TRACE_STEPS`` steps with torch.profiler
     (device activity only on CUDA; those steps are excluded from the statistics) for the
-    kernel-union device busy."""
+    kernel-union device busy. ``agree``: the job's ranks (each runs this trial on its own
+    shard; they agree on how many steps to run, see :func:`_train_watched`)."""
     s = fresh(factory)
     device = torch.device(s.device)
     loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, device)
@@ -167,7 +169,8 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
     try:
         try:
             w, joules, rapl_steps, rapl_s = _train_watched(
-                loop, source, cfg, total, measured, step_only, rapl, restart)
+                loop, source, cfg, total, measured, step_only, rapl, restart,
+                agree or Agreement())
         finally:
             loop.close()
         m = build_measurements(w)
@@ -211,8 +214,8 @@ def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup:
 
 
 def _train_watched(loop: TunedLoop, source: Any, cfg: WatchConfig, total: int, steps: int,
-                   step_only: bool, rapl: RaplMeter, restart: bool = False,
-                   ) -> tuple[Recorder, float | None, int, float]:
+                   step_only: bool, rapl: RaplMeter, restart: bool,
+                   agree: Agreement) -> tuple[Recorder, float | None, int, float]:
     """Run ``total`` steps under a watch, the last ``steps`` measured: (the watch, RAPL joules
     of the measured steps or None, how many steps those joules cover, over how many seconds).
     ``restart``: begin a new epoch of the loader inside the last excluded step, so the measured
@@ -236,13 +239,13 @@ def _train_watched(loop: TunedLoop, source: Any, cfg: WatchConfig, total: int, s
                 it = itertools.chain(loop.on_device(iter(loop.dataloader)), endless(loop.loader))
             loop.step(batch)
         # Where no DataLoader marks the first step, the watch learns the step from the
-        # second optimizer step and counts the first as warm-up: top up to ``steps``.
-        rapl_steps = steps
-        for _ in range(2):
-            if len(w.measured_steps) >= steps:
-                break
+        # second optimizer step and counts the first as warm-up: top up to ``steps`` (as
+        # many steps on every rank: each one's collectives need all of them).
+        extra = int(agree.max(min(2, max(0, steps - len(w.measured_steps))), "trial top-up"))
+        for _ in range(extra):
             loop.step(next(it))
-            rapl_steps += 1
+        rapl_steps = steps + extra
+
         joules = rapl.joules() if rapl_on else None
         rapl_s = time.perf_counter() - t_rapl
         del it
