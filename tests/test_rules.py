@@ -30,10 +30,11 @@ def get(m, fid):
 def _ddp(*, backward: float = 1.0, reduces: float | None = 1.0, buckets: int = 1,
          find_unused: bool = False, cap_mib: int = 25, view: bool = True,
          params_mib: float = 10.0, comm_s: float | None = 0.012,
-         overlap_s: float | None = 0.002) -> DdpStats:
-    return DdpStats("gloo", find_unused, 0, view, cap_mib * 2**20,
+         overlap_s: float | None = 0.002, unused: int = 0,
+         static: bool = False) -> DdpStats:
+    return DdpStats("gloo", find_unused, unused, view, cap_mib * 2**20,
                     [int(params_mib * 2**20 / buckets)] * buckets, int(params_mib * 2**20),
-                    comm_s, overlap_s, backward, reduces)
+                    comm_s, overlap_s, backward, reduces, static)
 
 
 def test_sync_every_microbatch_from_counted_all_reduces() -> None:
@@ -67,6 +68,13 @@ def test_fsdp_sync_every_microbatch_from_counted_reductions() -> None:
 def test_ddp_knobs_each_from_their_evidence() -> None:
     assert "unused_parameter_search" in ids(measurements(ddp=_ddp(find_unused=True)))
     assert "unused_parameter_search" not in ids(measurements(ddp=_ddp()))
+    skips = measurements(ddp=_ddp(find_unused=True, unused=80))
+    assert "unused_parameter_search" not in ids(skips)  # the search finds something: needed
+    sg = get(skips, "ddp_static_graph")
+    assert sg.evidence["unused_parameter_bytes"] == 80 and "static_graph=True" in sg.fix
+    for quiet in (_ddp(find_unused=True, unused=80, static=True), _ddp(unused=80),
+                  _ddp(find_unused=True)):
+        assert "ddp_static_graph" not in ids(measurements(ddp=quiet))
     small = get(measurements(ddp=_ddp(cap_mib=1, buckets=40, params_mib=40)), "small_ddp_buckets")
     assert small.evidence["buckets"] == 40
     assert "small_ddp_buckets" not in ids(measurements(ddp=_ddp(cap_mib=25, buckets=40)))
@@ -117,6 +125,7 @@ def test_each_rule_reports_only_its_own_id() -> None:
     cases.append(measurements(ddp=_ddp(find_unused=True, cap_mib=1, buckets=40, backward=4,
                                        reduces=160,
                                        view=False, params_mib=400)))
+    cases.append(measurements(ddp=_ddp(find_unused=True, unused=80)))
     fired = set()
     for m in cases:
         for fid, rule in RULES.items():

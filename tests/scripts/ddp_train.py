@@ -20,7 +20,19 @@ p.add_argument("--log-loss", action="store_true",
                help="all-reduce the loss every step, as loops that log a global loss do")
 p.add_argument("--killed", action="store_true",
                help="the crashing rank dies by SIGKILL (no chance to report) instead of exiting")
+p.add_argument("--skip-layer", action="store_true",
+               help="the model holds a layer its forward never uses (find_unused_parameters)")
 args = p.parse_args()
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+        self.aux = nn.Linear(64, 64)  # used by another task's head; not in this forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
 
 
 class Batches(Dataset):
@@ -40,7 +52,8 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 model = nn.parallel.DistributedDataParallel(
-    nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)))
+    Net() if args.skip_layer else nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)),
+    find_unused_parameters=args.skip_layer)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = DataLoader(Batches(rank == args.slow_rank), batch_size=8)
 for i, (x, y) in enumerate(loader):

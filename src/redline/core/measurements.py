@@ -224,6 +224,9 @@ class DdpStats:
     all_reduces_per_step: float | None
     """All-reduces this rank enqueued per optimizer step in the measured window (flight
     recorder)."""
+    static_graph: bool = False
+    """``DistributedDataParallel(static_graph=True)``: the graph of used parameters recorded
+    once instead of searched every step."""
 
 
 @dataclass(slots=True)

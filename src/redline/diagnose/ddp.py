@@ -87,6 +87,30 @@ def unused_parameter_search(m: Measurements) -> list[Finding]:
         "skips parameters the same way every step. Re-measure after the change.")]
 
 
+def static_graph(m: Measurements) -> list[Finding]:
+    """``find_unused_parameters=True`` without ``static_graph`` on a model that does skip
+    parameters: the search runs every step."""
+    d = m.ddp
+    if d is None or not d.find_unused_parameters or d.static_graph \
+            or not d.unused_parameter_bytes:
+        return []
+    return [Finding(
+        "ddp_static_graph", "low",
+        f"DDP searches the autograd graph every step for the {d.unused_parameter_bytes / 1e6:,.3f}"
+        f" MB of parameters the forward skips",
+        {"find_unused_parameters": True, "static_graph": False,
+         "unused_parameter_bytes": d.unused_parameter_bytes,
+         "parameter_mb": round(d.parameter_bytes / 1e6, 3),
+         "source": "DDP's own logging data (_get_ddp_logging_data: unused_parameter_size)"},
+        None,
+        "If the forward skips the same parameters every step, "
+        "DistributedDataParallel(..., static_graph=True): DDP records the used parameters in "
+        "the first iteration and stops searching the graph after every forward (the "
+        "static_graph argument's documentation); it also allows reentrant activation "
+        "checkpointing. If what is skipped changes from step to step, keep the search. "
+        "Re-measure after the change.")]
+
+
 def small_ddp_buckets(m: Measurements) -> list[Finding]:
     """Many small gradient buckets: each all-reduce pays a fixed latency."""
     d = m.ddp

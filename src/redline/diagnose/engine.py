@@ -36,6 +36,7 @@ RULES: dict[str, Rule] = {
     "sync_every_microbatch": ddp.sync_every_microbatch,
     "unused_parameter_search": ddp.unused_parameter_search,
     "small_ddp_buckets": ddp.small_ddp_buckets,
+    "ddp_static_graph": ddp.static_graph,
     "gradient_bucket_copies": ddp.gradient_bucket_copies,
 }
 """Rules over the always-on measurements of one process."""

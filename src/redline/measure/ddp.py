@@ -48,6 +48,7 @@ def ddp_stats(roots: list[Any], arrivals: list[Arrival], measured_steps: int,
         backward_overlap_s=ns("avg_backward_compute_comm_overlap_time"),
         backward_per_step=_backward_per_step(counts),
         all_reduces_per_step=_per_step(arrivals, measured_steps, ("all_reduce",)),
+        static_graph=bool(getattr(ddp, "static_graph", False)),
     )
 
 
