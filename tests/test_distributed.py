@@ -349,3 +349,22 @@ def test_tune_stops_every_rank_when_one_ranks_setup_fails(tmp_path: Path) -> Non
     out = p.stderr + p.stdout
     assert "failed on rank 1 (SetupError: " in out and "/data/shard-1.tar is missing" in out
     assert not plan.exists()
+
+
+def test_tune_loader_answers_rank_0s_starvation_with_its_share_of_the_cpus(
+        tmp_path: Path) -> None:
+    """`doctor --tune-loader` under torchrun: rank 0 (whose loader is slow) times its own loader
+    for the job, with its host's CPUs shared between the host's 2 ranks."""
+    out = tmp_path / "r.json"
+    p = _run([*TORCHRUN, "--nproc_per_node", "2", "--no-python", sys.executable, "-m",
+              "redline.cli.main", "doctor", "--steps", "15", "--warmup", "2", "--no-flops",
+              "--tune-loader", "--json", str(out), "--", "python", "ddp_train.py",
+              "--slow-rank", "0", "--steps", "60"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = _load(out)
+    starved = next(f for f in d["findings"] if f["id"] == "data_starvation")
+    assert starved["rank"] == 0 and "Measured in your loop" in starved["fix"]
+    from redline.measure.system import cpu_budget
+    share = cpu_budget().cpus / 2
+    # Every stopping rule of the autotune that names the CPUs names the budget it had.
+    assert f"{share:g} usable CPUs" in starved["fix"] or f"of {share:g} CPUs" in starved["fix"]

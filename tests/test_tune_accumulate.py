@@ -105,3 +105,22 @@ def test_ddp_syncs_once_per_effective_batch(tmp_path: Path) -> None:
         # small model fits one bucket), not four.
         assert o["allreduce_calls"] == 1
         assert o["max_abs_err"] < 1e-6
+
+
+@pytest.mark.slow
+def test_fsdp2_reduces_once_per_effective_batch(tmp_path: Path) -> None:
+    """FSDP2 has no no_sync(): accumulate() switches gradient sync off for every micro-batch
+    but the last (set_requires_gradient_sync), so 3 fully_shard groups reduce 3 times per
+    effective batch of 4 micro-batches, not 12, and each rank's shard is the full batch's."""
+    script = Path(__file__).parent / "scripts" / "fsdp_accumulate.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", str(script), str(tmp_path)],
+                       capture_output=True, text=True, timeout=180, env=env)
+    written = all((tmp_path / f"rank{i}.json").exists() for i in range(2))
+    teardown_abort = written and "terminate called without an active exception" in r.stderr
+    assert r.returncode == 0 or teardown_abort, r.stderr[-3000:]
+    for i in range(2):
+        o = json.loads((tmp_path / f"rank{i}.json").read_text())
+        assert o["reductions"] == 3
+        assert o["max_abs_err"] < 1e-6

@@ -18,19 +18,25 @@ from redline.diagnose.advise import MeasuredLoader, with_loader_not_tuned, with_
 
 
 def tune_starved_loader(report: Report, loaders: list[Any], cpus: float | None = None,
-                        batches_per_trial: int = 16) -> tuple[Report, LoaderPlan | None]:
+                        batches_per_trial: int = 16,
+                        rank: int | None = None) -> tuple[Report, LoaderPlan | None]:
     """Autotune the main DataLoader of a report with a data_starvation finding.
 
     Args:
         report: the run's report (left unchanged).
         loaders: the run's LoaderInfo list (kept with ``WatchConfig.keep_loaders``).
+        cpus: the CPUs its workers may use (default: this process's).
+        rank: in a multi-process job, the rank whose loaders these are: only a finding of the
+            whole job or of this rank is answered with them (another rank's slow loader is not
+            this one).
 
     Returns:
         (the report with its data-starvation finding replaced, the plan), or the report as
         given and None when there is nothing to tune (no starvation, no loader kept); a loader
         that cannot be rebuilt is said in the finding's evidence.
     """
-    finding = next((f for f in report.findings if f.id == "data_starvation"), None)
+    finding = next((f for f in report.findings if f.id == "data_starvation"
+                    and f.rank in (None, rank)), None)
     info = next((li for li in loaders if li.loader is not None and li.iterators), None)
     if finding is None or info is None:
         return report, None

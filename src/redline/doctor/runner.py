@@ -29,6 +29,7 @@ from redline.data.advise import tune_starved_loader
 from redline.doctor.launch import rank_command, run_launcher
 from redline.measure.config import WatchConfig
 from redline.measure.ranks import rank_info
+from redline.measure.system import cpu_budget
 from redline.report.json_io import write_json
 from redline.report.terminal import print_report
 from redline.report.watch import Watch
@@ -312,11 +313,16 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
             detail = msg if detail is None else f"{detail}. {msg}"
         report = w.report(show=False, command=list(cmd), status=status, status_detail=detail)
         if tune_loader and w.inst is not None and status != "interrupted" \
-                and not info.distributed:
-            if show and any(f.id == "data_starvation" for f in report.findings):
+                and info.rank == 0:
+            if show and any(f.id == "data_starvation" and f.rank in (None, 0)
+                            for f in report.findings):
                 print("redline doctor: the loop starves for data; timing DataLoader settings in "
                       "it (--tune-loader)...", file=sys.stderr)
-            report, _ = tune_starved_loader(report, w.inst.loaders)
+            # Rank 0 times its own loader for the job; ranks on one host share its CPUs, so
+            # its workers get its share of them.
+            share = cpu_budget().cpus / info.local_world_size if info.distributed else None
+            report, _ = tune_starved_loader(report, w.inst.loaders, cpus=share,
+                                            rank=info.rank if info.distributed else None)
         if w.inst is not None:
             for li in w.inst.loaders:
                 li.loader = None  # release the user's loader and dataset
