@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("redline.measure",),
     ("redline.diagnose",),
     ("redline.data",),
-    ("redline.tune", "redline.workloads"),
+    ("redline.tune", "redline.workloads", "redline.plan"),
     ("redline.report",),
     ("redline.doctor", "redline.demo"),
     ("redline.cli", "redline"),

@@ -131,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search again even if a plan for this model/device/inputs is remembered")
     u.set_defaults(func=_tune)
 
+    from redline.cli import plan as plan_cli
+
+    plan_cli.add_parser(sub)
+
     m = sub.add_parser("demo", help="run a built-in naive workload under redline and report",
                        description="Train a built-in workload (no download) with its naive "
                        "defaults under redline.watch and print the report.")

@@ -30,10 +30,14 @@ class MemoryBudget(TorchDispatchMode):
     Args:
         limit_bytes: the simulated device memory; None = no limit (only count and record).
         existing: tensors allocated before (parameters, buffers, optimizer state) to count too.
+        count_meta: count tensors on the meta device too (shapes without memory: what a step
+            would allocate, at no cost; :func:`redline.plan.activations.activation_bytes`).
     """
 
-    def __init__(self, limit_bytes: int | None, existing: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(self, limit_bytes: int | None, existing: Iterable[torch.Tensor] = (),
+                 count_meta: bool = False) -> None:
         super().__init__()
+        self.count_meta = count_meta
         if limit_bytes is None:
             limit_bytes = 2**62  # record only: no limit
         if limit_bytes <= 0:
@@ -82,6 +86,6 @@ class MemoryBudget(TorchDispatchMode):
                            kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            if isinstance(t, torch.Tensor) and (self.count_meta or t.device.type != "meta"):
                 self._track(t)
         return out

@@ -1,0 +1,160 @@
+"""``redline plan``: arguments and the call into :mod:`redline.plan` (thin, like the rest of
+the CLI)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def _positive_float(flag: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be a number, got {text!r}") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"{flag} must be > 0, got {text}")
+        return v
+
+    return parse
+
+
+def _count(flag: str) -> Callable[[str], int]:
+    """An integer ≥ 1, also written 7.5e9 or 7.5B / 70M (parameter counts)."""
+    def parse(text: str) -> int:
+        t = text.strip().upper()
+        mult = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}.get(t[-1:], 1.0)
+        try:
+            v = float(t[:-1] if mult != 1.0 else t) * mult
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be a number (e.g. 7e9, 7B), got "
+                                             f"{text!r}") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {text}")
+        return round(v)
+
+    return parse
+
+
+def add_parser(sub: Any) -> None:
+    from redline.plan.memory import OPTIMIZERS, PRECISIONS
+    from redline.plan.timing import DEFAULT_MFU
+
+    a = sub.add_parser(
+        "plan", help="plan the parallelism (DP, ZeRO/FSDP, TP, PP, recompute, offload) before "
+        "renting GPUs: memory per GPU, step time, ranked layouts",
+        description="Rank every layout of N GPUs that reproduces the global batch: memory per "
+        "GPU term by term (with formulas), predicted step time with the communication math, "
+        "why the chosen one and why not the others, and how to run it. The model: a script "
+        "with a redline tune factory (built on the meta device: no memory), a local "
+        "config.json, or numbers.")
+    a.add_argument("script", nargs="?", help="a Python file with a setup factory (as for "
+                   "redline tune); its model and activations are counted on the meta device")
+    a.add_argument("--factory", default="redline_setup", help="the factory's name")
+    a.add_argument("--config", metavar="PATH", help="a local Hugging Face-style config.json")
+    for name, meaning in (("params", "trainable parameters (e.g. 7e9 or 7B)"),
+                          ("layers", "transformer layers"), ("hidden", "hidden size"),
+                          ("heads", "attention heads"), ("vocab", "vocabulary size"),
+                          ("ffn-hidden", "MLP inner width")):
+        a.add_argument(f"--{name}", type=_count(f"--{name}"), default=None, help=meaning)
+    a.add_argument("--seq", type=_count("--seq"), default=None,
+                   help="tokens per sequence (default: the config's)")
+    a.add_argument("--gpus", type=_count("--gpus"), required=True, help="GPUs of the job")
+    a.add_argument("--gpus-per-node", type=_count("--gpus-per-node"), default=8,
+                   help="GPUs per node (default 8)")
+    a.add_argument("--gpu", default="H100", help="GPU kind (default H100): H200, H100, "
+                   "A100-80GB, A100-40GB, L40S, L4, V100, MI300X")
+    a.add_argument("--gpu-memory-gb", type=_positive_float("--gpu-memory-gb"), default=None)
+    a.add_argument("--peak-tflops", type=_positive_float("--peak-tflops"), default=None,
+                   help="dense peak TFLOP/s per GPU at the precision (default: the table's)")
+    a.add_argument("--intra-node-gbps", type=_positive_float("--intra-node-gbps"), default=None,
+                   help="GB/s per GPU and direction within a node (default: the GPU's)")
+    a.add_argument("--inter-node-gbps", type=_positive_float("--inter-node-gbps"), default=None,
+                   help="GB/s per GPU and direction across nodes (default: the GPU's)")
+    a.add_argument("--global-batch", type=_count("--global-batch"), required=True,
+                   help="sequences per optimizer step over all GPUs")
+    a.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    a.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    a.add_argument("--fp32-grad-accumulation", action="store_true",
+                   help="gradients accumulate in fp32 (4 bytes/parameter more)")
+    a.add_argument("--no-flash-attention", action="store_true",
+                   help="attention stores its s² scores (no FlashAttention/SDPA)")
+    a.add_argument("--mfu", type=_positive_float("--mfu"), default=DEFAULT_MFU,
+                   help=f"model FLOPs utilization assumed for compute (default {DEFAULT_MFU})")
+    a.add_argument("--price-per-gpu-hour", type=_positive_float("--price-per-gpu-hour"),
+                   default=None)
+    a.add_argument("--steps", type=_count("--steps"), default=None,
+                   help="optimizer steps of the job, for time, cost and energy")
+    a.add_argument("--top", type=_count("--top"), default=5, help="layouts to list (default 5)")
+    a.add_argument("--json", metavar="PATH", help="also write the plan as JSON")
+    a.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from redline.core.errors import RedlineError
+    from redline.core.files import write_text_atomic
+    from redline.plan.hardware import PlanInputError, cluster
+    from redline.plan.memory import Training
+    from redline.plan.search import search
+    from redline.plan.spec import from_config_json, from_numbers
+    from redline.report.plan_render import render, to_dict
+
+    def fail(msg: str, code: int = 2) -> int:
+        print(f"redline plan: error: {msg}", file=sys.stderr)
+        return code
+
+    numbers = any(getattr(args, k) is not None for k in
+                  ("params", "layers", "hidden", "heads", "vocab"))
+    given = [n for n, v in (("SCRIPT", args.script), ("--config", args.config),
+                            ("numbers", numbers)) if v]
+    if len(given) != 1:
+        return fail("give the model one way: a SCRIPT with a setup factory, --config "
+                    "config.json, or numbers (--params, or --layers/--hidden/--heads/--vocab); "
+                    f"got {', '.join(given) or 'none'}")
+    measured = None
+    try:
+        if args.script:
+            from redline.plan.factory import from_factory
+            from redline.tune.setup import SetupError, load_factory
+
+            try:
+                factory = load_factory(args.script, args.factory)
+            except SetupError as e:
+                raise PlanInputError(str(e)) from None
+            spec, measured, why_not, _ = from_factory(factory, args.precision)
+            if why_not:
+                print(f"redline plan: activations not counted: {why_not}", file=sys.stderr)
+            if args.seq:
+                import dataclasses
+                spec = dataclasses.replace(spec, seq=args.seq)
+        elif args.config:
+            spec = from_config_json(args.config, seq=args.seq)
+        else:
+            spec = from_numbers(params=args.params, layers=args.layers, hidden=args.hidden,
+                                heads=args.heads, seq=args.seq, vocab=args.vocab,
+                                ffn_hidden=args.ffn_hidden)
+        tr = Training(args.global_batch, args.seq or spec.seq, args.precision, args.optimizer,
+                      args.fp32_grad_accumulation, not args.no_flash_attention)
+        cl = cluster(args.gpus, args.gpu, gpus_per_node=args.gpus_per_node,
+                     precision=args.precision, memory_gb=args.gpu_memory_gb,
+                     peak_tflops=args.peak_tflops, intra_node_gbps=args.intra_node_gbps,
+                     inter_node_gbps=args.inter_node_gbps,
+                     price_per_gpu_hour=args.price_per_gpu_hour)
+        res = search(spec, tr, cl, args.mfu, measured=measured)
+    except RedlineError as e:
+        return fail(str(e))
+    render(res, steps=args.steps, top=args.top, script=args.script or "train.py")
+    if args.json:
+        try:
+            write_text_atomic(json.dumps(to_dict(res, args.steps, top=max(args.top, 10),
+                                                 script=args.script or "train.py"),
+                                         indent=1, default=str) + "\n", args.json)
+        except OSError as e:
+            return fail(str(e), 1)
+        print(f"plan written to {args.json}")
+    return 0 if res.best is not None else 1

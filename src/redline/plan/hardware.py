@@ -1,0 +1,164 @@
+"""The cluster a plan is made for: GPU kind (memory, peak FLOP/s, links, power), how many, and
+how many per node.
+
+Link bandwidths are per GPU and per direction, from vendor datasheets; they are defaults a user
+overrides with what the cluster measures (nccl-tests ``busbw``). Peak FLOP/s come from
+:mod:`redline.measure.peaks` (one table for MFU and for planning).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from redline.core.errors import RedlineError
+from redline.measure.peaks import find_device
+
+GB = 1e9
+
+BUS_EFFICIENCY = 0.8
+"""Collectives reach about 80 % of a link's rate as bus bandwidth: A100 NVLink all-reduce 235
+of 300 GB/s, AWS EFA "effective 340 Gbps" of 400 for all-reduce (both as collected by Stas
+Bekman's ml-engineering; nccl-tests PERFORMANCE.md defines busbw)."""
+
+
+class PlanInputError(RedlineError, ValueError):
+    """A planning input that cannot be used; the message names the value and the options."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuKind:
+    """One GPU model's planning numbers."""
+
+    name: str
+    """As the peak table names it (``redline/data/peak_flops.json``)."""
+    memory_bytes: int
+    intra_node_bytes_per_s: float
+    """Per GPU, per direction, to the other GPUs of its node (NVLink, Infinity Fabric or PCIe)."""
+    inter_node_bytes_per_s: float
+    """Per GPU, per direction, to other nodes (the node's NICs ÷ its GPUs)."""
+    power_w: float | None
+    """Board power limit (TDP): energy at it is an upper bound. None: not stated here."""
+    source: str
+
+
+GPU_KINDS: tuple[GpuKind, ...] = (
+    GpuKind("NVIDIA H200 SXM", int(141 * GB), 450e9, 50e9, 700.0,
+            "NVIDIA H200 datasheet (141 GB, NVLink 900 GB/s bidirectional, up to 700 W); "
+            "8 × 400 Gb/s NICs per 8-GPU node as in DGX H200"),
+    GpuKind("NVIDIA H100 SXM", int(80 * GB), 450e9, 50e9, 700.0,
+            "NVIDIA H100 datasheet (SXM: 80 GB, NVLink 900 GB/s bidirectional, up to 700 W); "
+            "DGX H100: 8 × ConnectX-7 400 Gb/s per 8 GPUs"),
+    GpuKind("NVIDIA H100 PCIe", int(80 * GB), 300e9, 25e9, 350.0,
+            "NVIDIA H100 datasheet (PCIe: 80 GB, NVLink bridge 600 GB/s bidirectional, "
+            "300–350 W); 200 Gb/s per GPU across nodes assumed"),
+    GpuKind("NVIDIA A100 80GB", int(80 * GB), 300e9, 25e9, 400.0,
+            "NVIDIA A100 datasheet (SXM: 80 GB, NVLink 600 GB/s bidirectional, 400 W); "
+            "DGX A100: 8 × 200 Gb/s HDR per 8 GPUs"),
+    GpuKind("NVIDIA A100 40GB", int(40 * GB), 300e9, 25e9, 400.0,
+            "NVIDIA A100 datasheet (SXM: 40 GB, NVLink 600 GB/s bidirectional, 400 W); "
+            "DGX A100: 8 × 200 Gb/s HDR per 8 GPUs"),
+    GpuKind("NVIDIA L40S", int(48 * GB), 32e9, 12.5e9, 350.0,
+            "NVIDIA L40S datasheet (48 GB, PCIe Gen4 x16 64 GB/s bidirectional, 350 W); "
+            "100 Gb/s per GPU across nodes assumed"),
+    GpuKind("NVIDIA L4", int(24 * GB), 32e9, 12.5e9, 72.0,
+            "NVIDIA L4 datasheet (24 GB, PCIe Gen4 x16, 72 W); 100 Gb/s per GPU assumed"),
+    GpuKind("NVIDIA V100 SXM2", int(32 * GB), 150e9, 12.5e9, 300.0,
+            "NVIDIA V100 datasheet (SXM2: 32 GB, NVLink 300 GB/s bidirectional, 300 W)"),
+    GpuKind("AMD Instinct MI300X", int(192 * GB), 448e9, 50e9, 750.0,
+            "AMD MI300X datasheet (192 GB, Infinity Fabric 896 GB/s aggregate, 750 W); "
+            "400 Gb/s per GPU across nodes assumed"),
+)
+"""GPUs with planning defaults (peak FLOP/s from the peak table)."""
+
+
+def gpu_kind(name: str) -> GpuKind:
+    """The kind whose name matches ``name`` ('H100', 'a100-80gb', 'NVIDIA H200'): every token
+    of the peak table's match for it must appear."""
+    entry = find_device(name)
+    tokens = set(re.split(r"[^a-z0-9]+", name.lower()))
+    if entry is not None:
+        for k in GPU_KINDS:
+            if k.name == entry.name:
+                return k
+        # The peak table knows a variant (H200 NVL) the planning table does not: the closest
+        # kind of the same family.
+        fam = entry.match[0]
+        for k in GPU_KINDS:
+            if fam in k.name.lower().split():
+                return k
+    for k in GPU_KINDS:
+        if tokens and tokens <= set(re.split(r"[^a-z0-9]+", k.name.lower())):
+            return k
+    raise PlanInputError(
+        f"unknown GPU {name!r}; known: {', '.join(k.name for k in GPU_KINDS)} (or give "
+        "--gpu-memory-gb, --peak-tflops and the link bandwidths for another)")
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """The GPUs of the job."""
+
+    gpus: int
+    gpus_per_node: int
+    gpu_name: str
+    memory_bytes: int
+    peak_flops: float
+    """Dense peak FLOP/s per GPU at the training precision."""
+    peak_source: str
+    intra_node_bytes_per_s: float
+    inter_node_bytes_per_s: float
+    power_w: float | None
+    price_per_gpu_hour: float | None = None
+    pcie_bytes_per_s: float = 25e9
+    """Host ↔ GPU per direction, for CPU offload (PCIe Gen4 x16 sustains about 25 GB/s)."""
+    bus_efficiency: float = BUS_EFFICIENCY
+    """Share of a link's rate that collectives reach as bus bandwidth (nccl-tests' busbw)."""
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise PlanInputError(f"--gpus must be >= 1, got {self.gpus}")
+        if self.gpus_per_node < 1:
+            raise PlanInputError(f"--gpus-per-node must be >= 1, got {self.gpus_per_node}")
+        if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
+            raise PlanInputError(
+                f"--gpus {self.gpus} is not a whole number of nodes of --gpus-per-node "
+                f"{self.gpus_per_node}; give a multiple of it, or fewer GPUs than one node")
+        for n, v in (("memory", self.memory_bytes), ("peak FLOP/s", self.peak_flops),
+                     ("intra-node bandwidth", self.intra_node_bytes_per_s),
+                     ("inter-node bandwidth", self.inter_node_bytes_per_s)):
+            if not v > 0:
+                raise PlanInputError(f"the GPU's {n} must be > 0, got {v}")
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.gpus // self.gpus_per_node)
+
+
+def cluster(gpus: int, gpu: str = "H100", *, gpus_per_node: int = 8,
+            precision: str = "bf16", memory_gb: float | None = None,
+            peak_tflops: float | None = None, intra_node_gbps: float | None = None,
+            inter_node_gbps: float | None = None,
+            price_per_gpu_hour: float | None = None) -> Cluster:
+    """A cluster of ``gpus`` GPUs of a known kind, any number overridden (bandwidths in GB/s
+    per GPU and direction)."""
+    kind = gpu_kind(gpu)
+    peak = find_device(kind.name)
+    table = peak.peak_tflops.get(precision) if peak is not None else None
+    if peak_tflops is None and table is None:
+        raise PlanInputError(f"no peak {precision} FLOP/s known for {kind.name}; pass "
+                             "--peak-tflops")
+    tflops = peak_tflops if peak_tflops is not None else table
+    assert tflops is not None
+    src = ("--peak-tflops" if peak_tflops is not None else
+           f"{kind.name} {precision}: {peak.source if peak else ''}")
+    return Cluster(
+        gpus=gpus, gpus_per_node=min(gpus_per_node, gpus) if gpus < gpus_per_node else
+        gpus_per_node, gpu_name=kind.name,
+        memory_bytes=int(memory_gb * GB) if memory_gb is not None else kind.memory_bytes,
+        peak_flops=tflops * 1e12, peak_source=src,
+        intra_node_bytes_per_s=(intra_node_gbps * 1e9 if intra_node_gbps is not None
+                                else kind.intra_node_bytes_per_s),
+        inter_node_bytes_per_s=(inter_node_gbps * 1e9 if inter_node_gbps is not None
+                                else kind.inter_node_bytes_per_s),
+        power_w=kind.power_w, price_per_gpu_hour=price_per_gpu_hour)

@@ -1,0 +1,275 @@
+"""Every layout of the cluster that reproduces the global batch, its memory and predicted step
+time; the feasible ones ranked, the chosen one explained, the others' reasons kept.
+
+Known practice is built in (Ultra-Scale Playbook, "Finding the best training configuration";
+llm-analysis after MT-NLG): tensor parallelism only within a node (its all-reduces cannot be
+hidden and leave NVLink beyond it); pipeline stages only where they pay for their bubble;
+micro-batch × accumulation × data-parallel degree = the global batch exactly. Among layouts of
+the same predicted time, the lower ZeRO stage, no recompute and no offload win (each only when
+needed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from redline.plan.activations import MeasuredActivations
+from redline.plan.hardware import Cluster, PlanInputError
+from redline.plan.memory import Layout, Memory, Training, memory
+from redline.plan.spec import ModelSpec
+from redline.plan.timing import DEFAULT_MFU, Timing, step_time
+
+HEADROOM = 0.10
+"""Share of device memory left free: the CUDA context, NCCL buffers and the caching
+allocator's fragmentation (the batch finder measures the latter at 5–40 %; 10 % is a floor)."""
+MAX_MICRO_BATCH = 64
+
+
+@dataclass(slots=True)
+class Candidate:
+    layout: Layout
+    memory: Memory
+    timing: Timing
+    fits: bool
+    over_bytes: int
+    """By how much it exceeds the usable memory (0 when it fits)."""
+
+
+@dataclass(slots=True)
+class PlanResult:
+    spec: ModelSpec
+    training: Training
+    cluster: Cluster
+    mfu: float
+    usable_bytes: int
+    ranked: list[Candidate] = field(default_factory=list)
+    """Feasible layouts, fastest first."""
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    """(layout or family, why not) for the alternatives worth naming."""
+    why: str = ""
+    evaluated: int = 0
+    measured: MeasuredActivations | None = None
+    """Activations counted from the model, when they were."""
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.ranked[0] if self.ranked else None
+
+    def accumulation(self, lay: Layout) -> int:
+        return self.training.global_batch // (lay.dp * lay.micro_batch)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _recompute_options(spec: ModelSpec, tr: Training) -> list[str]:
+    if not spec.transformer:
+        return ["none"]
+    # With FlashAttention there is no s² term left for selective recompute to drop.
+    return ["none", "full"] if tr.flash_attention else ["none", "selective", "full"]
+
+
+_RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
+
+
+TIE = 0.02
+"""Predicted step times within 2 % of each other are a tie, settled by practice (no offload, no
+recompute, the lower ZeRO stage, fewer stages, less TP): the model's assumptions (MFU, bus
+efficiency, perfect overlap) are not more precise than that."""
+
+
+def _rank(cands: list[Candidate]) -> list[Candidate]:
+    """Fastest first, in tiers of :data:`TIE`; practice orders each tier."""
+    if not cands:
+        return []
+    best = min(c.timing.step_s for c in cands)
+
+    def key(c: Candidate) -> tuple[int, int, int, int, int, int, float]:
+        lay = c.layout
+        tier = int(math.log(c.timing.step_s / best) / math.log1p(TIE) + 1e-9)
+        return (tier, int(lay.offload), _RECOMPUTE_ORDER[lay.recompute], lay.zero, lay.pp,
+                lay.tp, c.timing.step_s)
+
+    return sorted(cands, key=key)
+
+
+def search(spec: ModelSpec, tr: Training, cl: Cluster, mfu: float = DEFAULT_MFU,
+           headroom: float = HEADROOM,
+           measured: MeasuredActivations | None = None) -> PlanResult:
+    """Rank the layouts of ``cl`` for ``spec`` trained as ``tr`` (activations ``measured``
+    from the model where given, else from the transformer formula)."""
+    if not 0 < mfu <= 1:
+        raise PlanInputError(f"--mfu must be in (0, 1], got {mfu}")
+    usable = int(cl.memory_bytes * (1 - headroom))
+    res = PlanResult(spec, tr, cl, mfu, usable, measured=measured)
+    every: list[Candidate] = []
+    tps = [t for t in _divisors(cl.gpus) if t <= cl.gpus_per_node
+           and (spec.heads is None or spec.heads % t == 0)]
+    if spec.hidden is None:
+        tps = [1]
+    for tp in tps:
+        for pp in _divisors(cl.gpus // tp):
+            if pp > 1 and (spec.layers is None or spec.layers % pp or not spec.hidden):
+                continue
+            dp = cl.gpus // (tp * pp)
+            if tr.global_batch % dp:
+                continue
+            per_dp = tr.global_batch // dp
+            micros = [b for b in _divisors(per_dp) if b <= MAX_MICRO_BATCH]
+            for zero in (range(4) if dp > 1 else (0,)):
+                for rc in _recompute_options(spec, tr):
+                    for off in ((False, True) if zero >= 1 else (False,)):
+                        for b in micros:
+                            lay = Layout(dp, tp, pp, zero, rc, off, b)
+                            m = per_dp // b
+                            mem = memory(spec, tr, lay, m, measured)
+                            t = step_time(spec, tr, cl, lay, mfu)
+                            over = max(0, mem.total_bytes - usable)
+                            every.append(Candidate(lay, mem, t, over == 0, over))
+    res.evaluated = len(every)
+    if not every:
+        raise PlanInputError(
+            f"no layout of {cl.gpus} GPUs divides the global batch of {tr.global_batch}: "
+            "give a global batch divisible by the data-parallel degree (e.g. a multiple of "
+            f"{cl.gpus})")
+    fits = [c for c in every if c.fits]
+    res.ranked = _rank(fits)
+    res.rejected = _alternatives(res, every)
+    res.why = _why(res) if fits else _why_none(res, every)
+    return res
+
+
+def _family(lay: Layout) -> str:
+    if lay.tp > 1 and lay.pp > 1:
+        return "tensor + pipeline parallel"
+    if lay.tp > 1:
+        return "tensor parallel"
+    if lay.pp > 1:
+        return "pipeline parallel"
+    return {0: "DDP (replicated)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}[lay.zero]
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB"
+
+
+def _alternatives(res: PlanResult, every: list[Candidate]) -> list[tuple[str, str]]:
+    """For each family of layouts other than the chosen one's: its best, and why it lost."""
+    best = res.best
+    out: list[tuple[str, str]] = []
+    seen = {_family(best.layout)} if best else set()
+    by_family: dict[str, list[Candidate]] = {}
+    for c in every:
+        by_family.setdefault(_family(c.layout), []).append(c)
+    for fam, cs in by_family.items():
+        if fam in seen:
+            continue
+        ok = [c for c in cs if c.fits]
+        if ok:
+            c = _rank(ok)[0]
+            assert best is not None
+            slower = c.timing.step_s - best.timing.step_s
+            t = c.timing
+            bound = max((("data-parallel communication", t.dp_exposed_s),
+                         ("tensor-parallel communication", t.tp_comm_s),
+                         ("the pipeline bubble", t.compute_s * t.bubble_fraction /
+                          max(1e-12, 1 - t.bubble_fraction)),
+                         ("pipeline sends", t.pp_exposed_s)), key=lambda x: x[1])
+            why = (f"{slower * 1e3:,.0f} ms slower per step ({c.timing.step_s:.3g} s vs "
+                   f"{best.timing.step_s:.3g} s)"
+                   + (f": {bound[0]} costs {bound[1] * 1e3:,.0f} ms" if bound[1] > 0 else ""))
+        else:
+            c = min(cs, key=lambda c: c.over_bytes)
+            top = max(c.memory.terms, key=lambda t: t.bytes)
+            why = (f"does not fit by {_gb(c.over_bytes)} even as {c.layout.name} "
+                   f"({_gb(c.memory.total_bytes)} per GPU, of which {top.name} "
+                   f"{_gb(top.bytes)}; {_gb(res.usable_bytes)} usable)")
+        out.append((fam, why))
+    return out
+
+
+def _why(res: PlanResult) -> str:
+    c = res.best
+    assert c is not None
+    lay, t, mem = c.layout, c.timing, c.memory
+    cl, tr = res.cluster, res.training
+    acc = res.accumulation(lay)
+    parts = [f"{lay.name} fits in {_gb(mem.total_bytes)} of the {_gb(res.usable_bytes)} "
+             f"usable per GPU ({', '.join(f'{x.name} {_gb(x.bytes)}' for x in mem.terms if x.bytes)})."]
+    if lay.tp > 1:
+        parts.append(f"Tensor parallelism {lay.tp} stays within a node of {cl.gpus_per_node} "
+                     f"GPUs (its {t.tp_comm_s * 1e3:,.0f} ms of all-reduces per step run over "
+                     "the node's links and are not hidden).")
+    if lay.pp > 1:
+        parts.append(f"{lay.pp} pipeline stages of {(res.spec.layers or 0) // lay.pp} layers: "
+                     f"{acc} micro-batches per step keep the bubble at "
+                     f"{t.bubble_fraction:.1%}.")
+    parts.append(_zero_why(res, c) + ".")
+    if lay.recompute != "none":
+        parts.append(f"{lay.recompute.capitalize()} activation recompute: without it the "
+                     "activations do not fit, or a larger micro-batch it allows is faster.")
+    if lay.offload:
+        parts.append("The optimizer state lives on the host: nothing else fits.")
+    parts.append(f"Micro-batch {lay.micro_batch} × {acc} accumulation × DP {lay.dp} = global "
+                 f"batch {tr.global_batch}.")
+    parts.append(f"Predicted step {t.step_s:.3g} s: compute {t.compute_s:.3g} s at MFU "
+                 f"{res.mfu:.0%}" + (f", bubble {t.bubble_fraction:.1%}" if t.bubble_fraction
+                                     else "")
+                 + f", exposed communication {t.comm_exposed_s * 1e3:,.0f} ms.")
+    return " ".join(parts)
+
+
+def _zero_why(res: PlanResult, c: Candidate) -> str:
+    """Why this ZeRO stage: the stage below it, same degrees, recompute and micro-batch, does
+    not fit (by how much) or is predicted slower."""
+    lay = c.layout
+    what = {0: "DDP (model states replicated, the least communication)",
+            1: "ZeRO-1 (optimizer state sharded)",
+            2: "ZeRO-2 (optimizer state and gradients sharded)",
+            3: "ZeRO-3 / FSDP (parameters sharded too)"}[lay.zero]
+    if lay.zero == 0:
+        return f"{what}: no sharding is needed"
+    lower = Layout(lay.dp, lay.tp, lay.pp, lay.zero - 1, lay.recompute, False,
+                   lay.micro_batch, lay.sequence_parallel)
+    m = res.training.global_batch // (lay.dp * lay.micro_batch)
+    mem = memory(res.spec, res.training, lower, m, res.measured)
+    over = mem.total_bytes - res.usable_bytes
+    if over > 0:
+        return (f"{what}: the stage below needs {_gb(mem.total_bytes)} per GPU, "
+                f"{_gb(over)} over the usable memory")
+    t = step_time(res.spec, res.training, res.cluster, lower, res.mfu)
+    return (f"{what}: the stage below fits but is predicted {t.step_s:.3g} s per step against "
+            f"{c.timing.step_s:.3g} s")
+
+
+def _why_none(res: PlanResult, every: list[Candidate]) -> str:
+    c = min(every, key=lambda c: c.over_bytes)
+    return (f"No layout of {res.cluster.gpus} × {res.cluster.gpu_name} fits: the closest, "
+            f"{c.layout.name}, needs {_gb(c.memory.total_bytes)} per GPU, "
+            f"{_gb(c.over_bytes)} over the {_gb(res.usable_bytes)} usable. More GPUs, GPUs "
+            "with more memory, or a shorter sequence.")
+
+
+@dataclass(frozen=True, slots=True)
+class JobProjection:
+    """The whole job at a candidate's predicted speed."""
+
+    steps: int
+    job_time_s: float
+    cost: float | None
+    """At the price per GPU-hour; None without one."""
+    energy_kwh: float | None
+    """At every GPU's board power limit for the whole job: an upper bound; None when the
+    GPU's is not known."""
+
+
+def project(res: PlanResult, c: Candidate, steps: int) -> JobProjection:
+    cl = res.cluster
+    t = c.timing.step_s * steps
+    hours = t / 3600
+    cost = hours * cl.gpus * cl.price_per_gpu_hour if cl.price_per_gpu_hour is not None \
+        else None
+    energy = hours * cl.gpus * cl.power_w / 1000 if cl.power_w is not None else None
+    return JobProjection(steps, t, cost, energy)
