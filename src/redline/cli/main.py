@@ -215,7 +215,7 @@ def _tune(args: argparse.Namespace) -> int:
     from redline.core.files import refuse_overwriting_inputs, write_text_atomic
     from redline.measure.ranks import rank_info
     from redline.report.tune_render import render, to_dict
-    from redline.tune import TuneConfig, load_factory, save_plan, tune
+    from redline.tune import BatchDoesNotFitError, TuneConfig, load_factory, save_plan, tune
 
     try:
         refuse_overwriting_inputs({"--plan": args.plan, "--json": args.json},
@@ -225,6 +225,13 @@ def _tune(args: argparse.Namespace) -> int:
                          run_steps=args.run_steps, price_per_device_hour=args.price_per_hour,
                          try_compile=not args.no_compile, reuse=not args.fresh)
         result = tune(factory, cfg, log=lambda s: print(s, flush=True))
+    except BatchDoesNotFitError as e:
+        hint = ""
+        if e.params is not None and e.global_batch is not None:
+            hint = (f" To spread it over more devices, plan it: redline plan {args.script} "
+                    f"--gpus N --gpu GPU --global-batch {e.global_batch} (or --params "
+                    f"{e.params} with its shape instead of the script)")
+        return _fail("tune", str(e) + hint, 2)
     except RedlineError as e:
         return _fail("tune", str(e), 2)
     except KeyboardInterrupt:

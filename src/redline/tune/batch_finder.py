@@ -47,6 +47,11 @@ MAX_TRIALS = 4
 class BatchDoesNotFitError(RedlineError, RuntimeError):
     """Even one sample per micro-batch exceeds the device memory."""
 
+    params: int | None = None
+    """The model's trainable parameters, when the caller knows them (for ``redline plan``)."""
+    global_batch: int | None = None
+    """Samples per optimizer step over the whole job."""
+
 
 @dataclass(slots=True)
 class Probe:

@@ -23,7 +23,7 @@ from redline.data.prefetcher import map_tensors
 from redline.diagnose.limits import remaining_limits
 from redline.measure.agree import Agreement, RanksDivergedError
 from redline.measure.system import cpu_budget
-from redline.tune.batch_finder import BatchSearch, find_batch_size
+from redline.tune.batch_finder import BatchDoesNotFitError, BatchSearch, find_batch_size
 from redline.tune.config import DEFAULT_RUN_STEPS, TuneConfig
 from redline.tune.ddp import as_ddp, bucket_candidate, cannot_rewrap, rewrap
 from redline.tune.decide import ABPolicy, MeasureFn
@@ -203,10 +203,17 @@ class TunePath:
         if limit is None and self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             limit = free + torch.cuda.memory_allocated(self.device)
-        search = find_batch_size(step, state=lambda: state_tensors(model, s.optimizer),
-                                 max_batch=plan.effective_batch, limit_bytes=limit,
-                                 cuda_device=self.device if self.device.type == "cuda" else None,
-                                 agree=self.agree)
+        try:
+            search = find_batch_size(
+                step, state=lambda: state_tensors(model, s.optimizer),
+                max_batch=plan.effective_batch, limit_bytes=limit,
+                cuda_device=self.device if self.device.type == "cuda" else None,
+                agree=self.agree)
+        except BatchDoesNotFitError as e:
+            # What `redline plan` needs to spread the model over more devices.
+            e.params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            e.global_batch = plan.effective_batch * self.agree.world_size
+            raise
         self.log(f"  batch finder: {search.reason} ({search.trials} trials, {search.ooms} OOM; "
                  f"probes use the {how})")
         details: dict[str, str | int | float | bool | None] = {
