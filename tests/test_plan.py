@@ -8,9 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rank_scripts import run_ranks
 from redline.cli.main import main
 from redline.plan import (
     Layout,
@@ -269,14 +267,6 @@ def test_cli_refuses_two_model_sources_and_counts_a_factory_on_meta(
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_predicted_model_states_equal_live_bytes_under_ddp_and_fsdp2(tmp_path: Path,
                                                                      ranks: int) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc_per_node", str(ranks), str(SCRIPTS / "plan_states.py"),
-                        str(tmp_path)], capture_output=True, text=True, timeout=240, env=env)
-    written = all((tmp_path / f"rank{i}.json").exists() for i in range(ranks))
-    teardown_abort = written and "terminate called without an active exception" in r.stderr
-    assert r.returncode == 0 or teardown_abort, r.stderr[-3000:]
-    for i in range(ranks):
-        d = json.loads((tmp_path / f"rank{i}.json").read_text())
+    for d in run_ranks("plan_states.py", tmp_path, ranks):
         for kind in ("ddp", "fsdp"):
             assert d[kind]["measured"] == pytest.approx(d[kind]["predicted"], rel=0.05), kind

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections import namedtuple
 from pathlib import Path
 
@@ -13,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from rank_scripts import run_ranks
 from redline.tune.accumulate import accumulate, batchnorm_modules, micro_sizes, split_batch
 
 Pair = namedtuple("Pair", "x y")
@@ -88,19 +85,7 @@ def test_batchnorm_layers_are_named() -> None:
 
 @pytest.mark.slow
 def test_ddp_syncs_once_per_effective_batch(tmp_path: Path) -> None:
-    script = Path(__file__).parent / "scripts" / "ddp_accumulate.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc_per_node", "2", str(script), str(tmp_path)],
-                       capture_output=True, text=True, timeout=180, env=env)
-    written = all((tmp_path / f"rank{i}.json").exists() for i in range(2))
-    # Gloo's teardown can abort a process after its work is done, when its worker threads
-    # still hold a finished collective's objects (pytorch/pytorch#190489): the results were
-    # written before it, so only that abort, and only after both results, is tolerated.
-    teardown_abort = written and "terminate called without an active exception" in r.stderr
-    assert r.returncode == 0 or teardown_abort, r.stderr[-3000:]
-    outs = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
-    for o in outs:
+    for o in run_ranks("ddp_accumulate.py", tmp_path):
         # micro-batches 6, 6, 6, 2: only the last runs outside no_sync → one all-reduce (the
         # small model fits one bucket), not four.
         assert o["allreduce_calls"] == 1
@@ -112,15 +97,6 @@ def test_fsdp2_reduces_once_per_effective_batch(tmp_path: Path) -> None:
     """FSDP2 has no no_sync(): accumulate() switches gradient sync off for every micro-batch
     but the last (set_requires_gradient_sync), so 3 fully_shard groups reduce 3 times per
     effective batch of 4 micro-batches, not 12, and each rank's shard is the full batch's."""
-    script = Path(__file__).parent / "scripts" / "fsdp_accumulate.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc_per_node", "2", str(script), str(tmp_path)],
-                       capture_output=True, text=True, timeout=180, env=env)
-    written = all((tmp_path / f"rank{i}.json").exists() for i in range(2))
-    teardown_abort = written and "terminate called without an active exception" in r.stderr
-    assert r.returncode == 0 or teardown_abort, r.stderr[-3000:]
-    for i in range(2):
-        o = json.loads((tmp_path / f"rank{i}.json").read_text())
+    for o in run_ranks("fsdp_accumulate.py", tmp_path):
         assert o["reductions"] == 3
         assert o["max_abs_err"] < 1e-6

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 
 from redline._version import __version__
+from redline.cli.args import int_at_least, non_negative_float
 from redline.measure.config import WatchConfig
 from redline.tune.config import TuneConfig
 
@@ -28,33 +28,6 @@ def _fail(command: str, message: str, code: int) -> int:
     return code
 
 
-def _int_at_least(flag: str, minimum: int, meaning: str) -> Callable[[str], int]:
-    """An argparse type: an integer ≥ ``minimum``; the error names the flag and its meaning."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be an integer, got {text!r}") from None
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"{flag} must be >= {minimum} ({meaning}), got {v}")
-        return v
-
-    return parse
-
-
-def _non_negative_float(flag: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be a number, got {text!r}") from None
-        if not v >= 0:
-            raise argparse.ArgumentTypeError(f"{flag} must be >= 0, got {text}")
-        return v
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="redline", description=(
         "Measure how busy the accelerator really is, say why it idles, and what to change."))
@@ -64,10 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="measure and diagnose an unmodified training script",
                        description="Run `python script.py args` (or `python -m module args`) "
                        "unchanged under redline's instrumentation and print the report.")
-    d.add_argument("--steps", type=_int_at_least("--steps", 1, "measured steps after warm-up"),
+    d.add_argument("--steps", type=int_at_least("--steps", 1, "measured steps after warm-up"),
                    default=DOCTOR_STEPS,
                    help=f"measured steps after warm-up, then stop (default: {DOCTOR_STEPS})")
-    d.add_argument("--warmup", type=_int_at_least("--warmup", 0, "steps left out at the start"),
+    d.add_argument("--warmup", type=int_at_least("--warmup", 0, "steps left out at the start"),
                    default=_WATCH.warmup_steps,
                    help="steps left out of the statistics at the start (default: "
                    f"{_WATCH.warmup_steps})")
@@ -108,19 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("script", help="a Python file that defines the factory")
     u.add_argument("--factory", default="redline_setup",
                    help="name of the factory function (default: redline_setup)")
-    u.add_argument("--steps", type=_int_at_least("--steps", 1, "measured steps per trial"),
+    u.add_argument("--steps", type=int_at_least("--steps", 1, "measured steps per trial"),
                    default=_TUNE.steps_per_trial,
                    help=f"measured optimizer steps per trial (default: {_TUNE.steps_per_trial})")
-    u.add_argument("--rounds", type=_int_at_least(
+    u.add_argument("--rounds", type=int_at_least(
                        "--rounds", 1, "times each comparison alternates current and candidate"),
                    default=_TUNE.rounds,
                    help="times each comparison alternates current and candidate (default: "
                    f"{_TUNE.rounds})")
-    u.add_argument("--run-steps", type=_int_at_least(
+    u.add_argument("--run-steps", type=int_at_least(
                        "--run-steps", 1, "optimizer steps of the planned job"), default=None,
                    help="optimizer steps of the planned job, for compile amortization and "
                    "the time/cost/energy projection (default: the setup's, else 10,000)")
-    u.add_argument("--price-per-hour", type=_non_negative_float("--price-per-hour"),
+    u.add_argument("--price-per-hour", type=non_negative_float("--price-per-hour"),
                    default=None, metavar="PRICE",
                    help="price of one device-hour, for the cost projection")
     u.add_argument("--plan", metavar="PATH", default="redline-plan.json",
@@ -144,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "vision-large: ResNet-50 on the same data (GPU-sized); lm: a small "
                    "transformer language model; lm-large: GPT-2-small-shaped (GPU-sized) "
                    "(default: lm-large on a GPU, else vision)")
-    m.add_argument("--steps", type=_int_at_least("--steps", 1, "measured steps"),
+    m.add_argument("--steps", type=int_at_least("--steps", 1, "measured steps"),
                    default=DEMO_STEPS, help=f"measured steps (default: {DEMO_STEPS})")
     m.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
     m.add_argument("--no-tune", action="store_true",

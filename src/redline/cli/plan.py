@@ -5,38 +5,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from typing import Any
 
-
-def _positive_float(flag: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be a number, got {text!r}") from None
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"{flag} must be > 0, got {text}")
-        return v
-
-    return parse
-
-
-def _count(flag: str) -> Callable[[str], int]:
-    """An integer ≥ 1, also written 7.5e9 or 7.5B / 70M (parameter counts)."""
-    def parse(text: str) -> int:
-        t = text.strip().upper()
-        mult = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}.get(t[-1:], 1.0)
-        try:
-            v = float(t[:-1] if mult != 1.0 else t) * mult
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be a number (e.g. 7e9, 7B), got "
-                                             f"{text!r}") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {text}")
-        return round(v)
-
-    return parse
+from redline.cli.args import count, positive_float
 
 
 def add_parser(sub: Any) -> None:
@@ -59,22 +30,22 @@ def add_parser(sub: Any) -> None:
                           ("layers", "transformer layers"), ("hidden", "hidden size"),
                           ("heads", "attention heads"), ("vocab", "vocabulary size"),
                           ("ffn-hidden", "MLP inner width")):
-        a.add_argument(f"--{name}", type=_count(f"--{name}"), default=None, help=meaning)
-    a.add_argument("--seq", type=_count("--seq"), default=None,
+        a.add_argument(f"--{name}", type=count(f"--{name}"), default=None, help=meaning)
+    a.add_argument("--seq", type=count("--seq"), default=None,
                    help="tokens per sequence (default: the config's)")
-    a.add_argument("--gpus", type=_count("--gpus"), required=True, help="GPUs of the job")
-    a.add_argument("--gpus-per-node", type=_count("--gpus-per-node"), default=8,
+    a.add_argument("--gpus", type=count("--gpus"), required=True, help="GPUs of the job")
+    a.add_argument("--gpus-per-node", type=count("--gpus-per-node"), default=8,
                    help="GPUs per node (default 8)")
     a.add_argument("--gpu", default="H100", help="GPU kind (default H100): H200, H100, "
                    "A100-80GB, A100-40GB, L40S, L4, V100, MI300X")
-    a.add_argument("--gpu-memory-gb", type=_positive_float("--gpu-memory-gb"), default=None)
-    a.add_argument("--peak-tflops", type=_positive_float("--peak-tflops"), default=None,
+    a.add_argument("--gpu-memory-gb", type=positive_float("--gpu-memory-gb"), default=None)
+    a.add_argument("--peak-tflops", type=positive_float("--peak-tflops"), default=None,
                    help="dense peak TFLOP/s per GPU at the precision (default: the table's)")
-    a.add_argument("--intra-node-gbps", type=_positive_float("--intra-node-gbps"), default=None,
+    a.add_argument("--intra-node-gbps", type=positive_float("--intra-node-gbps"), default=None,
                    help="GB/s per GPU and direction within a node (default: the GPU's)")
-    a.add_argument("--inter-node-gbps", type=_positive_float("--inter-node-gbps"), default=None,
+    a.add_argument("--inter-node-gbps", type=positive_float("--inter-node-gbps"), default=None,
                    help="GB/s per GPU and direction across nodes (default: the GPU's)")
-    a.add_argument("--global-batch", type=_count("--global-batch"), required=True,
+    a.add_argument("--global-batch", type=count("--global-batch"), required=True,
                    help="sequences per optimizer step over all GPUs")
     a.add_argument("--precision", choices=PRECISIONS, default="bf16")
     a.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
@@ -82,13 +53,13 @@ def add_parser(sub: Any) -> None:
                    help="gradients accumulate in fp32 (4 bytes/parameter more)")
     a.add_argument("--no-flash-attention", action="store_true",
                    help="attention stores its s² scores (no FlashAttention/SDPA)")
-    a.add_argument("--mfu", type=_positive_float("--mfu"), default=DEFAULT_MFU,
+    a.add_argument("--mfu", type=positive_float("--mfu"), default=DEFAULT_MFU,
                    help=f"model FLOPs utilization assumed for compute (default {DEFAULT_MFU})")
-    a.add_argument("--price-per-gpu-hour", type=_positive_float("--price-per-gpu-hour"),
+    a.add_argument("--price-per-gpu-hour", type=positive_float("--price-per-gpu-hour"),
                    default=None)
-    a.add_argument("--steps", type=_count("--steps"), default=None,
+    a.add_argument("--steps", type=count("--steps"), default=None,
                    help="optimizer steps of the job, for time, cost and energy")
-    a.add_argument("--top", type=_count("--top"), default=5, help="layouts to list (default 5)")
+    a.add_argument("--top", type=count("--top"), default=5, help="layouts to list (default 5)")
     a.add_argument("--json", metavar="PATH", help="also write the plan as JSON")
     a.set_defaults(func=run)
 
