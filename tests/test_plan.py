@@ -94,6 +94,9 @@ def test_pipeline_bubble_and_the_ring_all_reduce() -> None:
     t = step_time(spec, tr, cl, Layout(dp=4, tp=1, pp=4, micro_batch=2))
     m = 64 // (4 * 2)
     assert t.bubble_fraction == pytest.approx((4 - 1) / (m + 4 - 1))
+    iv = step_time(spec, tr, cl, Layout(dp=4, pp=4, micro_batch=2, virtual_stages=2))
+    assert iv.bubble_fraction == pytest.approx((4 - 1) / (2 * m + 4 - 1))  # interleaved: ÷ v
+    assert iv.pp_comm_s == pytest.approx(2 * t.pp_comm_s)
     t = step_time(spec, tr, cl, Layout(dp=16, micro_batch=4))
     grad_bytes = 2 * 1e9  # 16-bit gradients, replicated (DDP)
     bw = cl.inter_node_bytes_per_s * cl.bus_efficiency  # 16 GPUs: two nodes
@@ -116,11 +119,9 @@ def test_gpt3_175b_on_1024_a100s_ranks_megatrons_layout_near_the_top() -> None:
     assert megatron, "the paper's layout must fit"
     best = res.ranked[0]
     assert megatron[0].timing.step_s <= 1.15 * best.timing.step_s
-    shapes: list[tuple[int, int]] = []
-    for c in res.ranked:
-        if (c.layout.tp, c.layout.pp) not in shapes:
-            shapes.append((c.layout.tp, c.layout.pp))
-    assert (8, 16) in shapes[:3]
+    # Of every layout with pipeline stages, the paper's degrees are predicted fastest.
+    piped = min((c for c in res.ranked if c.layout.pp > 1), key=lambda c: c.timing.step_s)
+    assert (piped.layout.tp, piped.layout.pp, piped.layout.dp) == (8, 16, 8)
     # Tensor parallelism never leaves the node.
     assert all(c.layout.tp <= 8 for c in res.ranked)
 

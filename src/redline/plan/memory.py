@@ -20,6 +20,7 @@ in flight of its L/p layers (Ultra-Scale Playbook, pipeline parallelism).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from redline.plan.activations import MeasuredActivations
@@ -77,6 +78,9 @@ class Layout:
     sequence_parallel: bool = True
     """With TP > 1: Megatron's sequence parallelism (norms and dropout split over the TP
     ranks)."""
+    virtual_stages: int = 1
+    """With PP > 1: model chunks per GPU of the interleaved 1F1B schedule (Narayanan et al.,
+    SC21): the bubble ÷ v, pipeline sends × v."""
 
     @property
     def gpus(self) -> int:
@@ -89,7 +93,8 @@ class Layout:
         if self.tp > 1:
             parts.append(f"tp{self.tp}{'+sp' if self.sequence_parallel else ''}")
         if self.pp > 1:
-            parts.append(f"pp{self.pp}")
+            parts.append(f"pp{self.pp}" + (f"×v{self.virtual_stages} interleaved"
+                                            if self.virtual_stages > 1 else ""))
         if self.recompute != "none":
             parts.append(f"{self.recompute} recompute")
         if self.offload:
@@ -207,8 +212,14 @@ def memory(spec: ModelSpec, tr: Training, lay: Layout, microbatches: int,
     ``measured``: activations counted from the model (:mod:`redline.plan.activations`), used
     without recompute; the formula serves the recompute variants."""
     mem = model_states(spec, tr, lay)
-    inflight = min(lay.pp, microbatches) if lay.pp > 1 else 1
-    flight = f" × {inflight} micro-batches in flight (1F1B)" if inflight > 1 else ""
+    inflight: float = min(lay.pp, microbatches) if lay.pp > 1 else 1
+    flight = f" × {inflight:g} micro-batches in flight (1F1B)" if inflight > 1 else ""
+    if lay.pp > 1 and lay.virtual_stages > 1:
+        # Korthikanti et al. 2022, §4.2.3: the interleaved schedule's first stage holds
+        # (1 + (p − 1)/(p·v)) times the activations of the plain 1F1B one.
+        extra = 1 + (lay.pp - 1) / (lay.pp * lay.virtual_stages)
+        inflight *= extra
+        flight += f" × (1 + (p−1)/(p·v)) = {extra:.3g} (interleaved)"
     if measured is not None and lay.recompute == "none":
         act = measured.at(lay.micro_batch) / lay.pp / lay.tp * inflight
         mem.terms.append(Term(
@@ -230,10 +241,7 @@ def memory(spec: ModelSpec, tr: Training, lay: Layout, microbatches: int,
     mem.terms.append(Term("activations", round(act), f"{f} × {layers:g} layers{flight}"))
     if lay.recompute == "full":
         # Recomputing a layer rebuilds its whole working set once.
-        work, wf = activations_per_layer(spec, tr, Layout(lay.dp, lay.tp, lay.pp, lay.zero,
-                                                           "none", lay.offload,
-                                                           lay.micro_batch,
-                                                           lay.sequence_parallel))
+        work, wf = activations_per_layer(spec, tr, dataclasses.replace(lay, recompute="none"))
         mem.terms.append(Term("recompute working set", round(work), f"one layer: {wf}"))
     if spec.vocab:
         s = tr.seq or spec.seq or 1

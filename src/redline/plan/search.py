@@ -11,6 +11,7 @@ needed).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -74,6 +75,14 @@ def _recompute_options(spec: ModelSpec, tr: Training) -> list[str]:
 _RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
 
 
+def _interleavings(spec: ModelSpec, pp: int, m: int) -> list[int]:
+    """Chunks per GPU to try: 1, and 2 where the layers split into 2·p chunks and the
+    micro-batches are a multiple of p (Megatron's condition for the interleaved schedule)."""
+    if pp == 1 or not spec.layers or m % pp or spec.layers % (2 * pp):
+        return [1]
+    return [1, 2]
+
+
 TIE = 0.02
 """Predicted step times within 2 % of each other are a tie, settled by practice (no offload, no
 recompute, the lower ZeRO stage, fewer stages, less TP): the model's assumptions (MFU, bus
@@ -86,11 +95,11 @@ def _rank(cands: list[Candidate]) -> list[Candidate]:
         return []
     best = min(c.timing.step_s for c in cands)
 
-    def key(c: Candidate) -> tuple[int, int, int, int, int, int, float]:
+    def key(c: Candidate) -> tuple[int, int, int, int, int, int, int, float]:
         lay = c.layout
         tier = int(math.log(c.timing.step_s / best) / math.log1p(TIE) + 1e-9)
         return (tier, int(lay.offload), _RECOMPUTE_ORDER[lay.recompute], lay.zero, lay.pp,
-                lay.tp, c.timing.step_s)
+                lay.virtual_stages, lay.tp, c.timing.step_s)
 
     return sorted(cands, key=key)
 
@@ -122,12 +131,14 @@ def search(spec: ModelSpec, tr: Training, cl: Cluster, mfu: float = DEFAULT_MFU,
                 for rc in _recompute_options(spec, tr):
                     for off in ((False, True) if zero >= 1 else (False,)):
                         for b in micros:
-                            lay = Layout(dp, tp, pp, zero, rc, off, b)
                             m = per_dp // b
-                            mem = memory(spec, tr, lay, m, measured)
-                            t = step_time(spec, tr, cl, lay, mfu)
-                            over = max(0, mem.total_bytes - usable)
-                            every.append(Candidate(lay, mem, t, over == 0, over))
+                            for v in _interleavings(spec, pp, m):
+                                lay = Layout(dp, tp, pp, zero, rc, off, b,
+                                             virtual_stages=v)
+                                mem = memory(spec, tr, lay, m, measured)
+                                t = step_time(spec, tr, cl, lay, mfu)
+                                over = max(0, mem.total_bytes - usable)
+                                every.append(Candidate(lay, mem, t, over == 0, over))
     res.evaluated = len(every)
     if not every:
         raise PlanInputError(
@@ -231,8 +242,7 @@ def _zero_why(res: PlanResult, c: Candidate) -> str:
             3: "ZeRO-3 / FSDP (parameters sharded too)"}[lay.zero]
     if lay.zero == 0:
         return f"{what}: no sharding is needed"
-    lower = Layout(lay.dp, lay.tp, lay.pp, lay.zero - 1, lay.recompute, False,
-                   lay.micro_batch, lay.sequence_parallel)
+    lower = dataclasses.replace(lay, zero=lay.zero - 1, offload=False)
     m = res.training.global_batch // (lay.dp * lay.micro_batch)
     mem = memory(res.spec, res.training, lower, m, res.measured)
     over = mem.total_bytes - res.usable_bytes

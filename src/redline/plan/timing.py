@@ -7,7 +7,9 @@ bubble, and each communication with whether it overlaps compute.
 - Compute: FLOPs ÷ (GPUs × peak × MFU); the MFU is an assumption (default 0.40: llm-analysis
   suggests ~0.5 for large-model training; Korthikanti et al. report 54 % at 530B with every
   trick; smaller jobs reach less).
-- Pipeline bubble: ``(p − 1)/(m + p − 1)`` of the step for m micro-batches per step (1F1B).
+- Pipeline bubble: ``(p − 1)/(m + p − 1)`` of the step for m micro-batches per step (1F1B);
+  ``(p − 1)/(v·m + p − 1)`` with v interleaved chunks per GPU, whose sends grow v-fold
+  (Ultra-Scale Playbook; Narayanan et al., SC21).
 - Data-parallel gradient all-reduce: ``2(n − 1)/n · S / B`` for S bytes of gradients per GPU
   (ring all-reduce; nccl-tests PERFORMANCE.md), once per step, overlapping the last
   micro-batch's backward; ZeRO-3 all-gathers the parameters in forward and backward of every
@@ -85,7 +87,8 @@ def step_time(spec: ModelSpec, tr: Training, cl: Cluster, lay: Layout,
     notes: list[str] = []
     fl = flops_per_step(spec, tr, lay.recompute)
     compute = fl / (lay.gpus * cl.peak_flops * mfu)
-    bubble = (lay.pp - 1) / (m + lay.pp - 1) if lay.pp > 1 else 0.0
+    v = lay.virtual_stages
+    bubble = (lay.pp - 1) / (v * m + lay.pp - 1) if lay.pp > 1 else 0.0
     busy = compute / (1 - bubble)
     psi = spec.params / (lay.tp * lay.pp)
     n = lay.dp
@@ -113,8 +116,8 @@ def step_time(spec: ModelSpec, tr: Training, cl: Cluster, lay: Layout,
     pp = pp_exposed = 0.0
     if lay.pp > 1 and spec.hidden and spec.layers:
         bw = _bw(cl, lay.gpus)  # stages are the outermost groups: across nodes when big
-        pp = m * 2 * s * lay.micro_batch * spec.hidden * 2 / bw
-        layers_next = spec.layers / lay.pp
+        pp = v * m * 2 * s * lay.micro_batch * spec.hidden * 2 / bw
+        layers_next = spec.layers / (lay.pp * v)
         if cl.peak_flops / (32 * spec.hidden * layers_next * bw) > 1:
             pp_exposed = pp
     offload = 0.0
