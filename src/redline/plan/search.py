@@ -148,7 +148,7 @@ def search(spec: ModelSpec, tr: Training, cl: Cluster, mfu: float = DEFAULT_MFU,
     fits = [c for c in every if c.fits]
     res.ranked = _rank(fits)
     res.rejected = _alternatives(res, every)
-    res.why = _why(res) if fits else _why_none(res, every)
+    res.why = why(res, res.ranked[0]) if fits else _why_none(res, every)
     return res
 
 
@@ -201,9 +201,9 @@ def _alternatives(res: PlanResult, every: list[Candidate]) -> list[tuple[str, st
     return out
 
 
-def _why(res: PlanResult) -> str:
-    c = res.best
-    assert c is not None
+def why(res: PlanResult, c: Candidate) -> str:
+    """One paragraph: what fits how, why these degrees and this ZeRO stage, the batch split,
+    and the predicted step."""
     lay, t, mem = c.layout, c.timing, c.memory
     cl, tr = res.cluster, res.training
     acc = res.accumulation(lay)

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from redline.plan.emit import deepspeed_config, pytorch_snippet, torchrun_command
-from redline.plan.search import Candidate, PlanResult, project
+from redline.plan.search import Candidate, PlanResult, project, why
 
 PLAN_SCHEMA = "redline.parallel-plan/1"
 
@@ -41,6 +41,7 @@ def candidate_dict(res: PlanResult, c: Candidate) -> dict[str, Any]:
         "host_bytes_per_gpu": mem.host_bytes_per_gpu,
         "activations_known": mem.activations_known,
         "fits": c.fits, "over_bytes": c.over_bytes,
+        "why": why(res, c) if c.fits else None,
         "time": {"step_s": t.step_s, "tokens_per_s": t.tokens_per_s,
                  "flops_per_step": t.flops_per_step, "compute_s": t.compute_s,
                  "bubble_fraction": t.bubble_fraction, "dp_comm_s": t.dp_comm_s,
@@ -56,7 +57,6 @@ def to_dict(res: PlanResult, steps: int | None = None, top: int = 10,
     chosen = None
     if best is not None:
         chosen = candidate_dict(res, best)
-        chosen["why"] = res.why
         chosen["torchrun"] = torchrun_command(res.cluster, script)
         chosen["pytorch_snippet"] = pytorch_snippet(res.training, best.layout)
         chosen["deepspeed_config"] = deepspeed_config(res.training, best.layout)
@@ -113,8 +113,8 @@ def render(res: PlanResult, console: Console | None = None, steps: int | None = 
         m.add_row("total", _gb(best.memory.total_bytes), f"of {_gb(res.usable_bytes)} usable")
         con.print(m)
     con.print(Text(f"why: {res.why}"))
-    for fam, why in res.rejected:
-        con.print(Text(f"  not {fam}: {why}"))
+    for fam, reason in res.rejected:
+        con.print(Text(f"  not {fam}: {reason}"))
     if best is not None:
         for note in best.timing.notes:
             con.print(Text(f"  note: {note}"))
