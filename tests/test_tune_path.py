@@ -218,3 +218,39 @@ def test_before_is_the_users_loader_not_a_worker_less_stand_in(tmp_path: Path) -
     res = tune(factory, cfg, log=said.append)
     assert "the loader as given (1 workers, prefetch 3" in said[0]
     assert res.before.steps >= 2 and res.after.steps >= 2
+
+
+def test_tf32_and_fp16_are_decided_by_the_guard_and_the_measured_speed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a (faked) pre-Ampere GPU fp16 + GradScaler is the candidate; on an Ampere one TF32 is
+    tried before bf16: each passes the numerics guard (run for real on this CPU) and is kept
+    only when measured faster (faked speeds: this tests the path, not this machine)."""
+    from redline.tune import path as path_mod
+    from redline.tune.path import TuneConfig, tune
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "scripts"))
+    import tune_tiny
+
+    cfg = TuneConfig(steps_per_trial=2, rounds=1, warmup_steps=1, tune_loader=False,
+                     tune_batch=False, tune_kernels=False, reuse=False,
+                     store_dir=str(tmp_path))
+    pre_ampere = {"fp32": None, "tf32": "TF32 needs compute capability >= 8.0, have 7.0",
+                  "bf16": "this GPU has no bf16 support", "fp16": None}
+    monkeypatch.setattr(path_mod, "supported", lambda device: pre_ampere)
+    fp16_fast = speeds(lambda plan: 0.5 if plan.precision == "fp16" else 1.0)
+    res = tune(lambda: tune_tiny.redline_setup(limit=None), cfg, measure_fn=fp16_fast)
+    steps = by_label(res.plan)
+    assert steps["precision fp16"].kept and res.plan.precision == "fp16"
+    assert steps["precision fp16"].numerics is not None
+    assert "matches fp32" in steps["precision fp16"].numerics
+    assert not steps["precision tf32"].kept and "capability" in steps["precision tf32"].reason
+
+    ampere = {"fp32": None, "tf32": None, "bf16": None,
+              "fp16": "bf16 is supported: fp16 + GradScaler is only tried where it is not"}
+    monkeypatch.setattr(path_mod, "supported", lambda device: ampere)
+    tf32_fast = speeds(lambda plan: 0.6 if plan.precision == "tf32" else 1.0)
+    res = tune(lambda: tune_tiny.redline_setup(limit=None), cfg, measure_fn=tf32_fast)
+    steps = by_label(res.plan)
+    assert steps["precision tf32"].kept and res.plan.precision == "tf32"
+    assert not steps["precision bf16"].kept  # slower than the TF32 now kept
+    assert not steps["precision fp16"].kept

@@ -63,3 +63,70 @@ def test_nan_in_fp32_is_reported_as_not_a_precision_problem() -> None:
     with pytest.raises(NonFiniteLossError, match="not a precision problem"):
         check_numerics(m, opt, bad, 4, lambda mm, b: nn.functional.mse_loss(mm(b[0]), b[1]),
                        "bf16", torch.device("cpu"))
+
+
+def test_which_precisions_each_device_is_offered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Faked CUDA devices: a V100 (7.0, no bf16) gets fp16 + GradScaler and no TF32; an A100
+    (8.0, bf16) gets TF32 and bf16, and fp16 only where bf16 is missing."""
+    from redline.tune import precision
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 0))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    v100 = precision.supported(cuda)
+    assert v100["fp16"] is None and v100["bf16"] == "this GPU has no bf16 support"
+    assert v100["tf32"] == "TF32 needs compute capability >= 8.0, have 7.0"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    a100 = precision.supported(cuda)
+    assert a100["tf32"] is None and a100["bf16"] is None
+    assert a100["fp16"] is not None and "only tried where it is not" in a100["fp16"]
+
+
+def test_tf32_switches_both_flags_and_restores_them() -> None:
+    from redline.tune.precision import tf32
+
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    with tf32(True):
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        with tf32(False):
+            assert not torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cuda.matmul.allow_tf32
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+def test_fp16_with_grad_scaler_passes_a_normal_model() -> None:
+    """fp16 autocast + GradScaler for real (CPU autocast runs fp16 too)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    chk = check_numerics(m, opt, _batches(), 8,
+                         lambda mm, b: nn.functional.mse_loss(mm(b[0]), b[1]), "fp16",
+                         torch.device("cpu"))
+    assert chk.passed, chk.reason
+    assert chk.precision == "fp16" and chk.overflow_steps == 0
+
+
+class _Huge(nn.Module):
+    """Activations near 1e5: beyond fp16's largest finite value (65,504), so fp16 overflows
+    to inf where fp32 and bf16 do not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.lin(x * 2e4)
+        return out
+
+
+def test_fp16_that_overflows_is_refused_with_the_overflow_named() -> None:
+    torch.manual_seed(0)
+    m = _Huge()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-12)
+    chk = check_numerics(m, opt, _batches(), 16,
+                         lambda mm, b: nn.functional.mse_loss(mm(b[0]), b[1] * 1e4), "fp16",
+                         torch.device("cpu"))
+    assert not chk.passed and chk.overflow_steps >= 2
+    assert chk.reason.startswith("fp16 refused") and "steps overflowed (GradScaler skipped " \
+        "them" in chk.reason

@@ -41,6 +41,17 @@ MIN_TIMED_BATCHES = 8
 timed whole (see ``measure``)."""
 SHM_SHARE = 0.5
 """Batches in flight may use at most half of the free /dev/shm."""
+MAX_IO_WORKERS = 64
+"""Workers for a fetch that waits (storage, network) are not bounded by the cores, whose work
+they barely use, but by memory, /dev/shm and open files; this bounds the search itself."""
+WORKER_RAM_SHARE = 0.5
+"""Worker processes may use at most half of the free RAM (their own memory, measured)."""
+FDS_PER_WORKER = 4
+"""File descriptors the training process holds per worker (its index queue's pipe, the shared
+result queue, the worker's process handle), besides one per tensor in flight (PyTorch's
+file_descriptor sharing strategy)."""
+FD_SHARE = 0.5
+"""Workers and batches in flight may use at most half of the free file descriptors."""
 
 
 @dataclass(slots=True)
@@ -55,6 +66,9 @@ class Trial:
     seconds: float
     timed_batches: int = 0
     """Batches inside the timed window."""
+    worker_bytes: int | None = None
+    """Memory of one worker process (unique set size, else resident), measured after the
+    trial; None without workers."""
     whole_epochs: int = 0
     """Epochs the window covers start to end (0: a window inside one epoch, see ``measure``)."""
 
@@ -170,11 +184,47 @@ def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             step += t2 - t0
             samples += batch_samples(b) or 1
         busy = (_proc_cpu(proc) - c0) / max(1e-9, time.perf_counter() - w0)
+        per_worker = _worker_bytes(proc) if settings.num_workers else None
     finally:
         torch.set_num_threads(threads)
     return Trial(settings, torch_threads, samples / step, wait / step, busy,
                  time.perf_counter() - t_start,
-                 timed_batches=batches, whole_epochs=whole)
+                 timed_batches=batches, whole_epochs=whole, worker_bytes=per_worker)
+
+
+def _worker_bytes(proc: psutil.Process) -> int | None:
+    """Mean memory of this process's worker children: unique set size (what each adds, not
+    the pages shared with the parent after fork), else resident size."""
+    sizes = []
+    for k in proc.children():
+        try:
+            try:
+                sizes.append(int(k.memory_full_info().uss))
+            except (psutil.AccessDenied, AttributeError):
+                sizes.append(int(k.memory_info().rss))
+        except psutil.Error:
+            continue
+    return int(statistics.fmean(sizes)) if sizes else None
+
+
+def _count_tensors(batch: Any) -> int:
+    from redline.data.prefetcher import map_tensors
+
+    seen: list[int] = []
+    map_tensors(batch, lambda t: seen.append(1))
+    return len(seen)
+
+
+def free_file_descriptors() -> int | None:
+    """Descriptors this process may still open (soft limit − open now), None where unknown."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        used = psutil.Process().num_fds()
+    except (ImportError, AttributeError, OSError, psutil.Error):
+        return None
+    return None if soft == resource.RLIM_INFINITY else max(0, soft - used)
 
 
 def epoch_batches(loader: Any) -> int | None:
@@ -239,6 +289,7 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     job = agree or Agreement()
     budget = job.min(cpus if cpus is not None else cpu_budget().cpus, "loader CPUs")
     cap = max_workers if max_workers is not None else max(1, int(2 * budget))
+    io_cap = max_workers if max_workers is not None else max(cap, MAX_IO_WORKERS)
     pin = device.startswith("cuda") and torch.cuda.is_available()
     consume_s, sample_batch = consume_time(make_loader, consume)
     consume_s = job.max(consume_s, "loader consume time")
@@ -262,6 +313,9 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
              if f is not None]
     shm_free = min(frees) if frees else None
     ram = job.min(psutil.virtual_memory().available, "loader RAM")
+    fds = [f for f in job.gather(free_file_descriptors(), "loader fds") if f is not None]
+    fd_free = min(fds) if fds else None
+    tensors = max(1, int(job.max(_count_tensors(sample_batch), "loader tensors per batch")))
     reason = ""
     if first.data_wait_fraction <= WAIT_TARGET:
         reason = (f"data wait is already {first.data_wait_fraction:.1%} of the step in the "
@@ -269,9 +323,25 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     workers = 1
     prefetch = 2  # PyTorch's default; deepened once at the end if the fetch is I/O-bound
     stalls = 0
+    last: Trial | None = None
     while not reason:
-        if workers > cap:
-            reason = f"reached {cap} workers (2 × {budget:g} usable CPUs)"
+        # A fetch that waits (its workers leave the cores idle) may use more workers than
+        # cores: they wait in parallel. Then memory, /dev/shm and open files bound them.
+        waits = last is not None and last.cpu_cores_busy < IO_BOUND * budget
+        if workers > (io_cap if waits else cap):
+            reason = (f"reached {io_cap} workers (the most tried for a fetch that waits)"
+                      if waits else f"reached {cap} workers (2 × {budget:g} usable CPUs)")
+            break
+        per_worker = last.worker_bytes if last is not None else None
+        if per_worker and workers * per_worker > WORKER_RAM_SHARE * ram:
+            reason = (f"{workers} workers of {per_worker / 2**20:,.0f} MiB each (measured) "
+                      f"would use over half of the free RAM ({ram / 2**20:,.0f} MiB)")
+            break
+        if fd_free is not None and \
+                workers * (FDS_PER_WORKER + prefetch * tensors) > FD_SHARE * fd_free:
+            reason = (f"{workers} workers with {prefetch * tensors} tensors in flight each "
+                      f"would use over half of the {fd_free:,} free file descriptors "
+                      "(raise `ulimit -n`)")
             break
         in_flight = workers * prefetch * batch_bytes
         if shm_free is not None and in_flight > SHM_SHARE * shm_free:
@@ -287,6 +357,7 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                            persistent_workers=True)
         trial = measure_(s, max(1, int(budget) - workers))
         plan.trials.append(trial)
+        last = trial
         gained = trial.samples_per_s >= best.samples_per_s * (1 + MIN_GAIN)
         if gained:
             best, stalls = trial, 0
