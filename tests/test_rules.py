@@ -126,6 +126,12 @@ def test_each_rule_reports_only_its_own_id() -> None:
                                        reduces=160,
                                        view=False, params_mib=400)))
     cases.append(measurements(ddp=_ddp(find_unused=True, unused=80)))
+    cases.append(measurements(phases={"data_wait": 0.6, "forward": 0.2},
+                              host={"data_fetch_cpu_fraction": 0.1, "read_bytes_per_s": 5e7}))
+    cases.append(measurements(phases={"data_wait": 0.6, "forward": 0.2},
+                              host={"data_fetch_cpu_fraction": 0.2,
+                                    "data_fetch_run_delay_fraction": 0.7,
+                                    "other_processes_cpu_cores": 1.5}))
     fired = set()
     for m in cases:
         for fid, rule in RULES.items():
@@ -149,7 +155,7 @@ def test_data_starvation_in_process_cpu_bound() -> None:
 def test_data_split_reports_both_sides_when_mixed() -> None:
     m = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
                      host={"data_fetch_cpu_fraction": 0.4})
-    assert {"storage_fetch", "cpu_preprocessing"} <= set(ids(m))
+    assert {"fetch_wait", "cpu_preprocessing"} <= set(ids(m))
     assert ids(m)[0] == "data_starvation"  # the whole wait ranks above either part
 
 
@@ -309,20 +315,72 @@ def test_one_stalled_fetch_is_a_note_not_starvation() -> None:
     assert stall_note(m) is None and "data_starvation" in ids(m)
 
 
-def test_a_fetch_that_waits_is_storage_fetch() -> None:
-    m = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
-                     host={"data_fetch_cpu_fraction": 0.02})
-    assert "storage_fetch" in ids(m) and "cpu_preprocessing" not in ids(m)
-    assert get(m, "storage_fetch").ceiling_speedup == pytest.approx(1 / (1 - 0.6 * 0.98))
+def test_a_fetch_that_waits_is_storage_fetch_only_with_reads_measured() -> None:
+    reading = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
+                           host={"data_fetch_cpu_fraction": 0.02, "read_bytes_per_s": 4e7})
+    assert "storage_fetch" in ids(reading) and "cpu_preprocessing" not in ids(reading)
+    assert get(reading, "storage_fetch").ceiling_speedup == pytest.approx(1 / (1 - 0.6 * 0.98))
+    assert get(reading, "storage_fetch").evidence["read_mb_per_s"] == 40.0
+    # The same wait with nothing read: not storage (a socket, a lock, a sleep).
+    silent = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
+                          host={"data_fetch_cpu_fraction": 0.02, "read_bytes_per_s": 0.0})
+    assert "storage_fetch" not in ids(silent) and "fetch_wait" in ids(silent)
+    assert "no storage reads measured" in get(silent, "fetch_wait").title
+    # read() bytes served by the page cache or a network file system count as reads too.
+    cached = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
+                          host={"data_fetch_cpu_fraction": 0.02, "read_chars_per_s": 2e6})
+    assert "storage_fetch" in ids(cached)
 
 
-def test_busy_workers_are_cpu_preprocessing_idle_ones_storage() -> None:
+def test_waiting_for_a_cpu_is_contention_and_names_the_competing_load() -> None:
+    """Measured run delay, not a remainder: 20 % CPU, 70 % runnable waiting for a CPU, 10 %
+    off-CPU. With other processes busy on the job's CPUs, they are named; without, the job's
+    own threads are."""
+    host = {"data_fetch_cpu_fraction": 0.2, "data_fetch_run_delay_fraction": 0.7}
+    busy = measurements(phases={"data_wait": 0.6, "forward": 0.2},
+                        host={**host, "other_processes_cpu_cores": 1.6})
+    f = get(busy, "cpu_contention")
+    assert "other processes keep 1.60 of the 2 usable CPUs busy" in f.title
+    assert f.evidence["contention_share_of_wait"] == 0.7
+    assert f.ceiling_speedup == pytest.approx(1 / (1 - 0.6 * 0.7))
+    assert not {"storage_fetch", "fetch_wait"} & set(ids(busy))  # 10 %: below the secondary
+    own = measurements(phases={"data_wait": 0.6, "forward": 0.2},
+                       host={**host, "other_processes_cpu_cores": 0.05})
+    assert "own threads outnumber" in get(own, "cpu_contention").title
+
+
+def test_workers_queueing_for_their_own_cores_are_cpu_bound_not_contention() -> None:
+    """4 CPU-bound workers on 2 CPUs wait for a CPU half the time: that delay is the workers'
+    own oversubscription (CPU work at capacity); delay beyond it is contention."""
+    def found(delay: float, cores: float, others: float) -> set[str]:
+        m = measurements(phases={"data_wait": 0.5, "forward": 0.2, "backward": 0.2},
+                         host={"workers_cpu_cores": cores, "workers_run_delay_cores": delay,
+                               "other_processes_cpu_cores": others, "main_cpu_cores": 0.1},
+                         loaders=[loader(num_workers=4, prefetch_factor=2)])
+        return set(ids(m)) & {"cpu_preprocessing", "cpu_contention", "fetch_wait"}
+
+    assert found(delay=2.0, cores=2.0, others=0.0) == {"cpu_preprocessing"}
+    # Others hold 1.8 of the 2 CPUs: the 4 runnable workers get 0.4; 2.0 of their 3.6 s of
+    # delay is their own number, 1.6 the others'.
+    assert found(delay=3.6, cores=0.4, others=1.8) == {"cpu_preprocessing", "cpu_contention"}
+
+    def two(delay: float, cores: float) -> set[str]:
+        m = measurements(phases={"data_wait": 0.5, "forward": 0.2, "backward": 0.2},
+                         host={"workers_cpu_cores": cores, "workers_run_delay_cores": delay,
+                               "other_processes_cpu_cores": 1.8, "main_cpu_cores": 0.1},
+                         loaders=[loader(num_workers=2, prefetch_factor=2)])
+        return set(ids(m)) & {"cpu_preprocessing", "cpu_contention", "fetch_wait"}
+
+    assert two(delay=1.8, cores=0.2) == {"cpu_contention"}  # 2 workers fit 2 CPUs
+
+
+def test_busy_workers_are_cpu_preprocessing_idle_ones_waiting() -> None:
     def split(cores: float) -> set[str]:
         m = measurements(phases={"data_wait": 0.5, "forward": 0.2, "backward": 0.2},
                          host={"workers_cpu_cores": cores, "main_cpu_cores": 0.3},
                          loaders=[loader(num_workers=2, prefetch_factor=2)])
-        return set(ids(m)) & {"cpu_preprocessing", "storage_fetch"}
+        return set(ids(m)) & {"cpu_preprocessing", "storage_fetch", "fetch_wait"}
 
     assert split(1.8) == {"cpu_preprocessing"}  # 90 % of min(2 workers, 2 CPUs)
-    assert split(0.1) == {"storage_fetch"}
-    assert split(1.0) == {"cpu_preprocessing", "storage_fetch"}  # half and half: both
+    assert split(0.1) == {"fetch_wait"}  # idle workers, nothing read
+    assert split(1.0) == {"cpu_preprocessing", "fetch_wait"}  # half and half: both

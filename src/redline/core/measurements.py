@@ -136,6 +136,16 @@ class HostMetrics:
     shm_free_bytes: int | None
     cpu_flags: list[str] = field(default_factory=list)
     """Relevant CPU features (amx_bf16, avx512_bf16) when present."""
+    data_fetch_run_delay_fraction: float | None = None
+    """Seconds the training thread was runnable but waiting for a CPU inside data fetches ÷
+    wall seconds inside them (scheduler run delay, /proc/<pid>/task/<tid>/schedstat); None
+    where unreadable."""
+    workers_run_delay_cores: float | None = None
+    """Seconds the DataLoader workers were runnable but waiting for a CPU, per wall second
+    (summed over workers; /proc/<pid>/schedstat)."""
+    other_processes_cpu_cores: float | None = None
+    """CPU seconds per wall second that other processes spent on the CPUs this job may use:
+    everything on those CPUs (/proc/stat per CPU) minus this process and its workers."""
 
 
 @dataclass(slots=True)

@@ -1,8 +1,11 @@
-"""Data-path findings: data_starvation (split into cpu_preprocessing / storage_fetch), h2d_copy."""
+"""Data-path findings: data_starvation, split by what the fetcher did — computing
+(cpu_preprocessing), runnable but waiting for a CPU (cpu_contention), off-CPU while reading
+storage (storage_fetch) or off-CPU without reads (fetch_wait) — and h2d_copy."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from redline.core.findings import Evidence, Finding, ceiling_speedup, severity_for
 from redline.core.measurements import Measurements
@@ -11,6 +14,8 @@ from redline.diagnose.thresholds import (
     CPUS_SATURATED,
     DATA_WAIT_MIN_FRACTION,
     H2D_MIN_FRACTION,
+    OTHERS_MIN_CORES,
+    READS_EVIDENCE_BYTES_PER_S,
     SECONDARY_MIN_SHARE,
 )
 
@@ -22,19 +27,62 @@ def suggested_workers(cpus: float, local_world_size: int = 1) -> int:
     return max(1, int(cpus) // max(1, local_world_size) - 1)
 
 
-def _cpu_share(m: Measurements) -> tuple[float | None, str]:
-    """Share of the data wait that is CPU work (vs waiting on storage), and how it was measured."""
+@dataclass(frozen=True, slots=True)
+class _Split:
+    """The data wait split by what the fetcher did, each share measured (docs/report.md)."""
+
+    cpu: float
+    """Share spent computing (decode, augment)."""
+    contention: float
+    """Share spent runnable but waiting for a CPU (scheduler run delay)."""
+    waiting: float
+    """Share spent off-CPU and not runnable: blocked on I/O, a socket, a lock, a sleep."""
+    basis: str
+    contention_known: bool
+
+
+def _split(m: Measurements) -> _Split | None:
+    """How the fetcher spent the data wait, from measured CPU time and run delay (the rest,
+    neither on a CPU nor runnable, is waiting), or None when the CPU time is unknown."""
     nw = _workers(m)
     h = m.host
     if nw == 0:
         f = h.data_fetch_cpu_fraction
-        return (None if f is None else min(1.0, f),
-                "main-thread CPU time ÷ wall time inside the fetches (num_workers=0)")
+        if f is None:
+            return None
+        cpu = min(1.0, f)
+        delay = h.data_fetch_run_delay_fraction
+        cont = min(1.0 - cpu, delay) if delay is not None else 0.0
+        return _Split(cpu, cont, max(0.0, 1.0 - cpu - cont),
+                      "training-thread CPU time and run delay ÷ wall time inside the fetches "
+                      "(num_workers=0)", delay is not None)
     if h.workers_cpu_cores is None:
-        return None, "worker CPU time unavailable"
+        return None
     capacity = min(float(nw), h.cpus_available)
-    return (min(1.0, h.workers_cpu_cores / capacity) if capacity > 0 else None,
-            f"worker CPU cores used ÷ min(num_workers={nw}, usable CPUs={h.cpus_available:g})")
+    if capacity <= 0:
+        return None
+    cores, delay = h.workers_cpu_cores, h.workers_run_delay_cores
+    if delay is None:
+        cpu = min(1.0, cores / capacity)
+        return _Split(cpu, 0.0, 1.0 - cpu,
+                      f"worker CPU cores used ÷ min(num_workers={nw}, usable CPUs="
+                      f"{h.cpus_available:g}); run delay unknown", False)
+    # In worker-seconds per second (nw of them): on a CPU, runnable without one, the rest
+    # off-CPU. Run delay the job's own runnable workers explain (more of them than CPUs) is
+    # CPU-bound work at capacity; only the delay beyond it is contention.
+    own = min(delay, max(0.0, cores + delay - h.cpus_available))
+    cont = min(1.0, (delay - own) / nw)
+    cpu = min(1.0 - cont, (cores + own) / nw)
+    return _Split(cpu, cont, max(0.0, 1.0 - cpu - cont),
+                  f"worker CPU time and run delay per worker-second ({nw} workers, "
+                  f"{h.cpus_available:g} usable CPUs; delay the workers' own number explains "
+                  "counts as CPU-bound)", True)
+
+
+def _reads_evidence(m: Measurements) -> bool:
+    h = m.host
+    rates = [r for r in (h.read_bytes_per_s, h.read_chars_per_s) if r is not None]
+    return bool(rates) and max(rates) >= READS_EVIDENCE_BYTES_PER_S
 
 
 def _starving(m: Measurements) -> bool:
@@ -67,7 +115,7 @@ def data_starvation(m: Measurements) -> list[Finding]:
     h = m.host
     nw = _workers(m)
     cpus = h.cpus_available
-    cpu_share, basis = _cpu_share(m)
+    sp = _split(m)
     busy = (h.main_cpu_cores or 0.0) + (h.workers_cpu_cores or 0.0)
     saturated = _saturated(m)
     evidence: Evidence = {
@@ -79,9 +127,14 @@ def data_starvation(m: Measurements) -> list[Finding]:
         "cpus_available": cpus,
         "main_cpu_cores": None if h.main_cpu_cores is None else round(h.main_cpu_cores, 3),
         "workers_cpu_cores": None if h.workers_cpu_cores is None else round(h.workers_cpu_cores, 3),
-        "cpu_share_of_wait": None if cpu_share is None else round(cpu_share, 3),
-        "cpu_share_basis": basis,
+        "cpu_share_of_wait": None if sp is None else round(sp.cpu, 3),
+        "contention_share_of_wait": (round(sp.contention, 3) if sp is not None
+                                     and sp.contention_known else None),
+        "waiting_share_of_wait": None if sp is None else round(sp.waiting, 3),
+        "split_basis": sp.basis if sp is not None else "the fetch's CPU time is unknown",
         "read_mb_per_s": None if h.read_bytes_per_s is None else round(h.read_bytes_per_s / 1e6, 3),
+        "other_processes_cpu_cores": (None if h.other_processes_cpu_cores is None
+                                      else round(h.other_processes_cpu_cores, 3)),
         "cpus_saturated": saturated,
     }
     if nw == 0:
@@ -105,26 +158,41 @@ def data_starvation(m: Measurements) -> list[Finding]:
                     evidence, ceiling_speedup(f), fix)]
 
 
-def _part(m: Measurements, fid: str) -> tuple[float, float, Evidence] | None:
-    """(share of the wait, share of the step, evidence) of one side of the data-wait split,
-    or None when the split is unknown or this side is too small to report."""
+_SIDES = ("cpu_preprocessing", "cpu_contention", "waiting")
+
+
+def _part(m: Measurements, side: str) -> tuple[float, float, Evidence] | None:
+    """(share of the wait, share of the step, evidence) of one side of the data-wait split
+    ('cpu_preprocessing', 'cpu_contention' or 'waiting'), or None when the split is unknown or
+    this side is too small to report (the largest side is reported; another when it makes
+    ≥ SECONDARY_MIN_SHARE of the wait)."""
     if not _starving(m):
         return None
-    cpu_share, basis = _cpu_share(m)
-    if cpu_share is None:
+    sp = _split(m)
+    if sp is None:
         return None
+    shares = {"cpu_preprocessing": sp.cpu, "cpu_contention": sp.contention,
+              "waiting": sp.waiting}
+    # CPU work wins the tie it has always won: ≥ CPU_BOUND_MIN_FRACTION of the wait.
+    dominant = ("cpu_preprocessing" if sp.cpu >= CPU_BOUND_MIN_FRACTION
+                else max(_SIDES, key=lambda k: shares[k]))
     f = m.fraction("data_wait")
-    share = cpu_share if fid == "cpu_preprocessing" else 1.0 - cpu_share
-    dominant = "cpu_preprocessing" if cpu_share >= CPU_BOUND_MIN_FRACTION else "storage_fetch"
+    share = shares[side]
     removable = f * share
-    if fid != dominant and (share < SECONDARY_MIN_SHARE or removable < DATA_WAIT_MIN_FRACTION):
+    if side != dominant and (share < SECONDARY_MIN_SHARE or removable < DATA_WAIT_MIN_FRACTION):
+        return None
+    if share <= 0:
         return None
     h = m.host
     ev: Evidence = {
-        "cpu_share_of_wait": round(cpu_share, 3), "cpu_share_basis": basis,
+        "cpu_share_of_wait": round(sp.cpu, 3),
+        "contention_share_of_wait": round(sp.contention, 3) if sp.contention_known else None,
+        "waiting_share_of_wait": round(sp.waiting, 3), "split_basis": sp.basis,
         "main_cpu_cores": None if h.main_cpu_cores is None else round(h.main_cpu_cores, 3),
         "workers_cpu_cores": None if h.workers_cpu_cores is None else round(h.workers_cpu_cores, 3),
         "read_mb_per_s": None if h.read_bytes_per_s is None else round(h.read_bytes_per_s / 1e6, 3),
+        "read_calls_mb_per_s": (None if h.read_chars_per_s is None
+                                else round(h.read_chars_per_s / 1e6, 3)),
         "attributed_fraction_of_step": round(removable, 4),
     }
     return share, removable, ev
@@ -149,22 +217,74 @@ def cpu_preprocessing(m: Measurements) -> list[Finding]:
         f"({removable:.0%} of the step)", ev, ceiling_speedup(removable), fix)]
 
 
-def storage_fetch(m: Measurements) -> list[Finding]:
-    """The part of the data wait in which the fetcher waits rather than computes (storage,
-    network, a sleep)."""
-    part = _part(m, "storage_fetch")
+def cpu_contention(m: Measurements) -> list[Finding]:
+    """The part of the data wait in which the fetcher was runnable but waited for a CPU: other
+    processes on the job's CPUs, or more threads than CPUs."""
+    part = _part(m, "cpu_contention")
     if part is None:
+        return []
+    share, removable, ev = part
+    h = m.host
+    others = h.other_processes_cpu_cores
+    nw = _workers(m)
+    ev["other_processes_cpu_cores"] = None if others is None else round(others, 3)
+    ev["cpus_available"] = h.cpus_available
+    ev["torch_threads"] = h.torch_threads
+    if others is not None and others >= OTHERS_MIN_CORES:
+        who = (f"other processes keep {others:.2f} of the {h.cpus_available:g} usable CPUs "
+               "busy")
+        fix = ("Give the job CPUs of its own: stop or move the competing processes (see them "
+               "with `top`; another job, a data sync, a second training run), pin them and "
+               "this job to separate cores (taskset, cpusets, the scheduler's CPU requests), "
+               "or ask for dedicated cores. Workers added now would only queue for the same "
+               "cores.")
+    else:
+        who = (f"the job's own threads outnumber the {h.cpus_available:g} usable CPUs "
+               f"({nw} workers, {h.torch_threads} torch threads)")
+        fix = (f"Fit the job's threads to its {h.cpus_available:g} CPUs: "
+               "torch.set_num_threads(1) in worker processes (worker_init_fn), fewer "
+               "intra-op threads in the training process while workers run, or fewer workers.")
+    return [Finding(
+        "cpu_contention", severity_for(removable),
+        f"The fetcher waits for a CPU {share:.0%} of the data wait ({removable:.0%} of the "
+        f"step): {who}", ev, ceiling_speedup(removable), fix)]
+
+
+def storage_fetch(m: Measurements) -> list[Finding]:
+    """The part of the data wait in which the fetcher waits off-CPU while the job reads from
+    storage: claimed only with reads measured (READS_EVIDENCE_BYTES_PER_S)."""
+    part = _part(m, "waiting")
+    if part is None or not _reads_evidence(m):
         return []
     share, removable, ev = part
     cpus = m.host.cpus_available
     return [Finding(
         "storage_fetch", severity_for(removable),
-        f"Fetching data (storage/network wait) makes {share:.0%} of the data wait "
-        f"({removable:.0%} of the step)", ev, ceiling_speedup(removable),
+        f"Fetching data waits on storage {share:.0%} of the data wait ({removable:.0%} of the "
+        "step)", ev, ceiling_speedup(removable),
         "The fetcher waits rather than computes: hide the latency with more "
         f"workers (I/O-bound workers may exceed the {cpus:g} CPUs, e.g. "
         f"{max(2, math.ceil(2 * cpus))}) and a larger prefetch_factor, copy the "
         "dataset to local disk or RAM, or read it in larger sequential chunks.")]
+
+
+def fetch_wait(m: Measurements) -> list[Finding]:
+    """The part of the data wait in which the fetcher waits off-CPU without reading from
+    storage: a network request, a lock, a sleep."""
+    part = _part(m, "waiting")
+    if part is None or _reads_evidence(m):
+        return []
+    share, removable, ev = part
+    cpus = m.host.cpus_available
+    return [Finding(
+        "fetch_wait", severity_for(removable),
+        f"The fetcher waits off-CPU {share:.0%} of the data wait ({removable:.0%} of the "
+        f"step) with no storage reads measured: a network request, a lock or a sleep",
+        ev, ceiling_speedup(removable),
+        "Whatever the fetch waits on, waits overlap: more workers (they may exceed the "
+        f"{cpus:g} CPUs, e.g. {max(2, math.ceil(2 * cpus))}) and a larger prefetch_factor; "
+        "for a remote store, larger requests or a local cache "
+        "(redline.data.CachedDataset); a lock shared by the workers serializes them.")]
 
 
 def h2d_copy(m: Measurements) -> list[Finding]:

@@ -17,6 +17,16 @@ mostly waited (storage, network, sleep). The split is redline's own: CPU time ag
 of the same fetches, the measurable side of DS-Analyzer's fetch-vs-preprocess split (Mohan et
 al., "Analyzing and Mitigating Data Stalls in DNN Training", VLDB 2021)."""
 
+READS_EVIDENCE_BYTES_PER_S = 100_000
+"""A fetch that waits off-CPU is claimed to wait on storage only when the process and its
+workers read at least 100 kB/s (/proc/<pid>/io read_bytes, or read() bytes where page-cache
+hits or a network file system serve them): below that, what the fetch waits on is not its
+reads (a socket, a lock, a sleep), and the finding says so instead (``fetch_wait``)."""
+
+OTHERS_MIN_CORES = 0.25
+"""Other processes count as the competing load when they keep ≥ a quarter of a core busy on
+the job's CPUs during the window; below that, run delay comes from the job's own threads."""
+
 SECONDARY_MIN_SHARE = 0.3
 """The minor side of the split is reported too when it makes ≥ 30 % of the data wait (and
 ≥ 5 % of the step): a mixed pipeline needs both fixes."""

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from redline.measure.sched import process_run_delay, usable_cpus_busy_s
+
 
 @dataclass(slots=True)
 class _ProcReading:
@@ -22,6 +24,8 @@ class _ProcReading:
     read_bytes: int
     read_chars: int
     rss: int
+    run_delay_s: float | None = None
+    """Scheduler run delay of the process's main thread so far (children only)."""
 
 
 @dataclass(slots=True)
@@ -43,9 +47,15 @@ class CpuWindow:
     children_rss_peak_bytes: int
     """Peak over samples of the summed RSS of all children."""
     io_available: bool
+    children_run_delay_s: float | None = None
+    """Seconds the children's main threads (DataLoader workers) were runnable but waiting for
+    a CPU during the window (/proc/<pid>/schedstat); None where unreadable."""
+    usable_cpus_busy_s: float | None = None
+    """CPU seconds spent by anything (this job and every other process) on the CPUs this
+    process may run on, during the window (/proc/stat per CPU); None where unreadable."""
 
 
-def _read(p: psutil.Process) -> _ProcReading | None:
+def _read(p: psutil.Process, run_delay: bool = False) -> _ProcReading | None:
     try:
         with p.oneshot():
             ct = p.cpu_times()
@@ -55,7 +65,8 @@ def _read(p: psutil.Process) -> _ProcReading | None:
                 rb, rc = int(io.read_bytes), int(getattr(io, "read_chars", 0))
             except (psutil.AccessDenied, AttributeError, NotImplementedError):
                 rb, rc = -1, -1
-        return _ProcReading(ct.user + ct.system, rb, rc, int(rss))
+        return _ProcReading(ct.user + ct.system, rb, rc, int(rss),
+                            process_run_delay(p.pid) if run_delay else None)
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return None
 
@@ -70,6 +81,7 @@ class CpuSampler:
         self._last: dict[int, _ProcReading] = {}
         self._base: dict[int, _ProcReading] = {}
         self._main_base: _ProcReading | None = None
+        self._busy_base: float | None = None
         self._t0 = 0.0
         self._peak_main = 0
         self._peak_children = 0
@@ -94,6 +106,7 @@ class CpuSampler:
         with self._lock:
             self._base = dict(self._last)
             self._main_base = _read(self._proc)
+            self._busy_base = usable_cpus_busy_s()
             self._t0 = time.perf_counter()
             self._peak_main = 0
             self._peak_children = 0
@@ -132,7 +145,7 @@ class CpuSampler:
                     proc = self._children[pid] = psutil.Process(pid)
                 except psutil.Error:
                     continue
-            r = _read(proc)
+            r = _read(proc, run_delay=True)
             if r is not None:
                 readings[pid] = r
         main = _read(self._proc)
@@ -146,6 +159,7 @@ class CpuSampler:
         """Totals since the last :meth:`mark`."""
         self.sample()
         main = _read(self._proc)
+        busy = usable_cpus_busy_s()
         with self._lock:
             wall = time.perf_counter() - self._t0
             zero = _ProcReading(0.0, 0, 0, 0)
@@ -153,12 +167,17 @@ class CpuSampler:
             rb = rc = 0
             io_ok = True
             seen = 0
+            delay: float | None = 0.0
             for pid, last in self._last.items():
                 base = self._base.get(pid, zero)
                 if pid in self._base and last is base:
                     continue  # unchanged since the window began (e.g. died before it)
                 seen += 1
                 child_cpu += max(0.0, last.cpu_s - base.cpu_s)
+                if last.run_delay_s is None or delay is None:
+                    delay = None
+                else:
+                    delay += max(0.0, last.run_delay_s - (base.run_delay_s or 0.0))
                 if last.read_bytes < 0:
                     io_ok = False
                 else:
@@ -181,4 +200,7 @@ class CpuSampler:
                 main_rss_peak_bytes=self._peak_main,
                 children_rss_peak_bytes=self._peak_children,
                 io_available=io_ok,
+                children_run_delay_s=delay,
+                usable_cpus_busy_s=(None if busy is None or self._busy_base is None
+                                    else max(0.0, busy - self._busy_base)),
             )

@@ -18,6 +18,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from redline.measure.loader import LoaderInfo, batch_nbytes, batch_samples, loader_info
 from redline.measure.patching import compiling, patch
+from redline.measure.sched import ThreadRunDelay
 from redline.measure.timeline import DATA_WAIT, H2D_COPY, StepTracker
 
 T = TypeVar("T")
@@ -63,12 +64,22 @@ class DataHooks:
         self.before_fetch: Callable[[], None] | None = None
         """Called before each fetch once set (the recorder sets it when its step limit is
         reached: a loop whose step swallows the stop is stopped at its next fetch)."""
+        self.run_delay: ThreadRunDelay | None = None
+        """The training thread's scheduler run delay, read around each fetch (None before
+        install)."""
+        self.run_delay_known = False
+        """Whether the run delay could be read (Linux schedstat), fixed at install."""
 
     def install(self, stack: ExitStack) -> None:
         orig_iter = DataLoader.__iter__
         orig_next = _BaseDataLoaderIter.__next__
         tracker, clock, tid = self.tracker, self._clock, self._tid
         inst = self
+        # Installed on the training thread: its descriptor reads that thread's schedstat.
+        self.run_delay = rd = ThreadRunDelay()
+        self.run_delay_known = rd.available
+        stack.callback(rd.close)
+        delay = rd.read
 
         def dl_iter(loader: DataLoader[Any]) -> Any:
             if threading.get_ident() != tid:
@@ -111,6 +122,7 @@ class DataHooks:
             if on_data is not None:
                 on_data()
             c0 = thread_time()
+            r0 = delay()
             t0 = clock()
             enter(DATA_WAIT, t0)
             try:
@@ -118,7 +130,7 @@ class DataHooks:
             finally:
                 t1 = clock()
                 exit_(DATA_WAIT, t1)
-            add_batch(thread_time() - c0, batch_samples(batch))
+            add_batch(thread_time() - c0, batch_samples(batch), delay() - r0)
             first = inst._iter_info.pop(id(it), None) if inst._iter_info else None
             if first is not None and first[0]() is it:
                 _, info, startup = first
@@ -154,7 +166,9 @@ class DataHooks:
                 self.before_fetch()
             if self._on_data is not None:
                 self._on_data()
+            delay = self.run_delay.read if self.run_delay is not None else _no_delay
             c0 = time.thread_time()
+            r0 = delay()
             t0 = clock()
             tracker.enter(DATA_WAIT, t0)
             try:
@@ -163,7 +177,7 @@ class DataHooks:
                 tracker.exit(DATA_WAIT, clock())
                 return
             tracker.exit(DATA_WAIT, clock())
-            tracker.add_batch(time.thread_time() - c0, batch_samples(item))
+            tracker.add_batch(time.thread_time() - c0, batch_samples(item), delay() - r0)
             yield item
 
     def install_h2d(self, stack: ExitStack) -> None:
@@ -199,3 +213,7 @@ class DataHooks:
             return out
 
         return wrapper
+
+
+def _no_delay() -> float:
+    return 0.0

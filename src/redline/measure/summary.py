@@ -130,6 +130,12 @@ def build_measurements(w: Recorder) -> Measurements:
     flags = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})
     data_wait = sum(s.phases[DATA_WAIT] for s in steps)
     data_cpu = sum(s.data_cpu_s for s in steps)
+    data_delay = sum(s.data_run_delay_s for s in steps)
+    delay_known = inst.data.run_delay_known
+    wall = win.wall_s if win and win.wall_s > 0 else None
+    others = None
+    if win is not None and wall and win.usable_cpus_busy_s is not None:
+        others = max(0.0, (win.usable_cpus_busy_s - win.main_cpu_s - win.children_cpu_s) / wall)
     host = HostMetrics(
         cpus_available=budget.cpus,
         cpus_source=budget.source,
@@ -147,6 +153,12 @@ def build_measurements(w: Recorder) -> Measurements:
         shm_total_bytes=shm.total_bytes if shm else None,
         shm_free_bytes=shm.free_bytes if shm else None,
         cpu_flags=flags,
+        data_fetch_run_delay_fraction=(data_delay / data_wait if delay_known
+                                       and data_wait > 1e-6 else None),
+        workers_run_delay_cores=(win.children_run_delay_s / wall
+                                 if win and wall and win.children_run_delay_s is not None
+                                 else None),
+        other_processes_cpu_cores=others,
     )
     loaders = [
         LoaderReport(

@@ -45,6 +45,9 @@ class StepRecord:
     """Samples in the batches fetched during this step, when the batch size could be read."""
     batches: int = 0
     """Batches fetched during this step."""
+    data_run_delay_s: float = 0.0
+    """Seconds the training thread was runnable but waiting for a CPU inside data fetches
+    (the scheduler's run delay, /proc/<pid>/task/<tid>/schedstat)."""
     kind: str = "measured"
     """'warmup', 'measured', or 'excluded' (a step slowed on purpose, e.g. FLOP counting)."""
     device_s: float | None = None
@@ -77,9 +80,11 @@ class _Acc:
     data_cpu_s: float = 0.0
     samples: int | None = None
     batches: int = 0
+    data_run_delay_s: float = 0.0
 
     def copy(self) -> _Acc:
-        return _Acc(self.phases[:], self.data_cpu_s, self.samples, self.batches)
+        return _Acc(self.phases[:], self.data_cpu_s, self.samples, self.batches,
+                    self.data_run_delay_s)
 
     def minus(self, other: _Acc) -> _Acc:
         samples = None
@@ -90,6 +95,7 @@ class _Acc:
             self.data_cpu_s - other.data_cpu_s,
             samples,
             self.batches - other.batches,
+            self.data_run_delay_s - other.data_run_delay_s,
         )
 
 
@@ -166,9 +172,10 @@ class StepTracker:
     def in_phase(self, phase: int) -> bool:
         return any(f[0] == phase for f in self._stack)
 
-    def add_batch(self, cpu_s: float, samples: int | None) -> None:
+    def add_batch(self, cpu_s: float, samples: int | None, run_delay_s: float = 0.0) -> None:
         acc = self._acc
         acc.data_cpu_s += cpu_s
+        acc.data_run_delay_s += run_delay_s
         acc.batches += 1
         self.counts["batches"] += 1
         if samples is not None:
@@ -225,6 +232,7 @@ class StepTracker:
                     for k, v in enumerate(rec.phases):
                         acc.phases[k] += v
                     acc.data_cpu_s += rec.data_cpu_s
+                    acc.data_run_delay_s += rec.data_run_delay_s
                     acc.batches += rec.batches
                     if rec.samples is not None:
                         acc.samples = (acc.samples or 0) + rec.samples
@@ -260,6 +268,7 @@ class StepTracker:
             data_cpu_s=acc.data_cpu_s,
             samples=acc.samples,
             batches=acc.batches,
+            data_run_delay_s=acc.data_run_delay_s,
         )
         self._start = t
         self.steps.append(rec)
