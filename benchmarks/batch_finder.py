@@ -12,7 +12,11 @@ Needs lightning and accelerate, which redline does not depend on:
         rich psutil pillow numpy orjson ijson lmdb
     PYTHONPATH=src .venv-anchors/bin/python benchmarks/batch_finder.py
 
-(the redline finder alone: ``--tools redline`` with the project's own venv).
+(the redline finder alone: ``--tools redline`` with the project's own venv). The suite: an MLP
+with dropout, a GPT with hand-written attention (`lm`), an LSTM, nn.TransformerEncoder, a conv
+net with BatchNorm, a GRU over variable-length packed sequences, a model whose op sequence
+changes with the batch (chunks above 32), a ViT with hand-written attention and dropout.
+Target: ≥ 98 % of the true maximum, ≤ 4 trials, 0 out-of-memory trials, on every model.
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ from torch import nn
 
 from redline.tune.memory_budget import MemoryBudget
 
-LIMITS = {"mlp": 300 * 2**20, "lm": 256 * 2**20}
-"""Simulated device memory per model (the largest batch each allows is printed by the run)."""
+LIMITS = {"mlp": 300 * 2**20, "lm": 256 * 2**20, "lstm": 96 * 2**20,
+          "transformer": 96 * 2**20, "conv-bn": 128 * 2**20, "varlen-gru": 48 * 2**20,
+          "chunked": 64 * 2**20, "vit-dropout": 160 * 2**20}
+"""Simulated device memory per model (the largest batch each allows is printed by the run):
+each chosen so the true maximum lies between 20 and 5,000 samples."""
 START = 8192
 
 
@@ -46,15 +53,137 @@ class CountingBudget(MemoryBudget):
             raise
 
 
+class _LSTM(nn.Module):
+    """Recurrent: embedding, 2-layer LSTM, vocabulary head (batch 1 takes other kernels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.rnn = nn.Embedding(1000, 128), nn.LSTM(128, 256, 2, batch_first=True)
+        self.out = nn.Linear(256, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.out(self.rnn(self.emb(x))[0])
+        return out
+
+
+class _Encoder(nn.Module):
+    """Attention from PyTorch's own modules (nn.TransformerEncoder, fused fast paths)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(1000, 128)
+        self.enc = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(128, 4, 512, batch_first=True), 3)
+        self.out = nn.Linear(128, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.out(self.enc(self.emb(x)))
+        return out
+
+
+class _VarlenGRU(nn.Module):
+    """Variable-length sequences through pack_padded_sequence (lengths differ per sample)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.rnn = nn.Embedding(500, 64), nn.GRU(64, 128, batch_first=True)
+        self.out = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lengths = (x != 0).sum(1).clamp(min=1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(x), lengths, batch_first=True,
+                                                   enforce_sorted=False)
+        _, h = self.rnn(packed)
+        out: torch.Tensor = self.out(h[-1])
+        return out
+
+
+class _Chunked(nn.Module):
+    """An op sequence that changes with the batch: batches above 32 run in chunks of 32 (as
+    memory-saving code does), smaller ones in one pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024),
+                                 nn.GELU(), nn.Linear(1024, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= 32:
+            out: torch.Tensor = self.net(x)
+            return out
+        return torch.cat([self.net(c) for c in x.split(32)])
+
+
+class _ViT(nn.Module):
+    """Patches, hand-written attention with dropout, MLP blocks."""
+
+    def __init__(self, dim: int = 192, depth: int = 4, heads: int = 3) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 8, stride=8)
+        self.blocks = nn.ModuleList(nn.ModuleDict({
+            "n1": nn.LayerNorm(dim), "qkv": nn.Linear(dim, 3 * dim), "proj": nn.Linear(dim, dim),
+            "n2": nn.LayerNorm(dim), "mlp": nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(),
+                                                          nn.Dropout(0.1), nn.Linear(4 * dim, dim)),
+        }) for _ in range(depth))
+        self.heads, self.head = heads, nn.Linear(dim, 10)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        b, n, d = x.shape
+        for blk in self.blocks:
+            q, k, v = blk["qkv"](blk["n1"](x)).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+            att = self.drop((q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-1))
+            x = x + blk["proj"]((att @ v).transpose(1, 2).reshape(b, n, d))
+            x = x + blk["mlp"](blk["n2"](x))
+        out: torch.Tensor = self.head(x.mean(1))
+        return out
+
+
 def build(model: str) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
     """(model, optimizer, make_batch(b) -> (x, y)) with fixed seeds."""
     torch.manual_seed(0)
+    tokens = lambda b, v, n: torch.randint(1, v, (b, n))  # noqa: E731
+    if model in ("lstm", "transformer"):
+        m: nn.Module = _LSTM() if model == "lstm" else _Encoder()
+
+        def make(b: int) -> Any:
+            return tokens(b, 1000, 64), tokens(b, 1000, 64)
+        return m, torch.optim.Adam(m.parameters()), make
+    if model == "conv-bn":
+        m = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                          nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                          nn.MaxPool2d(2), nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+        def make(b: int) -> Any:
+            return torch.randn(b, 3, 32, 32), torch.randint(0, 10, (b,))
+        return m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), make
+    if model == "varlen-gru":
+        m = _VarlenGRU()
+
+        def make(b: int) -> Any:
+            # The largest sample (all 128 tokens), as the finder's probes use: shorter ones pad.
+            return tokens(b, 500, 128), torch.randint(0, 10, (b,))
+        return m, torch.optim.Adam(m.parameters()), make
+    if model == "chunked":
+        m = _Chunked()
+
+        def make(b: int) -> Any:
+            return torch.randn(b, 256), torch.randint(0, 10, (b,))
+        return m, torch.optim.Adam(m.parameters()), make
+    if model == "vit-dropout":
+        m = _ViT()
+
+        def make(b: int) -> Any:
+            return torch.randn(b, 3, 64, 64), torch.randint(0, 10, (b,))
+        return m, torch.optim.AdamW(m.parameters()), make
     if model == "mlp":
         layers: list[nn.Module] = [nn.Linear(128, 2048)]
         for _ in range(6):
             layers += [nn.GELU(), nn.Dropout(0.1), nn.LayerNorm(2048)]
         layers.append(nn.Linear(2048, 10))
-        m: nn.Module = nn.Sequential(*layers)
+        m = nn.Sequential(*layers)
         opt: torch.optim.Optimizer = torch.optim.Adam(m.parameters())
 
         def make(b: int) -> Any:
@@ -220,7 +349,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", nargs=2, metavar=("TOOL", "MODEL"))
     ap.add_argument("--fits", nargs=2, metavar=("MODEL", "B"))
-    ap.add_argument("--models", default="mlp,lm")
+    ap.add_argument("--models", default=",".join(LIMITS))
     ap.add_argument("--tools", default="redline,lightning-power,lightning-binsearch,accelerate")
     a = ap.parse_args()
     if a.fits:

@@ -42,6 +42,10 @@ from redline.tune.memory_budget import MemoryBudget
 
 MAX_TRIALS = 4
 """Issue 5's budget of trials (probes + verifications)."""
+LONG_REACH = 4
+"""A prediction beyond 4× the largest verified batch is approached in two steps."""
+APPROACH = 0.9
+"""The first of those steps goes 90 % of the way (from the largest verified batch)."""
 
 
 class BatchDoesNotFitError(RedlineError, RuntimeError):
@@ -103,6 +107,8 @@ class _Timeline:
     batch: int
     points: list[int]
     peak: int
+    ops: list[str] = field(default_factory=list)
+    """The operator behind each point (aligns timelines whose op sequences differ)."""
 
 
 def _cuda_cleanup() -> None:
@@ -155,7 +161,7 @@ class _Prober:
                 mb.record()
                 self.step(b)
                 assert mb.timeline is not None
-                tl = _Timeline(b, list(mb.timeline), mb.peak)
+                tl = _Timeline(b, list(mb.timeline), mb.peak, list(mb.timeline_ops))
             if self.cuda is not None:
                 self.cuda_reserved_peak = torch.cuda.max_memory_reserved(self.cuda)
         except torch.OutOfMemoryError:
@@ -165,11 +171,42 @@ class _Prober:
 
 
 def _fit(lo: _Timeline, hi: _Timeline) -> tuple[str, list[tuple[float, float]]]:
-    """(method, [(c_j, s_j)]) with live_j(b) = c_j + s_j·b."""
+    """(method, [(c_j, s_j)]) with live_j(b) = c_j + s_j·b, one line per point of ``hi``.
+
+    Same op sequence: point j of one timeline is point j of the other. Otherwise the two are
+    aligned by their operators (a longest-matching-blocks diff: batch 1 often takes other
+    kernels, e.g. an addmm where larger batches run mm + add); a point of ``hi`` with no
+    partner takes its nearest aligned neighbour's line and, on the safe side, scales its own
+    extra bytes with the batch (an allocation that is in fact constant is over-predicted,
+    never under-)."""
     db = hi.batch - lo.batch
-    if len(lo.points) == len(hi.points) and lo.points:
+    if len(lo.points) == len(hi.points) and lo.points and (
+            not lo.ops or not hi.ops or lo.ops == hi.ops):
         return "per-allocation", [(a - (b - a) / db * lo.batch, (b - a) / db)
                                   for a, b in zip(lo.points, hi.points, strict=True)]
+    if lo.ops and hi.ops and len(lo.ops) == len(lo.points) and len(hi.ops) == len(hi.points):
+        import difflib
+
+        sm = difflib.SequenceMatcher(a=lo.ops, b=hi.ops, autojunk=False)
+        pair: dict[int, int] = {}
+        for blk in sm.get_matching_blocks():
+            for k in range(blk.size):
+                pair[blk.b + k] = blk.a + k
+        if len(pair) >= 0.5 * len(hi.points):
+            lines: list[tuple[float, float] | None] = [None] * len(hi.points)
+            for k, j in pair.items():
+                a, b = lo.points[j], hi.points[k]
+                lines[k] = (a - (b - a) / db * lo.batch, (b - a) / db)
+            matched = sorted(pair)
+            out: list[tuple[float, float]] = []
+            for k, ln in enumerate(lines):
+                if ln is None:
+                    nb = min(matched, key=lambda m: abs(m - k))
+                    c, sl = lines[nb]  # type: ignore[misc]
+                    extra = hi.points[k] - (c + sl * hi.batch)
+                    ln = (c, sl + max(0.0, extra) / hi.batch) if extra > 0 else (c, sl)
+                out.append(ln)
+            return "per-allocation (aligned by operator)", out
     s = (hi.peak - lo.peak) / db
     return "peak-secant", [(lo.peak - s * lo.batch, s)]
 
@@ -279,6 +316,14 @@ def find_batch_size(step: Callable[[int], None], *,
         return done(b2, f"the effective batch ({max_batch}) fits: peak "
                         f"{two.peak / 2**20:,.1f} MiB of {usable / 2**20:,.1f} MiB usable")
     good, fit_from = two, (one, two)
+    if _fit(one, two)[0] == "peak-secant" and b2 >= 4:
+        # The step at batch 1 took another path than at b2 (whole sequences of operators
+        # differ, e.g. a model that works in chunks above some batch): a secant from batch 1
+        # would mix the two. A probe at b2/2 (safe: below b2, which fit) gives a second point
+        # on b2's side to fit through.
+        half = pr.run(b2 // 2, "probe")
+        if half is not None:
+            fit_from = (half, two)
     while len(pr.probes) < MAX_TRIALS:
         method, lines = _fit(*fit_from)
         res.fit = method
@@ -286,19 +331,40 @@ def find_batch_size(step: Callable[[int], None], *,
         res.predicted_batch = pred if res.predicted_batch is None else res.predicted_batch
         if pred <= good.batch:
             break
+        left = MAX_TRIALS - len(pr.probes)
+        if left >= 2 and pred > LONG_REACH * good.batch:
+            # A long extrapolation (a model whose memory grows other than linearly far from
+            # the probes, or takes another path there): first verify most of the way, then
+            # fit again from there.
+            pred = good.batch + max(1, math.floor(APPROACH * (pred - good.batch)))
+        elif left == 1 and not method.startswith("per-allocation"):
+            # The last trial on a secant of peaks (the least trusted fit): an out-of-memory
+            # error there would gain nothing; half the way is likelier to fit.
+            pred = good.batch + max(1, (pred - good.batch) // 2)
         tl = pr.run(pred, "verify")
         if tl is not None and tl.peak <= usable:
-            good = tl
+            prev, good = good, tl
             if pred == max_batch or len(pr.probes) >= MAX_TRIALS:
                 break
-            # Verified: one more step up only if the re-fit through it predicts more.
-            fit_from = (two, tl)
+            # Verified: one more step up only if the re-fit through the two largest verified
+            # probes predicts more.
+            fit_from = (prev, tl)
             method, lines = _fit(*fit_from)
             if _predict(lines, usable, max_batch) <= pred:
                 break
             continue
         # Overshot (or the real allocator said no): re-fit through the two largest probes.
         if tl is None:
+            # Out of memory: no timeline to fit. Halve the gap to the largest verified batch
+            # with the trials left (each verified probe is kept; never less than it).
+            failed = pred
+            while len(pr.probes) < MAX_TRIALS and failed - good.batch > 1:
+                mid = (good.batch + failed) // 2
+                got = pr.run(mid, "verify")
+                if got is not None and got.peak <= usable:
+                    good = got
+                else:
+                    failed = mid
             break
         fit_from = (good, tl)
     return done(good.batch, f"{res.fit} fit predicted {res.predicted_batch}; verified "

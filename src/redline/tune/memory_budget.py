@@ -48,6 +48,11 @@ class MemoryBudget(TorchDispatchMode):
         self._sizes: dict[int, int] = {}
         self.timeline: list[int] | None = None
         """Live bytes after each allocation, once :meth:`record` was called."""
+        self.timeline_ops: list[str] = []
+        """The operator that made each allocation of :attr:`timeline` (``aten.mm`` …): a
+        step's timelines at two batch sizes are aligned by them where a kernel choice depends
+        on the batch (batch 1 often takes other paths)."""
+        self._op = ""
         for t in existing:
             self._track(t, check=False)
 
@@ -71,6 +76,7 @@ class MemoryBudget(TorchDispatchMode):
         self.peak = max(self.peak, self.live)
         if self.timeline is not None:
             self.timeline.append(self.live)
+            self.timeline_ops.append(self._op)
         weakref.finalize(st, self._free, key)
 
     def reset_peak(self) -> None:
@@ -80,11 +86,14 @@ class MemoryBudget(TorchDispatchMode):
         """Start (or restart) the allocation timeline and the peak: the batch finder fits each
         point of it against the batch size (redline.tune.batch_finder)."""
         self.timeline = []
+        self.timeline_ops = []
         self.reset_peak()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if self.timeline is not None:
+            self._op = func.__name__
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and (self.count_meta or t.device.type != "meta"):
                 self._track(t)
