@@ -46,6 +46,9 @@ LONG_REACH = 4
 """A prediction beyond 4× the largest verified batch is approached in two steps."""
 APPROACH = 0.9
 """The first of those steps goes 90 % of the way (from the largest verified batch)."""
+SECANT_SHARE = 0.5
+"""A last trial predicted by a secant of peaks goes half the way (secants overshoot, and an
+out-of-memory error on the last trial gains nothing)."""
 
 
 class BatchDoesNotFitError(RedlineError, RuntimeError):
@@ -338,9 +341,10 @@ def find_batch_size(step: Callable[[int], None], *,
             # fit again from there.
             pred = good.batch + max(1, math.floor(APPROACH * (pred - good.batch)))
         elif left == 1 and not method.startswith("per-allocation"):
-            # The last trial on a secant of peaks (the least trusted fit): an out-of-memory
-            # error there would gain nothing; half the way is likelier to fit.
-            pred = good.batch + max(1, (pred - good.batch) // 2)
+            # The last trial on a secant of peaks (the least trusted fit: beyond its right
+            # point a secant of a convex peak under-states the slope, so it overshoots): an
+            # out-of-memory error there would gain nothing; stop short of the prediction.
+            pred = good.batch + max(1, math.floor(SECANT_SHARE * (pred - good.batch)))
         tl = pr.run(pred, "verify")
         if tl is not None and tl.peak <= usable:
             prev, good = good, tl
