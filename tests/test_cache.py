@@ -90,6 +90,7 @@ def test_writer_killed_mid_write_leaves_nothing(tmp_path: Path) -> None:
     path = tmp_path / "c"
     ds = CachedDataset(Numbers(8), square, path=path, max_bytes=2**24)
     ds[0]
+    ds.flush()  # written now (computed samples are otherwise written 32 at a time)
     key = ds._prefix + b"1"
     # spawn: a fresh interpreter (LMDB refuses a second handle on one path in a process)
     p = mp.get_context("spawn").Process(target=_die_mid_write, args=(str(path), key))
@@ -140,6 +141,7 @@ def test_disk_full_error_passes_through(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(ds.store, "_open", lambda: FullDiskEnv())
     with pytest.warns(RuntimeWarning, match="No space left on device"):
         assert torch.equal(ds[3], square(3))
+        ds.flush()  # the write, batched, happens here
     assert torch.equal(ds[4], square(4)) and ds.stats().uncached == 2
 
 

@@ -21,6 +21,7 @@ cache.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing as mp
 import multiprocessing.util as mp_util
@@ -28,6 +29,7 @@ import os
 import pickle
 import re
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +44,25 @@ from redline.data.stores import LmdbStore, Store, StoreFull
 FLUSH_EVERY = 64
 """Cache events counted per process before the shared counters are updated."""
 
+WRITE_BATCH = 32
+"""Samples computed on a miss are written in one transaction per 32 (a transaction per sample
+costs a commit each: on the fill epoch that is most of the cache's own overhead). Up to 31
+computed samples per process wait in memory; a process that dies loses them, which a cache
+may (they are computed again)."""
+
 DEFAULT_DIR = "/dev/shm/redline-cache" if os.path.isdir("/dev/shm") else "redline-cache"
+
+_WITH_PENDING: weakref.WeakSet[CachedDataset] = weakref.WeakSet()
+"""Datasets of this process with computed samples not yet written."""
+
+
+def _write_before_fork() -> None:
+    """Write what this process computed and has not written before it forks (a DataLoader
+    starting its workers): the workers then read those samples instead of computing them
+    again. Runs before the stores close their handles (hooks run in reverse order)."""
+    for ds in list(_WITH_PENDING):
+        with contextlib.suppress(Exception):
+            ds._write_pending()
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +133,10 @@ def encode(value: Any) -> bytes:
     if isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_cuda:
         t = value.detach().contiguous()
         header = f"{str(t.dtype)[6:]}|{','.join(map(str, t.shape))}".encode()
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return _TENSOR + len(header).to_bytes(2, "little") + header + data
+        out = bytearray(_TENSOR + len(header).to_bytes(2, "little") + header)
+        if t.numel():
+            out += t.reshape(-1).view(torch.uint8).numpy().data  # the one copy of the data
+        return bytes(out)
     return _PICKLE + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -198,9 +220,23 @@ class CachedDataset(Dataset[Any]):
         self._local_pid = -1
         self._writable = True
         self._warned = False
+        self._pending: dict[bytes, bytes] = {}
+        """Computed samples not yet written (this process's; read back from here first)."""
+        self._pending_pid = -1
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for spawned workers: what this process computed goes to the store first.
+        self._write_pending()
+        return dict(self.__dict__)
+
+    def flush(self) -> None:
+        """Write the samples this process computed and has not written yet (they are written
+        WRITE_BATCH at a time, before a fork, and at exit), and publish its counters."""
+        self._write_pending()
+        self._flush()
 
     def _add(self, hits: int = 0, misses: int = 0, read: int = 0, written: int = 0,
              uncached: int = 0) -> None:
@@ -218,7 +254,7 @@ class CachedDataset(Dataset[Any]):
         local[3] += written
         local[4] += uncached
         local[5] += 1
-        if local[5] >= FLUSH_EVERY or misses or uncached:
+        if local[5] >= FLUSH_EVERY or uncached:
             self._flush()
 
     def _flush(self) -> None:
@@ -240,13 +276,18 @@ class CachedDataset(Dataset[Any]):
             warnings.warn(f"redline cache at {where}: {why}; samples now pass through "
                           "uncached (training goes on)", RuntimeWarning, stacklevel=4)
 
-    def _deterministic_many(self, indices: list[int]) -> list[Any]:
+    def _deterministic_many(self, indices: list[int],
+                            blobs: list[bytes | memoryview | None] | None = None) -> list[Any]:
         keys = [self._prefix + str(i).encode() for i in indices]
-        blobs = self.store.get_many(keys)
+        if blobs is None:
+            blobs = self.store.get_many(keys)
         out: list[Any] = []
         puts: list[tuple[bytes, bytes]] = []
         read = 0
+        pending = self._pending if self._pending_pid == os.getpid() else {}
         for i, k, blob in zip(indices, keys, blobs, strict=True):
+            if blob is None and k in pending:
+                blob = pending[k]  # computed here, not yet written: read your own writes
             if blob is not None:
                 read += len(blob)
                 out.append(decode(blob))
@@ -255,23 +296,50 @@ class CachedDataset(Dataset[Any]):
                 out.append(value)
                 if self._writable:
                     puts.append((k, encode(value)))
-        misses = sum(1 for b in blobs if b is None)
-        written = 0
-        uncached = misses - len(puts)
+        misses = sum(1 for k, b in zip(keys, blobs, strict=True)
+                     if b is None and k not in pending)
+        self._add(hits=len(indices) - misses, misses=misses, read=read,
+                  uncached=misses - len(puts))
         if puts:
-            try:
-                written = self.store.put_many(puts)
-            except StoreFull as e:
-                uncached += len(puts)
-                self._stop_writing(f"{e} (fill-once policy: nothing is evicted)")
-        self._add(hits=len(indices) - misses, misses=misses, read=read, written=written,
-                  uncached=uncached)
+            why = getattr(self.store, "read_only_reason", None)
+            if why is not None:  # known on the first read: say so now, not at the write
+                self._add(uncached=len(puts))
+                self._stop_writing(why)
+            else:
+                self._queue(puts)
         return out
 
+    def _queue(self, puts: list[tuple[bytes, bytes]]) -> None:
+        """Write computed samples, WRITE_BATCH at a time (see it)."""
+        if self._pending_pid != os.getpid():
+            # A fresh process (a forked worker): what the parent had pending is the parent's.
+            self._pending, self._pending_pid = {}, os.getpid()
+            mp_util.Finalize(self, self._write_pending, exitpriority=11)
+        self._pending.update(puts)
+        _WITH_PENDING.add(self)
+        if len(self._pending) >= WRITE_BATCH:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        if self._pending_pid != os.getpid() or not self._pending:
+            return
+        puts, self._pending = list(self._pending.items()), {}
+        if not self._writable:
+            self._add(uncached=len(puts))
+            return
+        try:
+            written = self.store.put_many(puts)
+        except StoreFull as e:
+            self._add(uncached=len(puts))
+            self._stop_writing(f"{e} (fill-once policy: nothing is evicted)")
+            return
+        self._add(written=written)
+
     def _get_det(self, i: int) -> Any:
-        blob = self.store.get(self._prefix + str(i).encode())
-        if blob is None:  # the general path computes, stores and counts the miss
-            return self._deterministic_many([i])[0]
+        key = self._prefix + str(i).encode()
+        blob = self.store.get(key)
+        if blob is None:  # the general path computes, queues the write and counts the miss
+            return self._deterministic_many([i], [None])[0]
         self._add(hits=1, read=len(blob))
         return decode(blob)
 
@@ -288,8 +356,14 @@ class CachedDataset(Dataset[Any]):
 
     def stats(self) -> CacheStats:
         """Counters summed over this process and its DataLoader workers (workers publish
-        theirs every few dozen samples and when they exit)."""
+        theirs every few dozen samples and when they exit). This process's pending writes are
+        written first."""
+        self._write_pending()
         self._flush()
         with self._counters.get_lock():
             c = [int(x) for x in self._counters[:]]
         return CacheStats(*c)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_write_before_fork)
