@@ -79,6 +79,27 @@ def test_demo_vision_finds_the_data_bottleneck() -> None:
     assert rep.measurements.config.loader.num_workers == 0
 
 
+def test_demo_vision_storage_waits_on_storage_not_on_the_cpus() -> None:
+    """The other kind of starvation: the same JPEGs read from files after SIMULATED storage
+    latency; the fetch waits off-CPU while reading, so the finding is storage, not decode."""
+    import gc
+    import os
+
+    from redline.workloads import WORKLOADS
+
+    w = WORKLOADS["vision-storage"](torch.device("cpu"))
+    root = w.loader.dataset.root  # type: ignore[attr-defined]
+    assert w.name == "vision-storage" and len(os.listdir(root)) == 128
+    del w
+    gc.collect()
+    assert not os.path.exists(root)  # the files go with the dataset
+    rep, _ = run_demo("vision-storage", steps=6, show=False, tune_after=False)
+    ids = {f.id for f in rep.findings}
+    assert {"data_starvation", "storage_fetch"} <= ids and "cpu_preprocessing" not in ids
+    st = next(f for f in rep.findings if f.id == "storage_fetch")
+    assert st.evidence["waiting_share_of_wait"] > 0.5
+
+
 def test_demo_lm_runs() -> None:
     rep, _ = run_demo("lm", steps=4, show=False, tune_after=False)
     assert rep.measurements.timing.steps_measured == 4

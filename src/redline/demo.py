@@ -18,7 +18,7 @@ from redline.tune.config import TuneConfig
 from redline.tune.path import tune
 from redline.tune.result import TuneResult
 from redline.tune.setup import TrainSetup
-from redline.workloads import WORKLOADS, Workload, train
+from redline.workloads import WORKLOADS, Workload, train, vision_storage_config
 from redline.workloads.simulated import SimulatedAccelerator, build_vision_simulated
 
 DEMO_WARMUP = 3
@@ -86,6 +86,11 @@ def run_demo(workload: str = "vision", steps: int = 30, json_path: str | None = 
     if show and workload in GPU_SIZED and device.type == "cpu":
         print(f"redline demo: note: {workload} ({GPU_SIZED[workload]}) is sized for a GPU; on "
               "a CPU each step takes seconds. 'vision' and 'lm' are the CPU-sized workloads.",
+              flush=True)
+    if show and workload == "vision-storage":
+        print("redline demo: note: vision-storage reads its JPEGs from files after "
+              f"{vision_storage_config().storage_latency_ms:g} ms of SIMULATED storage latency "
+              "each (a network file system's order of magnitude; the files are local)",
               flush=True)
     if show:
         print(f"redline demo: training the built-in '{workload}' workload on {where} with its "

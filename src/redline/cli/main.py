@@ -111,9 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("demo", help="run a built-in naive workload under redline and report",
                        description="Train a built-in workload (no download) with its naive "
                        "defaults under redline.watch and print the report.")
-    m.add_argument("--workload", choices=["vision", "vision-large", "lm", "lm-large"],
+    m.add_argument("--workload", choices=["vision", "vision-storage", "vision-large", "lm",
+                                          "lm-large"],
                    default=None,
                    help="vision: small CNN on JPEGs decoded per sample (CPU-sized); "
+                   "vision-storage: the same, its JPEGs read from files after SIMULATED "
+                   "storage latency (storage-bound); "
                    "vision-large: ResNet-50 on the same data (GPU-sized); lm: a small "
                    "transformer language model; lm-large: GPT-2-small-shaped (GPU-sized) "
                    "(default: lm-large on a GPU, else vision)")

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import random
+import shutil
+import tempfile
+import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +55,10 @@ class VisionConfig:
     (written for a small GPU), so its effective batch is batch_size × 4."""
     lr: float = 0.05
     seed: int = 0
+    storage_latency_ms: float = 0.0
+    """> 0: the JPEGs live in files (written to a temporary folder at start-up) and every read
+    first waits this long — SIMULATED storage latency (a network file system, an object
+    store): the data path is then storage-bound rather than decode-bound."""
     model: str = "small"
     """'small': three conv blocks, sized for a CPU demo. 'resnet50': ResNet-50, sized for a GPU
     (the ``vision-large`` workload): a fast GPU finishes the small CNN before the CPUs can
@@ -64,6 +73,8 @@ class VisionConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.model not in ("small", "resnet50"):
             raise ValueError(f"model must be 'small' or 'resnet50', got {self.model!r}")
+        if self.storage_latency_ms < 0:
+            raise ValueError(f"storage_latency_ms must be >= 0, got {self.storage_latency_ms}")
 
 
 def _make_jpeg(rng: np.random.Generator, w: int, h: int, quality: int) -> bytes:
@@ -108,6 +119,7 @@ class SyntheticJpegDataset(Dataset[tuple[torch.Tensor, int]]):
         blob: bytes = self.data[self.offsets[k]:self.offsets[k + 1]].tobytes()
         return blob
 
+
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         img = Image.open(io.BytesIO(self.jpeg(i))).convert("RGB")
         img = random_resized_crop(img, self.crop)
@@ -116,6 +128,27 @@ class SyntheticJpegDataset(Dataset[tuple[torch.Tensor, int]]):
         x = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
         x = x.view(self.crop, self.crop, 3).permute(2, 0, 1).float().div_(255)
         return (x - MEAN) / STD, i % 10
+
+
+class StoredJpegDataset(SyntheticJpegDataset):
+    """The same JPEGs in files, each read after a wait: SIMULATED storage latency (the files
+    are local; the wait stands for a network file system or an object store). The folder is
+    removed when the dataset is collected or the process exits."""
+
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__(cfg)
+        self.latency_s = cfg.storage_latency_ms / 1e3
+        self.root = tempfile.mkdtemp(prefix="redline-vision-storage-")
+        for k in range(self.num_images):
+            with open(os.path.join(self.root, f"{k:05d}.jpg"), "wb") as f:
+                f.write(super().jpeg(k))
+        del self.data  # read from the files only
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
+
+    def jpeg(self, i: int) -> bytes:
+        time.sleep(self.latency_s)  # SIMULATED storage latency
+        with open(os.path.join(self.root, f"{i % self.num_images:05d}.jpg"), "rb") as f:
+            return f.read()
 
 
 def random_resized_crop(img: Image.Image, size: int, area: tuple[float, float] = (0.35, 1.0),
@@ -160,12 +193,13 @@ def build_vision(cfg: VisionConfig | None = None, device: torch.device | None = 
     cfg = cfg or VisionConfig()
     device = device or torch.device("cpu")
     torch.manual_seed(cfg.seed)
-    ds = SyntheticJpegDataset(cfg)
+    ds = StoredJpegDataset(cfg) if cfg.storage_latency_ms > 0 else SyntheticJpegDataset(cfg)
     loader = DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
                         **cfg.loader.loader_kwargs())
     model = (SmallCNN() if cfg.model == "small" else ResNet50()).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    name = "vision" if cfg.model == "small" else "vision-large"
+    name = ("vision-large" if cfg.model == "resnet50" else
+            "vision-storage" if cfg.storage_latency_ms > 0 else "vision")
     return Workload(name, model, loader, opt, _loss, device, cfg.accumulation_steps)
 
 
@@ -181,3 +215,11 @@ def vision_large_config() -> VisionConfig:
     # ~15 ms tuned steps would idle the device ~20 % — a cost of the tiny synthetic
     # epoch, not of a job that trains on an ImageNet-sized one (1.28 M samples per epoch).
     return VisionConfig(model="resnet50", crop=224, lr=0.01, length=65_536)
+
+
+def vision_storage_config() -> VisionConfig:
+    """The ``vision-storage`` preset: the small CNN's naive loop on JPEGs read from files
+    after 8 ms of SIMULATED storage latency each (a network file system's or an object
+    store's order of magnitude): 128 ms of waiting per batch of 16 against a few ms of decode,
+    so the data path waits on storage, not on the CPUs — the other kind of starvation."""
+    return VisionConfig(storage_latency_ms=8.0)
