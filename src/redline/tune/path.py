@@ -10,6 +10,7 @@ the plan is remembered per model signature, device, precision and input shapes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -117,7 +118,6 @@ class TunePath:
         first = next(iter(DataLoader(s.loader.dataset, batch_size=1,
                                      collate_fn=s.loader.collate_fn)))
         self.key = plan_key(s.model, self.device, "fp32", first, self.agree.world_size)
-
         self.user_loader = s.loader
         """The factory's DataLoader: the baseline's loader settings come from it."""
         self.micro, self.effective = s.micro_batch, s.effective_batch
@@ -138,10 +138,10 @@ class TunePath:
         it = endless(rebuild_factory(s.loader, batch_size=self.effective)(LoaderSettings()))
         batches = [map_tensors(next(it), lambda t: t.to(self.device))
                    for _ in range(self.cfg.numerics_steps)]
-        chk = self.agree.merge(
-            check_numerics(s.model, s.optimizer, batches, plan.micro_batch, s.loss_fn,
-                           plan.precision, self.device, self.cfg.tolerance),
-            f"numerics {plan.precision}", worst_check)
+        chk = worst_check(self.agree.run(
+            lambda: check_numerics(s.model, s.optimizer, batches, plan.micro_batch, s.loss_fn,
+                                   plan.precision, self.device, self.cfg.tolerance),
+            f"numerics {plan.precision}"))
         self.log(f"  numerics of the remembered plan ({plan.precision}): {chk.reason}")
         return None if chk.passed else chk.reason
 
@@ -241,10 +241,9 @@ class TunePath:
             it = endless(rebuild_factory(s.loader, batch_size=self.effective)(LoaderSettings()))
             batches = [map_tensors(next(it), lambda t: t.to(self.device))
                        for _ in range(self.cfg.numerics_steps)]
-            chk = self.agree.merge(
-                check_numerics(s.model, s.optimizer, batches, plan.micro_batch, s.loss_fn,
-                               prec, self.device, self.cfg.tolerance),
-                f"numerics {prec}", worst_check)
+            chk = worst_check(self.agree.run(functools.partial(
+                check_numerics, s.model, s.optimizer, batches, plan.micro_batch, s.loss_fn,
+                prec, self.device, self.cfg.tolerance), f"numerics {prec}"))
             checks.append(chk)
             self.log(f"  numerics {prec}: {chk.reason}")
             if not chk.passed:
