@@ -133,6 +133,18 @@ def measured_window(plan: TunePlan, epoch: int | None, steps: int) -> tuple[int,
 def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup: int,
             count_flops: bool = False, memory: bool = False, step_only: bool = False,
             trace: bool = False, agree: Agreement | None = None) -> TrialMetrics:
+    """See :func:`_measure`; torch's advice against more workers than cores is silenced here:
+    the loader autotune may choose them where fetches wait, settled by measurement."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        return _measure(factory, plan, label, steps=steps, warmup=warmup,
+                        count_flops=count_flops, memory=memory, step_only=step_only,
+                        trace=trace, agree=agree)
+
+
+def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup: int,
+             count_flops: bool, memory: bool, step_only: bool, trace: bool,
+             agree: Agreement | None) -> TrialMetrics:
     """Train ``warmup`` (+1 FLOP-counting) + ``steps`` optimizer steps with ``plan`` applied to a
     fresh setup, under a watch (end to end with loader workers, the measured window may be
     longer and starts at a fresh epoch: :func:`measured_window`). ``step_only``: the batches
@@ -220,10 +232,7 @@ def _train_watched(loop: TunedLoop, source: Any, cfg: WatchConfig, total: int, s
     of the measured steps or None, how many steps those joules cover, over how many seconds).
     ``restart``: begin a new epoch of the loader inside the last excluded step, so the measured
     steps start at an epoch boundary with empty queues."""
-    with warnings.catch_warnings(), Recorder(cfg) as w:
-        # The loader autotune may choose more workers than cores where that measured
-        # faster (fetches that wait); torch's advice against it is settled by measurement.
-        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+    with Recorder(cfg) as w:
         # A list is not a DataLoader: wrap() times and counts its batches the same way.
         it = w.wrap(source) if step_only else endless(source)
         rapl_on = False
