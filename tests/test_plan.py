@@ -249,6 +249,7 @@ def test_cli_writes_ranked_layouts_with_terms_formulas_and_how_to_run(
         ch["projection"]["job_time_s"] / 3600 * 64 * 2)
     assert d["rejected"] and all(r["why"] for r in d["rejected"])
     assert ch["why"] == d["why"] and all(c["why"] for c in d["candidates"])
+    assert all(c["projection"]["steps"] == 1000 for c in d["candidates"])
 
 
 def test_cli_refuses_two_model_sources_and_counts_a_factory_on_meta(

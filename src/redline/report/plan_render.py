@@ -28,7 +28,7 @@ def _dur(s: float) -> str:
     return f"{s / 3600:,.1f} h" if s >= 3 * 3600 else f"{s / 60:,.1f} min"
 
 
-def candidate_dict(res: PlanResult, c: Candidate) -> dict[str, Any]:
+def candidate_dict(res: PlanResult, c: Candidate, steps: int | None = None) -> dict[str, Any]:
     lay, t, mem = c.layout, c.timing, c.memory
     terms = {x.name: x.bytes for x in mem.terms}
     return {
@@ -48,6 +48,8 @@ def candidate_dict(res: PlanResult, c: Candidate) -> dict[str, Any]:
                  "dp_exposed_s": t.dp_exposed_s, "tp_comm_s": t.tp_comm_s,
                  "pp_comm_s": t.pp_comm_s, "pp_exposed_s": t.pp_exposed_s,
                  "offload_s": t.offload_s, "notes": t.notes},
+        "projection": (dataclasses.asdict(project(res, c, steps)) if steps is not None
+                       else None),
     }
 
 
@@ -56,12 +58,10 @@ def to_dict(res: PlanResult, steps: int | None = None, top: int = 10,
     best = res.best
     chosen = None
     if best is not None:
-        chosen = candidate_dict(res, best)
+        chosen = candidate_dict(res, best, steps)
         chosen["torchrun"] = torchrun_command(res.cluster, script)
         chosen["pytorch_snippet"] = pytorch_snippet(res.training, best.layout)
         chosen["deepspeed_config"] = deepspeed_config(res.training, best.layout)
-        if steps is not None:
-            chosen["projection"] = dataclasses.asdict(project(res, best, steps))
     return {
         "schema": PLAN_SCHEMA,
         "model": dataclasses.asdict(res.spec),
@@ -73,7 +73,7 @@ def to_dict(res: PlanResult, steps: int | None = None, top: int = 10,
         "mfu_assumed": res.mfu, "usable_bytes_per_gpu": res.usable_bytes,
         "layouts_evaluated": res.evaluated, "feasible": len(res.ranked),
         "chosen": chosen,
-        "candidates": [candidate_dict(res, c) for c in res.ranked[:top]],
+        "candidates": [candidate_dict(res, c, steps) for c in res.ranked[:top]],
         "rejected": [{"family": f, "why": w} for f, w in res.rejected],
         "why": res.why,
     }
