@@ -215,6 +215,12 @@ def _count_tensors(batch: Any) -> int:
     return len(seen)
 
 
+def _waits(t: Trial, budget: float) -> bool:
+    """Whether a trial's fetch mostly waited rather than computed: the process and its workers
+    kept under IO_BOUND of the cores they could use (at most one per worker) busy."""
+    return t.cpu_cores_busy < IO_BOUND * min(budget, max(1, t.settings.num_workers))
+
+
 def free_file_descriptors() -> int | None:
     """Descriptors this process may still open (soft limit − open now), None where unknown."""
     try:
@@ -327,7 +333,7 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     while not reason:
         # A fetch that waits (its workers leave the cores idle) may use more workers than
         # cores: they wait in parallel. Then memory, /dev/shm and open files bound them.
-        waits = last is not None and last.cpu_cores_busy < IO_BOUND * budget
+        waits = last is not None and _waits(last, budget)
         if workers > (io_cap if waits else cap):
             reason = (f"reached {io_cap} workers (the most tried for a fetch that waits)"
                       if waits else f"reached {cap} workers (2 × {budget:g} usable CPUs)")
@@ -386,7 +392,7 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             break
         workers = workers + 1 if workers < budget else workers * 2
     if (best.settings.num_workers and best.data_wait_fraction > WAIT_TARGET
-            and best.cpu_cores_busy < IO_BOUND * budget):
+            and _waits(best, budget)):
         # The fetch waits rather than computes: a deeper queue per worker may hide latency.
         deeper = dataclasses.replace(best.settings, prefetch_factor=4)
         trial = measure_(deeper, best.torch_threads)
