@@ -254,3 +254,41 @@ def test_tf32_and_fp16_are_decided_by_the_guard_and_the_measured_speed(
     assert steps["precision tf32"].kept and res.plan.precision == "tf32"
     assert not steps["precision bf16"].kept  # slower than the TF32 now kept
     assert not steps["precision fp16"].kept
+
+
+def _weights_heavy_setup(limit: int | None) -> Any:
+    """Large weights, small activations, SGD (no optimizer state): autocast's 16-bit copies of
+    the weights make the bf16 step bigger than the fp32 one at any batch."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from redline.tune.setup import TrainSetup
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                      nn.Linear(512, 4))
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(256, 256, generator=g), torch.randint(0, 4, (256,),
+                                                                           generator=g))
+    return TrainSetup(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.01),
+                      loader=DataLoader(ds, batch_size=4, drop_last=True),
+                      loss_fn=lambda mm, b: nn.functional.cross_entropy(mm(b[0]), b[1]),
+                      accumulation_steps=8, memory_limit_bytes=limit)
+
+
+def test_a_16_bit_precision_whose_step_does_not_fit_is_reverted(tmp_path: Path) -> None:
+    """bf16 is faster (faked) and passes the numerics guard, but under this budget its step
+    does not fit even at micro-batch 1 (weights' 16-bit copies): the search again finds so and
+    the plan goes back to fp32, saying why, instead of failing the whole tune."""
+    from redline.tune.path import TuneConfig, tune
+
+    cfg = TuneConfig(steps_per_trial=2, rounds=1, warmup_steps=1, tune_loader=False,
+                     tune_kernels=False, reuse=False, store_dir=str(tmp_path))
+    fast = speeds(lambda plan: (0.5 if plan.precision == "bf16" else 1.0) / plan.micro_batch)
+    res = tune(lambda: _weights_heavy_setup(3_250_000), cfg, measure_fn=fast)
+    steps = by_label(res.plan)
+    assert res.plan.precision == "fp32"
+    assert not steps["precision bf16"].kept
+    assert "reverted" in steps["precision bf16"].reason
+    assert "does not fit at micro-batch 1" in steps["precision bf16"].reason
+    assert not steps["batch size (again)"].kept
+    assert steps["batch size"].kept and 4 < res.plan.micro_batch < 32

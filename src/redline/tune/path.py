@@ -388,7 +388,25 @@ def _batch_again(p: TunePath, plan: TunePlan, cfg: TuneConfig, search: BatchSear
             or any(d.knob is Knob.BATCH and d.again for d in plan.decisions)):
         return plan, search
     log("batch size, again (16-bit activations are smaller)")
-    plan, again = p.batch(plan, again=True)
+    try:
+        plan, again = p.batch(plan, again=True)
+    except BatchDoesNotFitError as e:
+        # Autocast keeps 16-bit copies of the weights beside the fp32 ones: under a tight
+        # memory budget the 16-bit step can need more than the fp32 one. The precision was
+        # kept for speed on trials that do not enforce the budget; it does not fit: revert.
+        kept = next(d for d in reversed(plan.decisions)
+                    if d.knob is Knob.PRECISION and d.kept)
+        why = str(e).split(". Options")[0]
+        kept.kept = False
+        kept.reason += f"; reverted: {why} in {plan.precision}"
+        log(f"  {plan.precision} reverted: {why}")
+        before = next((d.value for d in reversed(plan.decisions) if d.knob is Knob.PRECISION
+                       and d.kept and d.value), "fp32")
+        plan = dataclasses.replace(plan, precision=before)
+        plan.decisions.append(Decision(
+            Knob.BATCH, False, f"not searched again: {kept.value} was reverted (its step "
+            "does not fit the memory budget)", again=True))
+        return plan, search
     return plan, again or search
 
 
