@@ -143,6 +143,10 @@ class HostMetrics:
     workers_run_delay_cores: float | None = None
     """Seconds the DataLoader workers were runnable but waiting for a CPU, per wall second
     (summed over workers; /proc/<pid>/schedstat)."""
+    workers_read_bytes_per_s: float | None = None
+    """Of ``read_bytes_per_s``, the DataLoader workers' (what the fetch itself read)."""
+    workers_read_chars_per_s: float | None = None
+    """Of ``read_chars_per_s``, the DataLoader workers'."""
     other_processes_cpu_cores: float | None = None
     """CPU seconds per wall second that other processes spent on the CPUs this job may use:
     everything on those CPUs (/proc/stat per CPU) minus this process and its workers."""

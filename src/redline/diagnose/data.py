@@ -80,8 +80,13 @@ def _split(m: Measurements) -> _Split | None:
 
 
 def _reads_evidence(m: Measurements) -> bool:
+    """Whether the fetcher read at the evidence rate: the workers' reads when there are
+    workers (the training process's own reads — imports, checkpoints, logs — are not the
+    fetch's), else the process's."""
     h = m.host
-    rates = [r for r in (h.read_bytes_per_s, h.read_chars_per_s) if r is not None]
+    pair = ((h.workers_read_bytes_per_s, h.workers_read_chars_per_s) if _workers(m)
+            else (h.read_bytes_per_s, h.read_chars_per_s))
+    rates = [r for r in pair if r is not None]
     return bool(rates) and max(rates) >= READS_EVIDENCE_BYTES_PER_S
 
 

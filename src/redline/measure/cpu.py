@@ -47,6 +47,9 @@ class CpuWindow:
     children_rss_peak_bytes: int
     """Peak over samples of the summed RSS of all children."""
     io_available: bool
+    children_read_bytes: int = 0
+    """Of ``read_bytes``, the children's (the workers': what the fetch itself read)."""
+    children_read_chars: int = 0
     children_run_delay_s: float | None = None
     """Seconds the children's main threads (DataLoader workers) were runnable but waiting for
     a CPU during the window (/proc/<pid>/schedstat); None where unreadable."""
@@ -71,8 +74,24 @@ def _read(p: psutil.Process, run_delay: bool = False) -> _ProcReading | None:
         return None
 
 
+def _own_read_chars() -> int | None:
+    """This process's read() bytes so far (/proc/self/io rchar), None where unreadable."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"rchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class CpuSampler:
-    """Samples the current process and its children in a daemon thread."""
+    """Samples the current process and its children in a daemon thread.
+
+    Its own reads of /proc are read() calls of the training process: they are counted
+    (``/proc/self/io`` before and after each sampling) and left out of the process's read
+    bytes, so a job that reads nothing reads nothing in the report."""
 
     def __init__(self, interval_s: float = 0.2) -> None:
         self._interval = interval_s
@@ -82,6 +101,8 @@ class CpuSampler:
         self._base: dict[int, _ProcReading] = {}
         self._main_base: _ProcReading | None = None
         self._busy_base: float | None = None
+        self._own_reads = 0
+        """read() bytes of this sampler's own /proc reads since the window began."""
         self._t0 = 0.0
         self._peak_main = 0
         self._peak_children = 0
@@ -105,8 +126,9 @@ class CpuSampler:
         self.sample()
         with self._lock:
             self._base = dict(self._last)
-            self._main_base = _read(self._proc)
             self._busy_base = usable_cpus_busy_s()
+            self._main_base = _read(self._proc)
+            self._own_reads = 0
             self._t0 = time.perf_counter()
             self._peak_main = 0
             self._peak_children = 0
@@ -137,6 +159,14 @@ class CpuSampler:
                 return []
 
     def sample(self) -> None:
+        r0 = _own_read_chars()
+        self._sample()
+        r1 = _own_read_chars()
+        if r0 is not None and r1 is not None:
+            with self._lock:
+                self._own_reads += r1 - r0
+
+    def _sample(self) -> None:
         readings: dict[int, _ProcReading] = {}
         for pid in self._child_pids():
             proc = self._children.get(pid)
@@ -158,8 +188,10 @@ class CpuSampler:
     def window(self) -> CpuWindow:
         """Totals since the last :meth:`mark`."""
         self.sample()
-        main = _read(self._proc)
+        r0 = _own_read_chars()
         busy = usable_cpus_busy_s()
+        own = self._own_reads + max(0, (_own_read_chars() or 0) - (r0 or 0))
+        main = _read(self._proc)
         with self._lock:
             wall = time.perf_counter() - self._t0
             zero = _ProcReading(0.0, 0, 0, 0)
@@ -183,11 +215,12 @@ class CpuSampler:
                 else:
                     rb += max(0, last.read_bytes - base.read_bytes)
                     rc += max(0, last.read_chars - base.read_chars)
+            crb, crc = rb, rc
             mb = self._main_base
             main_cpu = main.cpu_s - mb.cpu_s if main and mb else 0.0
             if main and mb and main.read_bytes >= 0 and mb.read_bytes >= 0:
                 rb += main.read_bytes - mb.read_bytes
-                rc += main.read_chars - mb.read_chars
+                rc += max(0, main.read_chars - mb.read_chars - own)
             else:
                 io_ok = False
             return CpuWindow(
@@ -200,6 +233,8 @@ class CpuSampler:
                 main_rss_peak_bytes=self._peak_main,
                 children_rss_peak_bytes=self._peak_children,
                 io_available=io_ok,
+                children_read_bytes=crb,
+                children_read_chars=crc,
                 children_run_delay_s=delay,
                 usable_cpus_busy_s=(None if busy is None or self._busy_base is None
                                     else max(0.0, busy - self._busy_base)),

@@ -159,6 +159,10 @@ def build_measurements(w: Recorder) -> Measurements:
                                  if win and wall and win.children_run_delay_s is not None
                                  else None),
         other_processes_cpu_cores=others,
+        workers_read_bytes_per_s=(win.children_read_bytes / wall
+                                  if win and wall and win.io_available else None),
+        workers_read_chars_per_s=(win.children_read_chars / wall
+                                  if win and wall and win.io_available else None),
     )
     loaders = [
         LoaderReport(
