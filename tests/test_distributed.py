@@ -51,16 +51,25 @@ def test_doctor_around_the_launcher_instruments_every_rank(tmp_path: Path,
     assert straggler["rank"] == 1 and straggler["evidence"]["data_wait_excess_ms"] > 20
 
 
-def test_doctor_inside_the_launcher_reports_once_with_ddp_knob_findings(tmp_path: Path) -> None:
+def test_doctor_inside_the_launcher_reports_once(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     p = _run([*TORCHRUN, "--nproc_per_node", "2", "--no-python", sys.executable, "-m",
               "redline.cli.main", "doctor", "--steps", "15", "--warmup", "2", "--no-flops",
-              "--json", str(out), "--", "python", "ddp_train.py", "--skip-layer"])
+              "--json", str(out), "--", "python", "ddp_train.py"])
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stderr.count("redline · ") == 1
     d = _load(out)
     assert len(d["ranks"]["ranks"]) == 2
     assert not [f for f in d["findings"] if f["id"] == "straggler"]
+
+
+def test_a_model_that_skips_parameters_gets_the_static_graph_finding(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = _run([*TORCHRUN, "--nproc_per_node", "2", "--no-python", sys.executable, "-m",
+              "redline.cli.main", "doctor", "--steps", "15", "--warmup", "2", "--no-flops",
+              "--json", str(out), "--", "python", "ddp_train.py", "--skip-layer"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = _load(out)
     # The model skips a 64×64 layer every step under find_unused_parameters=True.
     sg = next(f for f in d["findings"] if f["id"] == "ddp_static_graph")
     assert sg["evidence"]["unused_parameter_bytes"] == (64 * 64 + 64) * 4
