@@ -103,7 +103,13 @@ class Agreement:
         self.store.put(f"{base}/{self.rank}", pickle.dumps((what, value)))
         keys = [f"{base}/{r}" for r in range(self.world_size)]
         t0 = time.monotonic()
-        got = self.store.gather(keys, wait)
+        # Blocking waits in the store client (no polling delay at every agreement point).
+        got: dict[str, bytes] = {}
+        deadline = time.monotonic() + wait
+        for k in keys:
+            v = self.store.wait_get(k, max(0.0, deadline - time.monotonic()))
+            if v is not None:
+                got[k] = v
         missing = [r for r in range(self.world_size) if f"{base}/{r}" not in got]
         if missing:
             raise RanksDivergedError(
