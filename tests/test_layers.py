@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("redline.data",),
     ("redline.tune", "redline.workloads", "redline.plan"),
     ("redline.report",),
-    ("redline.doctor", "redline.demo"),
+    ("redline.doctor", "redline.demo", "redline.integrations"),
     ("redline.cli", "redline"),
 ]
 """Bottom to top: a module may import its own layer and the ones below, never one above."""

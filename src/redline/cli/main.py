@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--no-compile", action="store_true", help="do not try torch.compile")
     u.add_argument("--fresh", action="store_true",
                    help="search again even if a plan for this model/device/inputs is remembered")
+    u.add_argument("--settings-for", choices=("lightning", "hf"), default=None,
+                   help="also print the plan as Lightning Trainer/DataLoader arguments or "
+                   "Hugging Face TrainingArguments (docs/integrations.md)")
     u.set_defaults(func=_tune)
 
     from redline.cli import plan as plan_cli
@@ -215,6 +218,11 @@ def _tune(args: argparse.Namespace) -> int:
     if rank_info().rank != 0:
         return 0  # rank 0 speaks and writes for the job (every rank took the same path)
     render(result)
+    if args.settings_for is not None:
+        from redline.integrations.settings import hf_settings, lightning_settings
+
+        export = lightning_settings if args.settings_for == "lightning" else hf_settings
+        print(f"as {args.settings_for} settings:\n{export(result.plan).snippet()}")
     try:
         save_plan(result.plan, args.plan)
         print(f"plan written to {args.plan}")

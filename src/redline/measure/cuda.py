@@ -95,6 +95,11 @@ class CudaStepTimer:
             self.device_window[idx] = (self._origin.elapsed_time(segments[0][0]) / 1e3,
                                        self._origin.elapsed_time(segments[-1][1]) / 1e3)
 
+    def drop_open(self) -> None:
+        """Forget the segments of the step in progress (its time so far is left out)."""
+        self._segments = []
+        self._start = None
+
     def poll(self) -> None:
         """Resolve finished steps without blocking (a step is done when its last event is)."""
         while self._pending and self._pending[0][1][-1][1].query():

@@ -70,6 +70,13 @@ class DataHooks:
         self.run_delay_known = False
         """Whether the run delay could be read (Linux schedstat), fixed at install."""
 
+    def mark_training(self, loader: Any) -> bool:
+        """Name ``loader`` the training loader; False when it was never iterated here."""
+        info = self._loader_by_id.get(id(loader))
+        if info is not None:
+            info.training = True
+        return info is not None
+
     def install(self, stack: ExitStack) -> None:
         orig_iter = DataLoader.__iter__
         orig_next = _BaseDataLoaderIter.__next__

@@ -49,6 +49,9 @@ class LoaderInfo:
     containers: list[ContainerAttr] = field(default_factory=list)
     cache: Any = None
     """The loader's redline.data.CachedDataset, if it reads through one (for its statistics)."""
+    training: bool = False
+    """Named the training loader by the caller (a framework callback that knows it), so it
+    is the one the report describes even when another loader was iterated first."""
     loader: Any = None
     """The DataLoader itself, kept only when asked (``WatchConfig.keep_loaders``), to rebuild it
     with other settings after the run."""

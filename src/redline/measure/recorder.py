@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -189,6 +189,18 @@ class Recorder:
     def step(self) -> None:
         """Mark the end of a step (for loops whose steps redline cannot see)."""
         self.tracker.manual_step(time.perf_counter())
+
+    def skip(self) -> None:
+        """Leave the time since the last step end out of every step (call it right after an
+        evaluation or a checkpoint that ran between two training steps)."""
+        if self.cuda_timer is not None:
+            self.cuda_timer.drop_open()
+        self.tracker.discard(time.perf_counter())
+
+    def training_loader(self, loader: Any) -> bool:
+        """Say which DataLoader trains (the report describes its settings when others, such as
+        a validation loader, were iterated too); False when the watch never saw it iterated."""
+        return self.inst is not None and self.inst.data.mark_training(loader)
 
     def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
         """Time ``next()`` on an iterable that is not a DataLoader as data wait."""

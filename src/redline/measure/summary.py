@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from redline.measure.recorder import Recorder
 
 
-def _device_info(dev: torch.device) -> DeviceInfo:
+def device_info(dev: torch.device) -> DeviceInfo:
+    """What the report says of the device a watch measured on."""
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
         return DeviceInfo("cuda", props.name, torch.cuda.device_count(),
@@ -84,7 +85,8 @@ def _breakdown(steps: list[StepRecord]) -> list[PhaseShare]:
     return out
 
 
-def _precision(w: Recorder, dev: DeviceInfo) -> PrecisionInfo:
+def precision_info(w: Recorder, dev: DeviceInfo) -> PrecisionInfo:
+    """The precision the watched steps ran in, from the parameter and autocast dtypes seen."""
     inst = w.inst
     assert inst is not None
     p = inst.precision
@@ -119,7 +121,7 @@ def build_measurements(w: Recorder) -> Measurements:
                 f"Only {len(steps)} step(s) ran, none after the {w.config.warmup_steps} warm-up "
                 "step(s): statistics below include warm-up steps and are less reliable."
             )
-    dev = _device_info(w.device)
+    dev = device_info(w.device)
     inst = w.inst
     assert inst is not None
     timing = _timing(w, steps)
@@ -181,11 +183,13 @@ def build_measurements(w: Recorder) -> Measurements:
         for li in inst.loaders
     ]
     dm = _device_metrics(w, steps, dev)
-    precision = _precision(w, dev)
+    precision = precision_info(w, dev)
     mfu = mfu_for(dev, precision.effective, w.flops.flops, w.flops.conv_flops,
                   timing.step_time_mean_s, counted=w.config.count_flops,
                   flop_error=w.flops.error, cudnn_tf32=bool(torch.backends.cudnn.allow_tf32))
-    main_loader = next((li for li in loaders if li.iterators), loaders[0] if loaders else None)
+    main_loader = next((li for li, info in zip(loaders, inst.loaders, strict=True)
+                        if info.training), None) or next(
+        (li for li in loaders if li.iterators), loaders[0] if loaders else None)
     config = EffectiveConfig(
         device=str(w.device),
         batch_size=(main_loader.batch_size if main_loader and main_loader.batch_size

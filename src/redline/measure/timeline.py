@@ -250,6 +250,13 @@ class StepTracker:
         a profiler, a FLOP counter, taking sampler baselines) is not the next step's time."""
         self._start = t
 
+    def discard(self, t: float) -> None:
+        """Drop what the step in progress holds and start it again at ``t``: the time since
+        the last step boundary was not training (an evaluation, a checkpoint)."""
+        self._acc = _Acc()
+        self._stack.clear()
+        self._start = t
+
     def finish(self, t: float) -> None:
         """Close a step still pending at exit (optimizer mode before the cycle was learnt)."""
         if self._snap is not None and self._stepped and not self.manual:

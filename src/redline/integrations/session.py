@@ -1,0 +1,129 @@
+"""What the framework callbacks share: one watch per ``fit`` / ``train``, driven by the
+framework's own hooks.
+
+The callbacks (:mod:`redline.integrations.lightning`, :mod:`redline.integrations.hf`) are thin:
+they call :meth:`FitWatch.begin` at the start of training, :meth:`FitWatch.step` after each
+optimizer step the framework reports, :meth:`FitWatch.skip` after an evaluation inside
+training, :meth:`FitWatch.metrics` when its loggers are due, and :meth:`FitWatch.end` when
+training ends or fails.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from redline.core.report import Report
+from redline.integrations.errors import IntegrationError
+from redline.measure.config import WatchConfig
+from redline.measure.live import live_snapshot
+from redline.report.json_io import write_json
+from redline.report.watch import Watch
+
+
+def check_report_path(path: str | None) -> None:
+    """Fail when the callback is built, not after hours of training, when the report could not
+    be written."""
+    if path is None:
+        return
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise IntegrationError(f"json_path={path!r}: directory {str(parent)!r} does not exist; "
+                               "create it or pick another path")
+    if not os.access(parent, os.W_OK):
+        raise IntegrationError(f"json_path={path!r}: directory {str(parent)!r} is not writable")
+
+
+@dataclass(slots=True)
+class FitWatch:
+    """A :class:`redline.Watch` over one training run whose steps the framework marks."""
+
+    config: WatchConfig
+    json_path: str | None = None
+    """Where the report's JSON is written at the end (rank 0); None = not written."""
+    show: bool = True
+    """Print the report at the end (rank 0)."""
+    window_steps: int = 50
+    """Measured steps the logged metrics are over (the most recent ones)."""
+    watch: Watch | None = None
+    report: Report | None = None
+    """The last run's report, once it ended."""
+    _open: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.window_steps < 1:
+            raise IntegrationError(f"window_steps must be >= 1, got {self.window_steps}")
+        check_report_path(self.json_path)
+
+    @property
+    def running(self) -> bool:
+        return self._open
+
+    def begin(self) -> None:
+        """Enter a new watch (a second ``fit`` gets its own); a run left open by a framework
+        that did not call its end hook is ended first."""
+        if self._open:
+            self.end(RuntimeError("training started again before the previous run ended"))
+        self.report = None
+        self.watch = Watch(self.config)
+        self.watch.__enter__()
+        self._open = True
+
+    def step(self) -> None:
+        """The framework took an optimizer step: the step in progress ends here."""
+        if self._open and self.watch is not None:
+            self.watch.step()
+
+    def skip(self) -> None:
+        """What ran since the last step (evaluation, a checkpoint) is not a training step."""
+        if self._open and self.watch is not None:
+            self.watch.skip()
+
+    def training_loaders(self, loaders: list[Any]) -> None:
+        """The framework's training DataLoaders: the report describes them, not another
+        loader the framework iterated first (a validation sanity check)."""
+        if self._open and self.watch is not None:
+            for loader in loaders:
+                self.watch.training_loader(loader)
+
+    def metrics(self, prefix: str = "redline/") -> dict[str, float]:
+        """The recent steps' metrics for the framework's loggers; empty during warm-up."""
+        if not self._open or self.watch is None:
+            return {}
+        snap = live_snapshot(self.watch, self.window_steps)
+        return snap.as_metrics(prefix) if snap is not None else {}
+
+    def end(self, error: BaseException | None = None) -> Report | None:
+        """Close the watch, build the report (merged on rank 0 of a multi-process job), print
+        and write it; returns it (None when no run was open)."""
+        if not self._open or self.watch is None:
+            return None
+        self._open = False
+        w = self.watch
+        w.close(error)
+        rep = w.report(show=self.show)
+        if self.json_path is not None and w.rank.rank == 0:
+            write_json(rep, self.json_path)
+        self.report = rep
+        return rep
+
+
+def end_metrics(report: Report | None, prefix: str = "redline/") -> dict[str, float]:
+    """What the loggers get once, at the end: the whole window's numbers and the finding
+    count."""
+    if report is None:
+        return {}
+    m = report.measurements
+    out: dict[str, float] = {f"{prefix}findings": float(len(report.findings))}
+    t = m.timing
+    if t.step_time_mean_s is not None:
+        out[f"{prefix}run_step_time_ms"] = t.step_time_mean_s * 1e3
+    if t.steps_measured:
+        out[f"{prefix}run_data_wait_share"] = m.fraction("data_wait")
+    if m.device_metrics.device_span_fraction is not None:
+        out[f"{prefix}run_device_busy_share"] = m.device_metrics.device_span_fraction
+    if m.mfu.mfu is not None:
+        out[f"{prefix}run_mfu"] = m.mfu.mfu
+    return out

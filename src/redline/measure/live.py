@@ -1,0 +1,103 @@
+"""Metrics of the most recent measured steps, read while the job runs (framework loggers).
+
+The report's numbers come from the whole measured window after the run
+(:func:`redline.measure.summary.build_measurements`); a logger wants the recent past, every few
+steps, without waiting on the device. A snapshot reads only what the watch already holds: step
+records, and device times whose CUDA events have completed (never a synchronization).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from redline.measure.mfu import mfu_for
+from redline.measure.summary import device_info, precision_info
+from redline.measure.timeline import DATA_WAIT, StepRecord
+
+if TYPE_CHECKING:
+    from redline.measure.recorder import Recorder
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSnapshot:
+    """The last ``window_steps`` measured steps of a running watch (definitions:
+    docs/report.md, "Definitions"; each here over the window only)."""
+
+    steps_measured: int
+    """Measured steps so far (warm-up and excluded steps left out)."""
+    window_steps: int
+    """Measured steps the other fields are over (the most recent ones)."""
+    step_time_mean_s: float
+    """Mean host wall time per step over the window."""
+    data_wait_fraction: float
+    """Σ data wait ÷ Σ step time over the window."""
+    samples_per_s: float | None
+    """Samples fetched ÷ wall time over the window; None when batch sizes could not be read."""
+    device_busy_fraction: float | None
+    """Σ device seconds ÷ Σ step time over the window's steps whose CUDA events have completed;
+    None on CPU, or before any completed."""
+    mfu: float | None
+    """Counted FLOPs per step ÷ mean step time ÷ the device's peak at the precision in use;
+    None while unknown (CPU, FLOPs not counted yet, no peak entry)."""
+
+    def as_metrics(self, prefix: str = "redline/") -> dict[str, float]:
+        """Known values as logger metrics (unit in the name); unknown ones are left out."""
+        out = {
+            f"{prefix}steps_measured": float(self.steps_measured),
+            f"{prefix}step_time_ms": self.step_time_mean_s * 1e3,
+            f"{prefix}data_wait_share": self.data_wait_fraction,
+        }
+        for name, v in (("samples_per_s", self.samples_per_s),
+                        ("device_busy_share", self.device_busy_fraction), ("mfu", self.mfu)):
+            if v is not None:
+                out[f"{prefix}{name}"] = v
+        return out
+
+
+def live_snapshot(w: Recorder, window_steps: int = 50) -> LiveSnapshot | None:
+    """The last ``window_steps`` measured steps of ``w``; None before the first one."""
+    if window_steps < 1:
+        raise ValueError(f"window_steps must be >= 1, got {window_steps}")
+    recent: list[StepRecord] = []
+    measured = 0
+    for s in reversed(w.steps):
+        if s.kind == "measured":
+            measured += 1
+            if len(recent) < window_steps:
+                recent.append(s)
+    if not recent:
+        return None
+    wall = sum(s.step_s for s in recent)
+    if wall <= 0:
+        return None
+    samples = [s.samples for s in recent]
+    device_busy = None
+    timer = w.cuda_timer
+    if timer is not None:
+        done = [(timer.device_s[s.index], s.step_s) for s in recent if s.index in timer.device_s]
+        done_wall = sum(t for _, t in done)
+        if done and done_wall > 0:
+            device_busy = min(1.0, sum(d for d, _ in done) / done_wall)
+    return LiveSnapshot(
+        steps_measured=measured,
+        window_steps=len(recent),
+        step_time_mean_s=wall / len(recent),
+        data_wait_fraction=sum(s.phases[DATA_WAIT] for s in recent) / wall,
+        samples_per_s=(sum(n for n in samples if n is not None) / wall
+                       if all(n is not None for n in samples) else None),
+        device_busy_fraction=device_busy,
+        mfu=_mfu(w, wall / len(recent)),
+    )
+
+
+def _mfu(w: Recorder, step_time_mean_s: float) -> float | None:
+    if w.device.type != "cuda" or w.flops.flops is None or w.inst is None:
+        return None
+    # One definition of MFU: the report's, over this window's mean step time.
+    dev = device_info(w.device)
+    res = mfu_for(dev, precision_info(w, dev).effective, w.flops.flops, w.flops.conv_flops,
+                  step_time_mean_s, counted=True, cudnn_tf32=bool(torch.backends.cudnn.allow_tf32))
+    return res.mfu

@@ -1,0 +1,159 @@
+"""The framework integrations' parts that need no training run: a plan in Lightning's and
+Hugging Face's words (checked by the frameworks' own argument classes), the metrics a running
+watch gives the loggers, and the time a callback leaves out of the steps (evaluations)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import redline
+from factories import plan_key
+from redline.core.loader import LoaderSettings
+from redline.integrations import IntegrationError, hf_settings, lightning_settings
+from redline.integrations.session import FitWatch
+from redline.measure.config import WatchConfig
+from redline.measure.live import live_snapshot
+from redline.measure.timeline import DATA_WAIT
+from redline.tune.plan import DdpSettings, TunePlan
+
+
+def _plan(**kw: Any) -> TunePlan:
+    return TunePlan(key=plan_key(), **{"effective_batch": 64, "micro_batch": 32, **kw})
+
+
+def test_the_batch_precision_and_loader_in_lightning_words() -> None:
+    s = lightning_settings(_plan(precision="bf16", loader=LoaderSettings(
+        num_workers=4, prefetch_factor=4, pin_memory=True, persistent_workers=True)))
+    assert s.arguments == {"precision": "bf16-mixed", "accumulate_grad_batches": 2}
+    assert s.dataloader == {"batch_size": 32, "num_workers": 4, "pin_memory": True,
+                            "prefetch_factor": 4, "persistent_workers": True}
+    assert s.effective_batch == 64 and s.code == []
+    assert "L.Trainer(precision='bf16-mixed', accumulate_grad_batches=2, ...)" in s.snippet()
+
+
+def test_a_micro_batch_that_does_not_divide_the_effective_batch_exports_exactly() -> None:
+    # The plain loop splits 64 into 48 + 16; the frameworks take one size: 32 × 2.
+    lit, hf = lightning_settings(_plan(micro_batch=48)), hf_settings(_plan(micro_batch=48))
+    assert (lit.dataloader["batch_size"], lit.arguments["accumulate_grad_batches"]) == (32, 2)
+    assert (hf.arguments["per_device_train_batch_size"],
+            hf.arguments["gradient_accumulation_steps"]) == (32, 2)
+    for s in (lit, hf):
+        assert any("largest that divides the effective batch 64" in c for c in s.code)
+
+
+def test_what_lightning_has_no_argument_for_becomes_code() -> None:
+    s = lightning_settings(_plan(precision="tf32", compile=True, channels_last=True,
+                                 optimizer_impl="fused", cudnn_benchmark=True,
+                                 ddp=DdpSettings(bucket_cap_mb=50.0)))
+    assert s.arguments["precision"] == "32-true" and s.arguments["benchmark"] is True
+    assert s.arguments["strategy"] == "DDPStrategy(bucket_cap_mb=50.0)"
+    code = "\n".join(s.code)
+    for line in ('torch.set_float32_matmul_precision("high")', "torch.compile(model)",
+                 "channels_last", "fused=True", "import DDPStrategy"):
+        assert line in code
+
+
+def test_hf_training_arguments_accept_the_export() -> None:
+    transformers = pytest.importorskip("transformers")
+    plan = _plan(micro_batch=16, precision="bf16", optimizer_impl="fused",
+                 ddp=DdpSettings(bucket_cap_mb=40.0), loader=LoaderSettings(
+                     num_workers=2, prefetch_factor=3, pin_memory=True, persistent_workers=True))
+    s = hf_settings(plan)
+    args = transformers.TrainingArguments(output_dir="unused", use_cpu=True, report_to=[],
+                                          **s.arguments)
+    got = {k: getattr(args, k) for k in s.arguments}
+    assert got.pop("optim") == "adamw_torch_fused"  # an enum of TrainingArguments
+    assert s.arguments["dataloader_pin_memory"] is True
+    got.pop("dataloader_pin_memory")  # use_cpu=True turns it off: nothing to pin for
+    assert got == {k: v for k, v in s.arguments.items()
+                   if k not in ("optim", "dataloader_pin_memory")}
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 64
+    assert (args.bf16, args.dataloader_prefetch_factor, args.ddp_bucket_cap_mb) == (True, 3, 40)
+
+
+def test_lightning_trainer_accepts_the_export() -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    s = lightning_settings(_plan(micro_batch=16, precision="bf16"))
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, **s.arguments)
+    assert trainer.accumulate_grad_batches == 4 and trainer.precision == "bf16-mixed"
+
+
+# -- live metrics and skipped time ------------------------------------------------------
+
+def _loop(steps: int) -> None:
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for (x,) in DataLoader(TensorDataset(torch.randn(steps * 4, 8)), batch_size=4):
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_live_snapshot_is_the_window_of_the_last_measured_steps() -> None:
+    with redline.Watch(WatchConfig(warmup_steps=2, count_flops=False)) as w:
+        _loop(8)
+        snap = live_snapshot(w, window_steps=3)
+        whole = live_snapshot(w, window_steps=100)
+    assert snap is not None and whole is not None
+    measured = [s for s in w.steps if s.kind == "measured"]
+    recent = measured[-3:]
+    wall = sum(s.step_s for s in recent)
+    assert (snap.steps_measured, snap.window_steps, whole.window_steps) == (
+        len(measured), 3, len(measured))
+    assert snap.step_time_mean_s == pytest.approx(wall / 3)
+    assert snap.data_wait_fraction == pytest.approx(
+        sum(s.phases[DATA_WAIT] for s in recent) / wall)
+    assert snap.samples_per_s == pytest.approx(sum(s.samples or 0 for s in recent) / wall)
+    assert snap.device_busy_fraction is None and snap.mfu is None  # CPU: unknown, not guessed
+    metrics = snap.as_metrics()
+    assert metrics["redline/step_time_ms"] == pytest.approx(snap.step_time_mean_s * 1e3)
+    assert "redline/device_busy_share" not in metrics and "redline/mfu" not in metrics
+
+
+def test_live_snapshot_reads_device_time_only_of_completed_steps() -> None:
+    class Timer:
+        device_s: dict[int, float] = {}  # noqa: RUF012
+
+    with redline.Watch(WatchConfig(warmup_steps=1, count_flops=False)) as w:
+        _loop(4)
+        last = w.steps[-1]
+        w.cuda_timer = Timer()  # type: ignore[assignment]
+        Timer.device_s = {last.index: last.step_s / 2}  # one step's events done, others not
+        snap = live_snapshot(w, window_steps=3)
+        w.cuda_timer = None
+    assert snap is not None and snap.device_busy_fraction == pytest.approx(0.5)
+
+
+def test_skip_leaves_an_evaluation_out_of_the_next_step() -> None:
+    fit = FitWatch(WatchConfig(warmup_steps=0, count_flops=False), show=False)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fit.begin()
+    for i in range(4):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        fit.step()
+        if i == 1:  # an evaluation between steps 1 and 2: forwards and 0.3 s
+            with torch.no_grad():
+                model(torch.randn(4, 8))
+            time.sleep(0.3)
+            fit.skip()
+    rep = fit.end()
+    assert rep is not None and fit.watch is not None
+    steps = fit.watch.steps
+    assert len(steps) == 4 and max(s.step_s for s in steps) < 0.2
+    assert rep.measurements.timing.step_source == "manual"
+    assert rep.measurements.counts["forward"] == 5  # seen, but in no step's time
+
+
+def test_a_report_path_in_a_missing_folder_fails_when_the_callback_is_built(
+        tmp_path: Path) -> None:
+    with pytest.raises(IntegrationError, match="does not exist"):
+        FitWatch(WatchConfig(), json_path=str(tmp_path / "no" / "r.json"))
