@@ -1,18 +1,15 @@
-"""Batch finder vs Lightning's BatchSizeFinder and Accelerate's find_executable_batch_size,
-under the same simulated device-memory budget (redline.tune.MemoryBudget) on CPU.
+"""Batch finder vs Lightning's BatchSizeFinder, Accelerate's find_executable_batch_size and
+Hugging Face's Trainer(auto_find_batch_size=True), under the same simulated device-memory budget
+(redline.tune.MemoryBudget) on CPU.
 
 Every tool runs in a fresh process; the true maximum comes from bisection over fresh processes
 (one per probed batch, two steps each: the second with optimizer state). Reported per model:
 batch found, % of the true max, trials (distinct batch sizes run), OOMs, wall time.
 
-Needs lightning and accelerate, which redline does not depend on:
+Needs lightning, transformers and accelerate, which redline does not depend on; the test
+set-up (scripts/test) installs the versions tested in .venv:
 
-    python -m venv .venv-anchors
-    .venv-anchors/bin/pip install torch==2.13.0 lightning==2.6.6 accelerate==1.15.0 \
-        rich psutil pillow numpy orjson ijson lmdb
-    PYTHONPATH=src .venv-anchors/bin/python benchmarks/batch_finder.py
-
-(the redline finder alone: ``--tools redline`` with the project's own venv). The suite: an MLP
+    .venv/bin/python benchmarks/batch_finder.py The suite: an MLP
 with dropout, a GPT with hand-written attention (`lm`), an LSTM, nn.TransformerEncoder, a conv
 net with BatchNorm, a GRU over variable-length packed sequences, a model whose op sequence
 changes with the batch (chunks above 32), a ViT with hand-written attention and dropout.
@@ -307,6 +304,54 @@ def run_lightning(model: str, mode: str) -> dict[str, Any]:
     return {"batch": b, "trials": len(tried), "ooms": CountingBudget.ooms}
 
 
+def run_hf(model: str) -> dict[str, Any]:
+    """Hugging Face Trainer(auto_find_batch_size=True): Accelerate's search around the
+    Trainer's inner loop, from per_device_train_batch_size=START down."""
+    import logging
+    import tempfile
+    import warnings
+
+    from torch.utils.data import Dataset
+    from transformers import Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    logging.getLogger("accelerate").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    m, _, make = build(model)
+    tried: set[int] = set()
+
+    class DS(Dataset[Any]):
+        def __len__(self) -> int:
+            return 1 << 20
+
+        def __getitem__(self, i: int) -> Any:
+            x, y = make(1)
+            return {"x": x[0], "y": y[0]}
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = m
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+            tried.add(int(x.shape[0]))
+            return {"loss": loss_of(self.net, x, y)}
+
+    wm = Wrapped()
+    # AdamW keeps the state Adam does (two moments per parameter): the same memory as the
+    # other tools' optimizers.
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="redline-bench-hf-"),
+                             per_device_train_batch_size=START, auto_find_batch_size=True,
+                             max_steps=3, report_to=[], save_strategy="no", use_cpu=True,
+                             disable_tqdm=True, optim="adamw_torch", dataloader_num_workers=0)
+    trainer = Trainer(model=wm, args=args, train_dataset=DS())
+    with CountingBudget(LIMITS[model], existing=list(wm.parameters())):
+        trainer.train()
+    return {"batch": trainer.state.train_batch_size, "trials": len(tried),
+            "ooms": CountingBudget.ooms}
+
+
 def child(tool: str, model: str) -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -314,6 +359,8 @@ def child(tool: str, model: str) -> None:
         out = run_redline(model)
     elif tool == "accelerate":
         out = run_accelerate(model)
+    elif tool == "hf":
+        out = run_hf(model)
     else:
         out = run_lightning(model, tool.split("-")[1])
     out["wall_s"] = time.perf_counter() - t0
@@ -350,7 +397,8 @@ def main() -> None:
     ap.add_argument("--child", nargs=2, metavar=("TOOL", "MODEL"))
     ap.add_argument("--fits", nargs=2, metavar=("MODEL", "B"))
     ap.add_argument("--models", default=",".join(LIMITS))
-    ap.add_argument("--tools", default="redline,lightning-power,lightning-binsearch,accelerate")
+    ap.add_argument("--tools",
+                    default="redline,lightning-power,lightning-binsearch,accelerate,hf")
     a = ap.parse_args()
     if a.fits:
         torch.set_num_threads(1)

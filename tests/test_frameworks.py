@@ -183,3 +183,37 @@ def test_tuned_plans_applied_through_the_framework_settings(tmp_path: Path, scri
     per_step = plan["effective_batch"] // micro
     assert m["counts"]["backward"] == m["timing"]["steps_total"] * per_step
     assert m["precision"]["effective"] == "bf16-autocast"
+
+
+# -- the same findings as on a plain loop ---------------------------------------------------
+
+def _starved(tmp_path: Path, mode: str) -> dict:
+    out = tmp_path / f"{mode}.json"
+    p = subprocess.run([sys.executable, "-m", "redline.cli.main", "doctor", "--steps", "20",
+                        "--json", str(out), "--", "python", "starved.py", mode], cwd=SCRIPTS,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def plain_starved(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _starved(tmp_path_factory.mktemp("plain"), "plain")
+
+
+@pytest.mark.parametrize("mode", ["lightning", "hf", "accelerate"])
+def test_a_starved_framework_run_gets_the_plain_loops_findings(
+        tmp_path: Path, plain_starved: dict, mode: str) -> None:
+    """The same dataset (~12 ms of CPU per batch, no workers) and model: the framework adds
+    its own overhead to each step, but the diagnosis — its findings, in the same order — and
+    the data wait per step are the plain loop's."""
+    rep = _starved(tmp_path, mode)
+    ids = [f["id"] for f in rep["findings"]]
+    assert ids == [f["id"] for f in plain_starved["findings"]]
+    assert ids[:2] == ["data_starvation", "cpu_preprocessing"]
+
+    def wait(r: dict) -> float:
+        return next(p["mean_s"] for p in r["measurements"]["breakdown"]
+                    if p["phase"] == "data_wait")
+
+    assert wait(rep) == pytest.approx(wait(plain_starved), rel=0.3)
