@@ -68,7 +68,11 @@ def _script(tmp_path: Path, script: str, *args: str, launcher: list[str] | None 
     cmd = [*(launcher or [sys.executable]), script, str(tmp_path), *args]
     p = subprocess.run(cmd, cwd=SCRIPTS, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert p.returncode == 0, p.stderr[-3000:]
+    # Gloo's teardown can abort a process after its work is done (see rank_scripts.run_ranks):
+    # tolerated only once the report was written.
+    teardown_abort = ((tmp_path / "report.json").exists()
+                      and "terminate called without an active exception" in p.stderr)
+    assert p.returncode == 0 or teardown_abort, p.stderr[-3000:]
     line = next(x for x in p.stdout.splitlines() if x.startswith("SCRIPT optimizer steps: "))
     return json.loads((tmp_path / "report.json").read_text()), int(line.rsplit(" ", 1)[1]), p.stdout
 
@@ -100,8 +104,7 @@ def test_lightning_callback_under_the_ddp_strategy_merges_the_ranks(tmp_path: Pa
     rep, own, _ = _script(tmp_path, "lightning_callback.py", "--ddp", launcher=[
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])
     assert rep["measurements"]["timing"]["steps_total"] == own == 12
-    assert [r["rank"] for r in rep["ranks"]["ranks"]] == [0, 1]
-    assert all(r["steps_measured"] == 10 for r in rep["ranks"]["ranks"])
+    assert [(r["rank"], r["steps_measured"]) for r in rep["ranks"]["ranks"]] == [(0, 10), (1, 10)]
 
 
 def test_hf_callback_steps_loggers_and_report(tmp_path: Path) -> None:
@@ -119,6 +122,13 @@ def test_hf_callback_steps_loggers_and_report(tmp_path: Path) -> None:
     assert end["redline/findings"] == len(rep["findings"])
     assert end["redline/run_step_time_ms"] == pytest.approx(t["step_time_mean_s"] * 1e3)
     assert {**end, "step": 12} in logged["log_history"]
+
+
+def test_hf_callback_under_torchrun_merges_the_ranks(tmp_path: Path) -> None:
+    rep, own, _ = _script(tmp_path, "hf_callback.py", launcher=[
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])
+    assert rep["measurements"]["timing"]["steps_total"] == own == 12
+    assert [(r["rank"], r["steps_measured"]) for r in rep["ranks"]["ranks"]] == [(0, 10), (1, 10)]
 
 
 @pytest.mark.parametrize(("module", "extra", "hidden"), [

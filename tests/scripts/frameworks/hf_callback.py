@@ -1,7 +1,8 @@
 """A Hugging Face Trainer script with redline's callback: a GPT-2-shaped model built from a
 config object (no download), gradient_accumulation_steps=2, logging every 2 steps to a logger
 callback registered before redline's (as report_to's integrations are), and an evaluation every
-4 steps that takes ≥ 0.4 s (which must not count as training). Writes the report and the
+4 steps that takes ≥ 0.4 s (which must not count as training); runs under torchrun too.
+Writes the report and the
 logger's records to argv[1]; prints its own count of optimizer steps."""
 
 import json
@@ -54,6 +55,7 @@ cb = RedlineCallback(trainer, json_path=f"{out}/report.json", window_steps=4,
                      config=WatchConfig(warmup_steps=2, count_flops=False))
 trainer.add_callback(cb)
 trainer.train()
-with open(f"{out}/logged.json", "w") as f:
-    json.dump({"logger": Logger.records, "log_history": trainer.state.log_history}, f)
-print(f"SCRIPT optimizer steps: {trainer.state.global_step}", flush=True)
+if trainer.is_world_process_zero():
+    with open(f"{out}/logged.json", "w") as f:
+        json.dump({"logger": Logger.records, "log_history": trainer.state.log_history}, f)
+    print(f"SCRIPT optimizer steps: {trainer.state.global_step}", flush=True)
