@@ -54,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"also record a short torch.profiler trace ({_WATCH.trace_steps} steps, "
                    "excluded from the statistics) into DIR (default ./redline-trace), analyse "
                    "it and add its findings")
+    d.add_argument("--metrics-port", type=int_at_least("--metrics-port", 0, "a TCP port"),
+                   metavar="PORT", default=None,
+                   help="serve live Prometheus metrics (redline_*) on PORT while the script "
+                   "runs (each rank of a job: PORT + LOCAL_RANK); needs redline[metrics]")
+    d.add_argument("--metrics-address", metavar="ADDR", default=_WATCH.metrics_address,
+                   help="address the metrics endpoint binds to (default: "
+                   f"{_WATCH.metrics_address}, this machine only; 0.0.0.0 = every interface)")
     d.add_argument("cmd", nargs=argparse.REMAINDER, help="-- python train.py [args]")
     d.set_defaults(func=_doctor)
 
@@ -145,7 +152,8 @@ def _doctor(args: argparse.Namespace) -> int:
     try:
         result = run_doctor(cmd, steps=args.steps, warmup=args.warmup, json_path=args.json,
                             count_flops=not args.no_flops, trace_dir=args.trace,
-                            tune_loader=args.tune_loader)
+                            tune_loader=args.tune_loader, metrics_port=args.metrics_port,
+                            metrics_address=args.metrics_address)
     except DoctorError as e:
         return _fail("doctor", str(e), 2)
     except OSError as e:  # the JSON report could not be written (disk full, permissions)

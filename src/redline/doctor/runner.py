@@ -31,6 +31,7 @@ from redline.measure.config import WatchConfig
 from redline.measure.ranks import rank_info
 from redline.measure.system import cpu_budget
 from redline.report.json_io import write_json
+from redline.report.prometheus import MetricsServerError
 from redline.report.terminal import print_report
 from redline.report.watch import Watch
 
@@ -260,7 +261,9 @@ def _print_script_traceback(e: BaseException) -> None:
 def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().warmup_steps,
                json_path: str | None = None, count_flops: bool = True,
                device: str | None = None, trace_dir: str | None = None,
-               tune_loader: bool = False, show: bool = True) -> DoctorResult:
+               tune_loader: bool = False, show: bool = True,
+               metrics_port: int | None = None,
+               metrics_address: str = WatchConfig().metrics_address) -> DoctorResult:
     """Run ``cmd`` under a watch and report. Raises :class:`DoctorError` on usage errors
     (before anything runs).
 
@@ -273,6 +276,8 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
     forwarded += [] if count_flops else ["--no-flops"]
     forwarded += [f"--trace={trace_dir}"] if trace_dir else []
     forwarded += ["--tune-loader"] if tune_loader else []
+    if metrics_port is not None:
+        forwarded += [f"--metrics-port={metrics_port}", f"--metrics-address={metrics_address}"]
     try:
         launched = rank_command(list(cmd), forwarded)
     except ValueError as e:
@@ -287,7 +292,8 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
     check_target(target)
     check_json_path(json_path, target)
     config = WatchConfig(warmup_steps=warmup, max_steps=steps, count_flops=count_flops,
-                         device=device, trace_dir=trace_dir, keep_loaders=tune_loader)
+                         device=device, trace_dir=trace_dir, keep_loaders=tune_loader,
+                         metrics_port=metrics_port, metrics_address=metrics_address)
     stops = [0]
 
     def stop() -> None:
@@ -350,10 +356,15 @@ def _run_script(w: Watch, target: Target, steps: int
     error: BaseException | None = None
     try:
         with w:
+            if w.metrics_server is not None and w.rank.rank == 0:
+                print(f"redline: live metrics at {w.metrics_server.url}", file=sys.stderr,
+                      flush=True)
             if target.kind == "path":
                 runpy.run_path(target.target, run_name="__main__")
             else:
                 runpy.run_module(target.target, run_name="__main__", alter_sys=True)
+    except MetricsServerError as e:  # before the script ran: a usage error, not the script's
+        raise DoctorError(str(e)) from None
     except StopMeasurement:
         status, detail = "step_limit", f"stopped after {steps} measured steps (--steps)"
     except SystemExit as e:

@@ -51,7 +51,19 @@ class WatchConfig:
     """Keep a reference to each DataLoader seen, so it can be rebuilt with other settings
     after the run (``redline doctor --tune-loader``); off by default: it keeps datasets alive."""
 
+    metrics_port: int | None = None
+    """Serve Prometheus text-format metrics (prefix ``redline_``) on this port while the watch
+    runs (0 = any free port; each process of a multi-process job uses ``port + LOCAL_RANK``);
+    None = no endpoint. Needs ``redline[metrics]``. Scrapes read the step records on the
+    server's thread: nothing is added to the training step."""
+
+    metrics_address: str = "127.0.0.1"
+    """Address the metrics endpoint binds to: loopback by default; '0.0.0.0' serves every
+    interface (for a Prometheus server on another machine)."""
+
     def __post_init__(self) -> None:
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be 0..65535 or None, got {self.metrics_port}")
         if self.trace_steps < 1:
             raise ValueError(f"trace_steps must be >= 1, got {self.trace_steps}")
         if self.warmup_steps < 0:

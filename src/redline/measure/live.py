@@ -1,4 +1,5 @@
-"""Metrics of the most recent measured steps, read while the job runs (framework loggers).
+"""Metrics of the most recent measured steps, read while the job runs (framework loggers, the
+Prometheus endpoint).
 
 The report's numbers come from the whole measured window after the run
 (:func:`redline.measure.summary.build_measurements`); a logger wants the recent past, every few
@@ -15,7 +16,7 @@ import torch
 
 from redline.measure.mfu import mfu_for
 from redline.measure.summary import device_info, precision_info
-from redline.measure.timeline import DATA_WAIT, StepRecord
+from redline.measure.timeline import DATA_WAIT, PHASES, StepRecord
 
 if TYPE_CHECKING:
     from redline.measure.recorder import Recorder
@@ -42,6 +43,11 @@ class LiveSnapshot:
     mfu: float | None
     """Counted FLOPs per step ÷ mean step time ÷ the device's peak at the precision in use;
     None while unknown (CPU, FLOPs not counted yet, no peak entry)."""
+    phase_fractions: dict[str, float]
+    """Σ exclusive seconds of each phase (:data:`~redline.measure.timeline.PHASES`, and
+    ``other``: in no timed phase) ÷ Σ step time over the window."""
+    steps_total: int
+    """Steps closed so far, warm-up and excluded ones included."""
 
     def as_metrics(self, prefix: str = "redline/") -> dict[str, float]:
         """Known values as logger metrics (unit in the name); unknown ones are left out."""
@@ -63,7 +69,9 @@ def live_snapshot(w: Recorder, window_steps: int = 50) -> LiveSnapshot | None:
         raise ValueError(f"window_steps must be >= 1, got {window_steps}")
     recent: list[StepRecord] = []
     measured = 0
-    for s in reversed(w.steps):
+    steps = list(w.steps)  # one copy: another thread (a metrics scrape) may read it as it grows
+    total = len(steps)
+    for s in reversed(steps):
         if s.kind == "measured":
             measured += 1
             if len(recent) < window_steps:
@@ -74,6 +82,8 @@ def live_snapshot(w: Recorder, window_steps: int = 50) -> LiveSnapshot | None:
     if wall <= 0:
         return None
     samples = [s.samples for s in recent]
+    phases = {name: sum(s.phases[k] for s in recent) / wall for k, name in enumerate(PHASES)}
+    phases["other"] = max(0.0, 1.0 - sum(phases.values()))
     device_busy = None
     timer = w.cuda_timer
     if timer is not None:
@@ -90,6 +100,8 @@ def live_snapshot(w: Recorder, window_steps: int = 50) -> LiveSnapshot | None:
                        if all(n is not None for n in samples) else None),
         device_busy_fraction=device_busy,
         mfu=_mfu(w, wall / len(recent)),
+        phase_fractions=phases,
+        steps_total=total,
     )
 
 

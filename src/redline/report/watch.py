@@ -15,12 +15,30 @@ from redline.measure.config import WatchConfig
 from redline.measure.ranks import GATHER_TIMEOUT_S
 from redline.measure.recorder import Recorder
 from redline.report.build import build_report
+from redline.report.prometheus import MetricsServer
 from redline.report.ranks import exchange
 from redline.report.terminal import print_report
 
 
 class Watch(Recorder):
     """Context manager that records a per-step timeline; :meth:`report` after the block."""
+
+    metrics_server: MetricsServer | None = None
+    """The live metrics endpoint while the watch runs (``WatchConfig.metrics_port``)."""
+
+    def __enter__(self) -> Watch:
+        super().__enter__()
+        if self.config.metrics_port is not None:
+            server = MetricsServer(self, self.config.metrics_port, self.config.metrics_address)
+            try:
+                server.start()
+            except BaseException as e:
+                self.close(e)
+                raise
+            assert self._stack is not None
+            self._stack.callback(server.close)
+            self.metrics_server = server
+        return self
 
     def report(self, show: bool = True, command: list[str] | None = None,
                status: str | None = None, status_detail: str | None = None) -> Report:
@@ -54,10 +72,13 @@ def watch(
     device: str | None = _DEFAULTS.device,
     sample_interval_s: float = _DEFAULTS.sample_interval_s,
     detect_syncs: bool = _DEFAULTS.detect_syncs,
+    metrics_port: int | None = _DEFAULTS.metrics_port,
+    metrics_address: str = _DEFAULTS.metrics_address,
 ) -> Watch:
     """Measure the training loop run inside the ``with`` block. See :class:`WatchConfig` for
     each argument."""
     return Watch(WatchConfig(
         warmup_steps=warmup_steps, max_steps=max_steps, count_flops=count_flops,
         device=device, sample_interval_s=sample_interval_s, detect_syncs=detect_syncs,
+        metrics_port=metrics_port, metrics_address=metrics_address,
     ))
