@@ -105,3 +105,107 @@ def test_without_the_client_library_the_error_says_how_to_install_it() -> None:
             "except redline.RedlineError as e:\n    print(e)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "pip install 'redline[metrics]'" in p.stdout, p.stderr
+
+
+def test_a_real_prometheus_server_scrapes_the_endpoint_and_answers_a_query(
+        tmp_path: Path) -> None:
+    """Debian's `prometheus` (installed by .ci/run) scrapes a running watch every second on
+    loopback; a PromQL query through its HTTP API gives back the watch's step count."""
+    import json
+    import shutil
+    import threading
+    import time
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("Debian's prometheus server is not installed (apt-get install prometheus; "
+                    ".ci/run installs it)")
+    prom_port = _free_port()
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,)))
+    answer: dict[str, Any] = {}
+    done = threading.Event()
+    with redline.watch(metrics_port=0, warmup_steps=2, count_flops=False) as w:
+        assert w.metrics_server is not None
+        target = f"127.0.0.1:{w.metrics_server.port}"
+        (tmp_path / "prometheus.yml").write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: training\n"
+            f"    static_configs:\n      - targets: ['{target}']\n")
+        with open(tmp_path / "prometheus.log", "wb") as log:
+            prom = subprocess.Popen(
+                [binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={tmp_path / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{prom_port}"],
+                stdout=subprocess.DEVNULL, stderr=log)
+
+        def query() -> None:
+            q = f"http://127.0.0.1:{prom_port}/api/v1/query?query="
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and prom.poll() is None:
+                try:
+                    got = {name: json.load(urllib.request.urlopen(q + name, timeout=5))
+                           for name in ("redline_steps_total", "redline_step_time_seconds")}
+                except (OSError, ValueError):
+                    got = {}
+                if got and all(r["data"]["result"] for r in got.values()):
+                    answer.update(got)
+                    break
+                time.sleep(0.5)
+            done.set()
+
+        asker = threading.Thread(target=query, daemon=True)
+        asker.start()
+        try:
+            while not done.is_set():  # keep training until Prometheus has an answer
+                for x, y in DataLoader(data, batch_size=8):
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    opt.step()
+                    opt.zero_grad()
+                time.sleep(0.01)
+            steps_now = len(w.steps)
+        finally:
+            prom.terminate()
+            prom.wait(timeout=30)
+            asker.join(timeout=10)
+    assert answer, (tmp_path / "prometheus.log").read_text()[-3000:]
+    (series,) = answer["redline_steps_total"]["data"]["result"]
+    assert series["metric"]["job"] == "training" and series["metric"]["rank"] == "0"
+    assert series["metric"]["instance"] == target
+    assert 3 <= float(series["value"][1]) <= steps_now  # past warm-up: step time is known
+    (step_time,) = answer["redline_step_time_seconds"]["data"]["result"]
+    assert 0 < float(step_time["value"][1]) < 1
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_endpoint_serves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `redline_*` name in docs/grafana-redline.json's queries is a series the collector
+    writes when everything is known (device busy and MFU included), and each is documented."""
+    import json
+    import re
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    import redline.report.prometheus as prom
+    from redline.measure.live import LiveSnapshot
+
+    full = LiveSnapshot(steps_measured=10, window_steps=10, step_time_mean_s=0.1,
+                        data_wait_fraction=0.2, samples_per_s=80.0, device_busy_fraction=0.7,
+                        mfu=0.3, phase_fractions={p: 1 / (len(PHASES) + 1)
+                                                  for p in (*PHASES, "other")},
+                        steps_total=12)
+    monkeypatch.setattr(prom, "live_snapshot", lambda w, window: full)
+    with redline.watch(count_flops=False) as w:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(prom.WatchCollector(w))
+        text = generate_latest(registry).decode()
+    served = {s.name for f in parser.text_string_to_metric_families(text) for s in f.samples}
+    root = Path(__file__).parent.parent
+    dashboard = json.loads((root / "docs" / "grafana-redline.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    queried = {n for e in exprs for n in re.findall(r"\bredline_[a-z_]+", e)}
+    assert queried and queried <= served, queried - served
+    documented = set(re.findall(r"`(redline_[a-z_]+)", (root / "docs" / "report.md").read_text()))
+    assert served == documented, served ^ documented
