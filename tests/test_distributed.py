@@ -52,15 +52,24 @@ def test_doctor_around_the_launcher_instruments_every_rank(tmp_path: Path,
 
 
 def test_doctor_inside_the_launcher_reports_once(tmp_path: Path) -> None:
-    out = tmp_path / "r.json"
+    out, timeline = tmp_path / "r.json", tmp_path / "timeline.json"
     p = _run([*TORCHRUN, "--nproc_per_node", "2", "--no-python", sys.executable, "-m",
               "redline.cli.main", "doctor", "--steps", "15", "--warmup", "2", "--no-flops",
-              "--json", str(out), "--", "python", "ddp_train.py"])
+              "--json", str(out), "--timeline", str(timeline), "--", "python", "ddp_train.py"])
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stderr.count("redline · ") == 1
     d = _load(out)
     assert len(d["ranks"]["ranks"]) == 2
     assert not [f for f in d["findings"] if f["id"] == "straggler"]
+    # one timeline file for the job (rank 0's), each rank a process with its own steps
+    events = json.loads(timeline.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert sorted(names) == [0, 1] and names[1].startswith("rank 1 (")
+    for rank in (0, 1):
+        steps = [e for e in events if e["pid"] == rank and e["ph"] == "X"
+                 and e["name"].startswith("ProfilerStep#")]
+        measured = [e for e in steps if e["args"]["kind"] == "measured"]
+        assert len(measured) == 15 and len(steps) >= 17
 
 
 def test_a_model_that_skips_parameters_gets_the_static_graph_finding(tmp_path: Path) -> None:

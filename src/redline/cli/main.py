@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--metrics-address", metavar="ADDR", default=_WATCH.metrics_address,
                    help="address the metrics endpoint binds to (default: "
                    f"{_WATCH.metrics_address}, this machine only; 0.0.0.0 = every interface)")
+    d.add_argument("--timeline", metavar="PATH",
+                   help="also write the steps (a track per phase, per rank) and the sampled "
+                   "CPU/GPU counters as a Chrome-trace JSON for Perfetto UI to PATH")
     d.add_argument("cmd", nargs=argparse.REMAINDER, help="-- python train.py [args]")
     d.set_defaults(func=_doctor)
 
@@ -153,7 +156,8 @@ def _doctor(args: argparse.Namespace) -> int:
         result = run_doctor(cmd, steps=args.steps, warmup=args.warmup, json_path=args.json,
                             count_flops=not args.no_flops, trace_dir=args.trace,
                             tune_loader=args.tune_loader, metrics_port=args.metrics_port,
-                            metrics_address=args.metrics_address)
+                            metrics_address=args.metrics_address,
+                            timeline_path=args.timeline)
     except DoctorError as e:
         return _fail("doctor", str(e), 2)
     except OSError as e:  # the JSON report could not be written (disk full, permissions)

@@ -191,20 +191,21 @@ def script_file(t: Target) -> Path | None:
     return Path(spec.origin) if spec is not None and spec.origin else None
 
 
-def check_json_path(path: str | None, target: Target | None = None) -> None:
-    """Fail before running the script when the report could not be written afterwards, or
-    would replace the script."""
+def check_json_path(path: str | None, target: Target | None = None,
+                    flag: str = "--json") -> None:
+    """Fail before running the script when an output (the report, ``flag``) could not be
+    written afterwards, or would replace the script."""
     if path is None:
         return
     parent = Path(path).parent if str(Path(path).parent) else Path(".")
     if not parent.is_dir():
-        raise DoctorError(f"--json {path!r}: directory {str(parent)!r} does not exist")
+        raise DoctorError(f"{flag} {path!r}: directory {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK):
-        raise DoctorError(f"--json {path!r}: directory {str(parent)!r} is not writable")
+        raise DoctorError(f"{flag} {path!r}: directory {str(parent)!r} is not writable")
     script = script_file(target) if target is not None else None
     if script is not None:
         try:
-            refuse_overwriting_inputs({"--json": path}, {"the script to run": [script]})
+            refuse_overwriting_inputs({flag: path}, {"the script to run": [script]})
         except OutputPathError as e:
             raise DoctorError(str(e)) from None
 
@@ -263,7 +264,8 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                device: str | None = None, trace_dir: str | None = None,
                tune_loader: bool = False, show: bool = True,
                metrics_port: int | None = None,
-               metrics_address: str = WatchConfig().metrics_address) -> DoctorResult:
+               metrics_address: str = WatchConfig().metrics_address,
+               timeline_path: str | None = None) -> DoctorResult:
     """Run ``cmd`` under a watch and report. Raises :class:`DoctorError` on usage errors
     (before anything runs).
 
@@ -278,6 +280,7 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
     forwarded += ["--tune-loader"] if tune_loader else []
     if metrics_port is not None:
         forwarded += [f"--metrics-port={metrics_port}", f"--metrics-address={metrics_address}"]
+    forwarded += [f"--timeline={timeline_path}"] if timeline_path else []
     try:
         launched = rank_command(list(cmd), forwarded)
     except ValueError as e:
@@ -285,15 +288,21 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                           "[args]`") from None
     if launched is not None:
         check_json_path(json_path)
+        check_json_path(timeline_path, flag="--timeline")
         return DoctorResult(None, run_launcher(launched), None, None)
     info = rank_info()
     show = show and info.rank == 0
     target = parse_command(cmd)
     check_target(target)
     check_json_path(json_path, target)
+    check_json_path(timeline_path, target, flag="--timeline")
+    if timeline_path and json_path and Path(timeline_path).resolve() == Path(json_path).resolve():
+        raise DoctorError(f"--timeline and --json name the same file ({timeline_path!r}): "
+                          "give each its own path")
     config = WatchConfig(warmup_steps=warmup, max_steps=steps, count_flops=count_flops,
                          device=device, trace_dir=trace_dir, keep_loaders=tune_loader,
-                         metrics_port=metrics_port, metrics_address=metrics_address)
+                         metrics_port=metrics_port, metrics_address=metrics_address,
+                         timeline_path=timeline_path)
     stops = [0]
 
     def stop() -> None:
@@ -337,6 +346,9 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
         written = write_json(report, json_path) if json_path and info.rank == 0 else None
         if written is not None and show:
             print(f"redline: JSON report written to {written}", file=sys.stderr)
+        if w.timeline_written is not None and show:
+            print(f"redline: timeline written to {w.timeline_written} (open it in "
+                  "https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
         if signals.received is not None and code == 0:
             code = 128 + signals.received  # stopped while reporting: say so to the scheduler
     return DoctorResult(report, code, written, error)

@@ -61,6 +61,11 @@ class WatchConfig:
     """Address the metrics endpoint binds to: loopback by default; '0.0.0.0' serves every
     interface (for a Prometheus server on another machine)."""
 
+    timeline_path: str | None = None
+    """Write the steps (each phase a track, per rank) and the sampled CPU/NVML counters as a
+    Chrome-trace JSON file here when the report is built (rank 0 writes the job's, its ranks
+    gathered through the job's store); None = no timeline. Opens in Perfetto UI."""
+
     def __post_init__(self) -> None:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be 0..65535 or None, got {self.metrics_port}")

@@ -8,6 +8,7 @@ the report's sources).
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -86,6 +87,10 @@ def _own_read_chars() -> int | None:
     return None
 
 
+SERIES_MAX = 100_000
+"""Samples kept for the timeline (the most recent ones): 5.5 h at the default 0.2 s period."""
+
+
 class CpuSampler:
     """Samples the current process and its children in a daemon thread.
 
@@ -109,6 +114,11 @@ class CpuSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.series: collections.deque[tuple[float, float, float]] = collections.deque(
+            maxlen=SERIES_MAX)
+        """(host perf_counter s, CPU seconds of this process, of its children) per sample,
+        cumulative since each process started, warm-up included (for the timeline export).
+        Children that exited leave the sum: rates are clamped at zero by the reader."""
 
     def start(self) -> None:
         self.mark()
@@ -179,6 +189,9 @@ class CpuSampler:
             if r is not None:
                 readings[pid] = r
         main = _read(self._proc)
+        if main is not None:
+            self.series.append((time.perf_counter(), main.cpu_s,
+                                sum(r.cpu_s for r in readings.values())))
         with self._lock:
             self._last.update(readings)
             self._peak_children = max(self._peak_children, sum(r.rss for r in readings.values()))

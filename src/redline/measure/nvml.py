@@ -13,8 +13,10 @@ neighbours):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
+import time
 from types import ModuleType
 from typing import Any
 
@@ -43,6 +45,10 @@ def import_pynvml() -> tuple[ModuleType | None, str | None]:
     return pynvml, None
 
 
+SERIES_MAX = 100_000
+"""Samples kept for the timeline (the most recent ones): 5.5 h at the default 0.2 s period."""
+
+
 class NvmlSampler:
     """Samples one GPU in a daemon thread.
 
@@ -60,6 +66,11 @@ class NvmlSampler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.series: collections.deque[tuple[float, float | None, float | None, float | None,
+                                             float | None]] = collections.deque(
+            maxlen=SERIES_MAX)
+        """(host perf_counter s, util %, power W, memory used bytes, SM clock MHz) per sample,
+        warm-up included (for the timeline export); None where a reading failed."""
         self._reset()
         self._gpm_reason: str | None = None
         self._gpm_supported = self._probe_gpm()
@@ -116,23 +127,29 @@ class NvmlSampler:
 
     def sample(self) -> None:
         nv, h = self._nv, self._h
+        util = power = clock = used = None
         with self._lock:
             self._n += 1
             try:
                 u = nv.nvmlDeviceGetUtilizationRates(h)
-                self._util.append(float(u.gpu))
+                util = float(u.gpu)
+                self._util.append(util)
                 self._mem_util.append(float(u.memory))
             except Exception:
                 pass
             with contextlib.suppress(Exception):
-                self._power.append(nv.nvmlDeviceGetPowerUsage(h) / 1e3)
+                power = nv.nvmlDeviceGetPowerUsage(h) / 1e3
+                self._power.append(power)
             with contextlib.suppress(Exception):
-                self._clock.append(float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
+                clock = float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+                self._clock.append(clock)
             try:
                 used = int(nv.nvmlDeviceGetMemoryInfo(h).used)
                 self._mem_peak = max(self._mem_peak or 0, used)
             except Exception:
                 pass
+            self.series.append((time.perf_counter(), util, power,
+                                None if used is None else float(used), clock))
             with contextlib.suppress(Exception):
                 self._reasons |= int(nv.nvmlDeviceGetCurrentClocksEventReasons(h))
             if self._gpm_supported:

@@ -26,6 +26,7 @@ from redline.diagnose.engine import diagnose_ranks, diagnose_trace
 from redline.measure.ranks import GATHER_TIMEOUT_S, JobStore, RankInfo
 from redline.measure.recorder import Recorder
 from redline.measure.timeline import BACKWARD, FORWARD, OPTIMIZER
+from redline.report.perfetto import rank_timeline
 from redline.trace import TraceError, analyze_paths
 
 MERGED = ("step_time_mean_s", "data_wait_s", "forward_s", "backward_s", "optimizer_s",
@@ -57,6 +58,9 @@ def summary(w: Recorder, report: Report) -> dict[str, Any]:
         "step_ends_ns": [int(s.end_s * 1e9) + w.wall_offset_ns for s in w.measured_steps],
         "step_compute_s": [round(s.phases[FORWARD] + s.phases[BACKWARD] + s.phases[OPTIMIZER], 7)
                            for s in w.measured_steps],
+        # every step with its phases and the sampled counters, for rank 0's --timeline file
+        # (~60 bytes a step before compression)
+        "timeline": rank_timeline(w) if w.config.timeline_path else None,
     }
 
 
@@ -249,10 +253,11 @@ def decode(blob: bytes) -> dict[str, Any]:
 
 
 def exchange(w: Recorder, report: Report, store: JobStore | None = None,
-             timeout_s: float = GATHER_TIMEOUT_S) -> Report:
+             timeout_s: float = GATHER_TIMEOUT_S) -> tuple[Report, dict[int, dict[str, Any]]]:
     """Send this rank's summary; on rank 0, gather the others' (up to ``timeout_s``) and
-    return the merged report. Other ranks return their own, with a note. A store that cannot
-    be reached leaves the report as it was, said in a note."""
+    return the merged report and the other ranks' summaries by rank. Other ranks return their
+    own report, with a note, and no summaries. A store that cannot be reached leaves the
+    report as it was, said in a note."""
     info: RankInfo = w.rank
     key = w.progress_key
     try:
@@ -262,14 +267,14 @@ def exchange(w: Recorder, report: Report, store: JobStore | None = None,
             store.put(f"{key}/rank{info.rank}", encode(mine))
             report.measurements.notes.append(
                 f"rank {info.rank} of {info.world_size}: rank 0 prints the job's merged report")
-            return report
+            return report, {}
         want = [f"{key}/rank{r}" for r in range(1, info.world_size)]
         got = store.gather(want, timeout_s)
     except Exception as e:  # the exchange is best effort: the local report stands
         report.measurements.notes.append(
             f"the ranks' reports could not be exchanged through the job's store "
             f"({type(e).__name__}: {e}); this is rank {info.rank}'s alone")
-        return report
+        return report, {}
     others = {int(k.rsplit("rank", 1)[1]): decode(v) for k, v in got.items()}
     ranks, findings = merge(mine, others, info.world_size, report.findings)
     got_all = {0: mine, **others}
@@ -292,7 +297,7 @@ def exchange(w: Recorder, report: Report, store: JobStore | None = None,
             "(crashed, killed or still running)")
     if report.trace is not None:
         report, findings = _job_trace(report, findings, got_all)
-    return dataclasses.replace(report, ranks=ranks, findings=findings)
+    return dataclasses.replace(report, ranks=ranks, findings=findings), others
 
 
 def _job_trace(report: Report, findings: list[Finding],

@@ -10,11 +10,15 @@ and rendering), which sits above measurement in the layers.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from redline.core.report import Report
 from redline.measure.config import WatchConfig
 from redline.measure.ranks import GATHER_TIMEOUT_S
 from redline.measure.recorder import Recorder
 from redline.report.build import build_report
+from redline.report.perfetto import rank_timeline, write_timeline
 from redline.report.prometheus import MetricsServer
 from redline.report.ranks import exchange
 from redline.report.terminal import print_report
@@ -25,6 +29,9 @@ class Watch(Recorder):
 
     metrics_server: MetricsServer | None = None
     """The live metrics endpoint while the watch runs (``WatchConfig.metrics_port``)."""
+
+    timeline_written: Path | None = None
+    """The timeline file :meth:`report` wrote (``WatchConfig.timeline_path``; rank 0 only)."""
 
     def __enter__(self) -> Watch:
         super().__enter__()
@@ -50,12 +57,20 @@ class Watch(Recorder):
         if self._stack is not None:
             raise RuntimeError("report() is available after the `with redline.watch()` block")
         rep = build_report(self, command=command, status=status, status_detail=status_detail)
+        others: dict[int, dict[str, Any]] = {}
         if self.rank.distributed:
             # A run that failed or was stopped ends the job: the other ranks are stopped too
             # and report at once or never, so rank 0 does not wait the full gather timeout.
             ok = rep.status in ("completed", "step_limit", "no_steps")
-            rep = exchange(self, rep, timeout_s=GATHER_TIMEOUT_S if ok
-                           else min(GATHER_TIMEOUT_S, 10.0))
+            rep, others = exchange(self, rep, timeout_s=GATHER_TIMEOUT_S if ok
+                                   else min(GATHER_TIMEOUT_S, 10.0))
+        if self.config.timeline_path and self.rank.rank == 0:
+            timelines = [rank_timeline(self)] + [
+                o["timeline"] for _, o in sorted(others.items()) if o.get("timeline")]
+            try:
+                self.timeline_written = write_timeline(self.config.timeline_path, timelines)
+            except OSError as e:  # the report stands; the note says what was not written
+                rep.measurements.notes.append(f"the timeline was not written: {e}")
         if show and self.rank.rank == 0:
             print_report(rep)
         return rep
@@ -74,6 +89,7 @@ def watch(
     detect_syncs: bool = _DEFAULTS.detect_syncs,
     metrics_port: int | None = _DEFAULTS.metrics_port,
     metrics_address: str = _DEFAULTS.metrics_address,
+    timeline_path: str | None = _DEFAULTS.timeline_path,
 ) -> Watch:
     """Measure the training loop run inside the ``with`` block. See :class:`WatchConfig` for
     each argument."""
@@ -81,4 +97,5 @@ def watch(
         warmup_steps=warmup_steps, max_steps=max_steps, count_flops=count_flops,
         device=device, sample_interval_s=sample_interval_s, detect_syncs=detect_syncs,
         metrics_port=metrics_port, metrics_address=metrics_address,
+        timeline_path=timeline_path,
     ))

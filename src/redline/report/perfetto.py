@@ -1,0 +1,131 @@
+"""redline's own timeline as a Chrome-trace JSON file (``--timeline PATH``), for Perfetto UI
+(ui.perfetto.dev) and ``chrome://tracing``.
+
+Format: the Trace Event Format (Google, "Trace Event Format" document): an object with a
+``traceEvents`` list; complete events (``ph: "X"``, ``ts`` and ``dur`` in µs), counter events
+(``ph: "C"``, numeric ``args``), and metadata events (``ph: "M"``) naming processes and threads.
+
+Layout: one process per rank ("rank N (host)"); in it a ``steps`` track with one
+``ProfilerStep#N`` slice per step (the name torch.profiler gives its steps, so trace readers —
+redline's own included — see them as steps; warm-up and excluded steps say so in their
+category), then one track per phase. The phases are exclusive *totals* within the step, not
+intervals (the always-on watch sums them; it does not keep every interval): each phase's slice
+starts at the step's start and lasts the phase's total, so the tracks compare, step by step,
+how much of the step each phase took. Counter tracks: step time, data wait share, the process's
+and its DataLoader workers' CPU use, and, on CUDA with NVML, utilization, power, memory and SM
+clock. Times are wall-clock (each rank's host clock; ranks of one host share it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from redline.core.files import write_text_atomic
+from redline.measure.timeline import DATA_WAIT, PHASES
+
+if TYPE_CHECKING:
+    from redline.measure.recorder import Recorder
+
+STEP_TRACK = 0
+"""Thread id of the steps track; phase i is on thread ``i + 1``, 'other' after them."""
+
+FORMAT = "redline.timeline/1"
+
+
+def rank_timeline(w: Recorder) -> dict[str, Any]:
+    """This rank's steps and sampled counters, compact and JSON-ready (it travels through the
+    job's store in a multi-process job): times in wall-clock ns."""
+    off = w.wall_offset_ns
+
+    def ns(t: float) -> int:
+        return int(t * 1e9) + off
+
+    steps = [[s.index, ns(s.start_s), ns(s.end_s), s.kind, s.samples,
+              [round(p, 9) for p in s.phases]] for s in w.steps]
+    counters: dict[str, list[list[float]]] = {}
+    cpu = list(w.cpu.series)
+    for name, col in (("CPU cores, training process", 1), ("CPU cores, loader workers", 2)):
+        pts = [[ns(t1), max(0.0, (b[col] - a[col]) / (t1 - a[0]))]
+               for a, b in itertools.pairwise(cpu) if (t1 := b[0]) > a[0]]
+        if pts and (col == 1 or any(v for _, v in pts)):
+            counters[name] = pts
+    if w.nvml is not None:
+        nv = list(w.nvml.series)
+        for name, col, scale in (("GPU utilization %", 1, 1.0), ("GPU power W", 2, 1.0),
+                                 ("GPU memory used GiB", 3, 2.0 ** -30),
+                                 ("SM clock MHz", 4, 1.0)):
+            pts = [[ns(r[0]), v * scale] for r in nv if (v := r[col]) is not None]
+            if pts:
+                counters[name] = pts
+    info = w.rank
+    return {"rank": info.rank, "host": info.host, "device": str(w.device), "steps": steps,
+            "counters": counters}
+
+
+def chrome_trace(timelines: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Chrome-trace document of one or more ranks' :func:`rank_timeline`."""
+    starts = [s[1] for t in timelines for s in t["steps"]]
+    starts += [p[0] for t in timelines for pts in t["counters"].values() for p in pts]
+    t0 = min(starts, default=0)
+
+    def us(t_ns: int | float) -> float:
+        return round((t_ns - t0) / 1e3, 3)
+
+    events: list[dict[str, Any]] = []
+    for tl in sorted(timelines, key=lambda t: int(t["rank"])):
+        pid = int(tl["rank"])
+
+        def meta(name: str, args: dict[str, Any], tid: int = 0, pid: int = pid) -> None:
+            events.append({"ph": "M", "name": name, "pid": pid, "tid": tid, "ts": 0,
+                           "args": args})
+
+        meta("process_name", {"name": f"rank {pid} ({tl['host']}, {tl['device']})"})
+        meta("process_sort_index", {"sort_index": pid})
+        tracks = ["steps", *PHASES, "other"]
+        for tid, track in enumerate(tracks):
+            meta("thread_name", {"name": track}, tid)
+            meta("thread_sort_index", {"sort_index": tid}, tid)
+        for index, start, end, kind, samples, phases in tl["steps"]:
+            step_s = (end - start) / 1e9
+            other = max(0.0, step_s - sum(phases))
+            ms = {p: round(v * 1e3, 4) for p, v in zip(PHASES, phases, strict=True)}
+            args: dict[str, Any] = {"step_ms": round(step_s * 1e3, 4), "kind": kind,
+                                    **{f"{p}_ms": v for p, v in ms.items()},
+                                    "other_ms": round(other * 1e3, 4)}
+            if samples is not None:
+                args["samples"] = samples
+            events.append({"ph": "X", "name": f"ProfilerStep#{index}", "cat":
+                           f"user_annotation,redline_{kind}", "pid": pid, "tid": STEP_TRACK,
+                           "ts": us(start), "dur": us(end) - us(start), "args": args})
+            for tid, (phase, secs) in enumerate([*zip(PHASES, phases, strict=True),
+                                                 ("other", other)], start=1):
+                if secs > 0:
+                    events.append({"ph": "X", "name": phase, "cat": "redline_phase",
+                                   "pid": pid, "tid": tid, "ts": us(start),
+                                   "dur": round(secs * 1e6, 3),
+                                   "args": {"ms": round(secs * 1e3, 4), "step": index,
+                                            "note": "total within the step, not one interval"}})
+            events.append({"ph": "C", "name": "step time ms", "pid": pid, "ts": us(start),
+                           "args": {"ms": round(step_s * 1e3, 4)}})
+            events.append({"ph": "C", "name": "data wait share", "pid": pid, "ts": us(start),
+                           "args": {"share": round(phases[DATA_WAIT] / step_s, 4) if step_s > 0
+                                    else 0.0}})
+        for name, pts in tl["counters"].items():
+            events.extend({"ph": "C", "name": name, "pid": pid, "ts": us(t),
+                           "args": {"value": round(v, 4)}} for t, v in pts)
+    # distributedInfo: trace readers take the file's rank from it; this one file holds every
+    # rank of the job, each its own process (pid = rank)
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "distributedInfo": {"rank": min((int(t["rank"]) for t in timelines), default=0),
+                                "world_size": len(timelines)},
+            "otherData": {"format": FORMAT, "ranks": len(timelines),
+                          "phases": "exclusive totals within each step, not intervals",
+                          "t0_wall_ns": t0}}
+
+
+def write_timeline(path: str | Path, timelines: list[dict[str, Any]]) -> Path:
+    """Write the timeline file atomically (whole or absent)."""
+    return write_text_atomic(json.dumps(chrome_trace(timelines), separators=(",", ":")), path)
