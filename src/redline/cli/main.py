@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--timeline", metavar="PATH",
                    help="also write the steps (a track per phase, per rank) and the sampled "
                    "CPU/GPU counters as a Chrome-trace JSON for Perfetto UI to PATH")
+    d.add_argument("--live", action="store_true",
+                   help="while the script runs, show a live panel on stderr (steps, step time, "
+                   "phase bars, data wait, the leading issue so far), redrawn twice a second; "
+                   "the script's output goes above it; erased at exit")
     d.add_argument("cmd", nargs=argparse.REMAINDER, help="-- python train.py [args]")
     d.set_defaults(func=_doctor)
 
@@ -157,7 +161,7 @@ def _doctor(args: argparse.Namespace) -> int:
                             count_flops=not args.no_flops, trace_dir=args.trace,
                             tune_loader=args.tune_loader, metrics_port=args.metrics_port,
                             metrics_address=args.metrics_address,
-                            timeline_path=args.timeline)
+                            timeline_path=args.timeline, live=args.live)
     except DoctorError as e:
         return _fail("doctor", str(e), 2)
     except OSError as e:  # the JSON report could not be written (disk full, permissions)

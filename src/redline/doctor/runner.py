@@ -31,6 +31,7 @@ from redline.measure.config import WatchConfig
 from redline.measure.ranks import rank_info
 from redline.measure.system import cpu_budget
 from redline.report.json_io import write_json
+from redline.report.live_view import live_panel
 from redline.report.prometheus import MetricsServerError
 from redline.report.terminal import print_report
 from redline.report.watch import Watch
@@ -265,7 +266,7 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                tune_loader: bool = False, show: bool = True,
                metrics_port: int | None = None,
                metrics_address: str = WatchConfig().metrics_address,
-               timeline_path: str | None = None) -> DoctorResult:
+               timeline_path: str | None = None, live: bool = False) -> DoctorResult:
     """Run ``cmd`` under a watch and report. Raises :class:`DoctorError` on usage errors
     (before anything runs).
 
@@ -278,6 +279,7 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
     forwarded += [] if count_flops else ["--no-flops"]
     forwarded += [f"--trace={trace_dir}"] if trace_dir else []
     forwarded += ["--tune-loader"] if tune_loader else []
+    forwarded += ["--live"] if live else []
     if metrics_port is not None:
         forwarded += [f"--metrics-port={metrics_port}", f"--metrics-address={metrics_address}"]
     forwarded += [f"--timeline={timeline_path}"] if timeline_path else []
@@ -312,7 +314,7 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
 
     w = Watch(config, on_limit=stop)
     with _Signals() as signals:
-        status, detail, code, error = _run_script(w, target, steps)
+        status, detail, code, error = _run_script(w, target, steps, live=live and show)
         signals.reporting()
         swallowed = stops[0] - (1 if status == "step_limit" else 0)
         if swallowed > 0:
@@ -354,9 +356,10 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
     return DoctorResult(report, code, written, error)
 
 
-def _run_script(w: Watch, target: Target, steps: int
+def _run_script(w: Watch, target: Target, steps: int, live: bool = False
                 ) -> tuple[str, str | None, int, BaseException | None]:
-    """Run the target under ``w``: (status, detail, exit code, the script's exception)."""
+    """Run the target under ``w``: (status, detail, exit code, the script's exception);
+    ``live``: with the live panel on stderr while it runs."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     saved_main = sys.modules.get("__main__")
     sys.argv = list(target.argv)
@@ -371,10 +374,14 @@ def _run_script(w: Watch, target: Target, steps: int
             if w.metrics_server is not None and w.rank.rank == 0:
                 print(f"redline: live metrics at {w.metrics_server.url}", file=sys.stderr,
                       flush=True)
-            if target.kind == "path":
-                runpy.run_path(target.target, run_name="__main__")
-            else:
-                runpy.run_module(target.target, run_name="__main__", alter_sys=True)
+            with live_panel(w, enabled=live) as shown:
+                if live and not shown:
+                    print("redline: --live needs a terminal on stderr; running without the "
+                          "live panel", file=sys.stderr, flush=True)
+                if target.kind == "path":
+                    runpy.run_path(target.target, run_name="__main__")
+                else:
+                    runpy.run_module(target.target, run_name="__main__", alter_sys=True)
     except MetricsServerError as e:  # before the script ran: a usage error, not the script's
         raise DoctorError(str(e)) from None
     except StopMeasurement:
