@@ -14,6 +14,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from html_docs import embedded
 from redline.report.json_io import schema
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -52,10 +53,11 @@ def test_doctor_around_the_launcher_instruments_every_rank(tmp_path: Path,
 
 
 def test_doctor_inside_the_launcher_reports_once(tmp_path: Path) -> None:
-    out, timeline = tmp_path / "r.json", tmp_path / "timeline.json"
+    out, timeline, page = tmp_path / "r.json", tmp_path / "timeline.json", tmp_path / "r.html"
     p = _run([*TORCHRUN, "--nproc_per_node", "2", "--no-python", sys.executable, "-m",
               "redline.cli.main", "doctor", "--steps", "15", "--warmup", "2", "--no-flops",
-              "--json", str(out), "--timeline", str(timeline), "--", "python", "ddp_train.py"])
+              "--json", str(out), "--timeline", str(timeline), "--html", str(page), "--",
+              "python", "ddp_train.py"])
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stderr.count("redline · ") == 1
     d = _load(out)
@@ -70,6 +72,12 @@ def test_doctor_inside_the_launcher_reports_once(tmp_path: Path) -> None:
                  and e["name"].startswith("ProfilerStep#")]
         measured = [e for e in steps if e["args"]["kind"] == "measured"]
         assert len(measured) == 15 and len(steps) >= 17
+    # one HTML page for the job: the merged report, the ranks compared on a chart
+    html = page.read_text()
+    assert embedded(html, "redline-data") == [d]
+    per_rank = [f for f in embedded(html, "redline-charts").values()
+                if f["layout"]["title"]["text"].startswith("Per rank")]
+    assert len(per_rank) == 1 and per_rank[0]["data"][-1]["x"] == ["rank 0", "rank 1"]
 
 
 def test_a_model_that_skips_parameters_gets_the_static_graph_finding(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import sys
 
 from redline._version import __version__
 from redline.cli.args import int_at_least, non_negative_float
+from redline.core.errors import RedlineError
 from redline.measure.config import WatchConfig
 from redline.tune.config import TuneConfig
 
@@ -20,6 +21,8 @@ DOCTOR_STEPS = 50
 """Measured steps ``redline doctor`` stops after, unless told otherwise."""
 DEMO_STEPS = 30
 """Measured steps of ``redline demo``'s naive run."""
+HTML_HELP = ("also write a self-contained HTML report (charts inline, opens offline) to PATH; "
+             "needs redline[html]")
 
 
 def _fail(command: str, message: str, code: int) -> int:
@@ -64,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--timeline", metavar="PATH",
                    help="also write the steps (a track per phase, per rank) and the sampled "
                    "CPU/GPU counters as a Chrome-trace JSON for Perfetto UI to PATH")
+    d.add_argument("--html", metavar="PATH", help=HTML_HELP)
     d.add_argument("--live", action="store_true",
                    help="while the script runs, show a live panel on stderr (steps, step time, "
                    "phase bars, data wait, the leading issue so far), redrawn twice a second; "
@@ -77,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(.json or .json.gz).")
     t.add_argument("paths", nargs="+", metavar="PATH")
     t.add_argument("--json", metavar="PATH", help="also write the analysis as JSON to PATH")
+    t.add_argument("--html", metavar="PATH", help=HTML_HELP)
     t.add_argument("--hta-compat", action="store_true",
                    help="round fractional timestamps as Holistic Trace Analysis does "
                    "(to compare numbers with it)")
@@ -113,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--plan", metavar="PATH", default="redline-plan.json",
                    help="where to write the plan (default: ./redline-plan.json)")
     u.add_argument("--json", metavar="PATH", help="also write the whole result as JSON")
+    u.add_argument("--html", metavar="PATH", help=HTML_HELP)
     u.add_argument("--no-compile", action="store_true", help="do not try torch.compile")
     u.add_argument("--fresh", action="store_true",
                    help="search again even if a plan for this model/device/inputs is remembered")
@@ -140,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--steps", type=int_at_least("--steps", 1, "measured steps"),
                    default=DEMO_STEPS, help=f"measured steps (default: {DEMO_STEPS})")
     m.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    m.add_argument("--html", metavar="PATH",
+                   help="also write a self-contained HTML report of the naive run and of what "
+                   "tuning made of it, side by side, to PATH; needs redline[html]")
     m.add_argument("--no-tune", action="store_true",
                    help="only measure and diagnose the naive workload; do not tune it")
     m.add_argument("--simulated-accelerator", action="store_true",
@@ -147,6 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "GIL released, the model's math a CPU stand-in) to show what tuning does "
                    "for a GPU job on a CPU-only machine; labelled in every output")
     m.set_defaults(func=_demo)
+
+    r = sub.add_parser("report", help="make a self-contained HTML report from saved JSON",
+                       description="Read JSON documents written by redline (doctor, demo, "
+                       "trace or tune --json) and write one HTML page with their charts; a "
+                       "report and a tuning result given together are shown side by side.")
+    r.add_argument("paths", nargs="+", metavar="JSON")
+    r.add_argument("--html", metavar="PATH", required=True,
+                   help="the HTML file to write (charts inline, opens offline)")
+    r.set_defaults(func=_report)
     return p
 
 
@@ -161,10 +179,10 @@ def _doctor(args: argparse.Namespace) -> int:
                             count_flops=not args.no_flops, trace_dir=args.trace,
                             tune_loader=args.tune_loader, metrics_port=args.metrics_port,
                             metrics_address=args.metrics_address,
-                            timeline_path=args.timeline, live=args.live)
+                            timeline_path=args.timeline, live=args.live, html_path=args.html)
     except DoctorError as e:
         return _fail("doctor", str(e), 2)
-    except OSError as e:  # the JSON report could not be written (disk full, permissions)
+    except (OSError, RedlineError) as e:  # a report could not be written (disk full, …)
         return _fail("doctor", str(e), 1)
     return result.exit_code
 
@@ -181,9 +199,10 @@ def _trace(args: argparse.Namespace) -> int:
     from redline.trace import TraceError, analyze_paths, trace_files
 
     try:
-        refuse_overwriting_inputs({"--json": args.json}, {"a trace to analyse":
-                                                          trace_files(args.paths)})
-    except (OutputPathError, TraceError) as e:
+        refuse_overwriting_inputs({"--json": args.json, "--html": args.html},
+                                  {"a trace to analyse": trace_files(args.paths)})
+        _check_html(args.html)
+    except (OutputPathError, TraceError, RedlineError) as e:
         return _fail("trace", str(e), 2)
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -194,27 +213,29 @@ def _trace(args: argparse.Namespace) -> int:
         return _fail("trace", str(e), 2)
     findings = diagnose_trace(analysis)
     render(analysis, findings, Console())
-    if args.json:
-        try:
-            write_text_atomic(json.dumps(to_dict(analysis, findings), indent=1, default=str,
-                                         allow_nan=False), args.json)
-        except OSError as e:
-            return _fail("trace", str(e), 1)
+    doc = to_dict(analysis, findings)
+    try:
+        if args.json:
+            write_text_atomic(json.dumps(doc, indent=1, default=str, allow_nan=False), args.json)
+        _write_html(args.html, [json.loads(json.dumps(doc, default=str))],
+                    [" ".join(str(x) for x in args.paths)])
+    except (OSError, RedlineError) as e:
+        return _fail("trace", str(e), 1)
     return 0
 
 
 def _tune(args: argparse.Namespace) -> int:
     import json
 
-    from redline.core.errors import RedlineError
     from redline.core.files import refuse_overwriting_inputs, write_text_atomic
     from redline.measure.ranks import rank_info
     from redline.report.tune_render import render, to_dict
     from redline.tune import BatchDoesNotFitError, TuneConfig, load_factory, save_plan, tune
 
     try:
-        refuse_overwriting_inputs({"--plan": args.plan, "--json": args.json},
+        refuse_overwriting_inputs({"--plan": args.plan, "--json": args.json, "--html": args.html},
                                   {"the script to tune": [args.script]})
+        _check_html(args.html)
         factory = load_factory(args.script, args.factory)
         cfg = TuneConfig(steps_per_trial=args.steps, rounds=args.rounds,
                          run_steps=args.run_steps, price_per_device_hour=args.price_per_hour,
@@ -242,9 +263,11 @@ def _tune(args: argparse.Namespace) -> int:
     try:
         save_plan(result.plan, args.plan)
         print(f"plan written to {args.plan}")
+        doc = json.loads(json.dumps(to_dict(result), default=str))
         if args.json:
-            write_text_atomic(json.dumps(to_dict(result), indent=1, default=str), args.json)
-    except OSError as e:
+            write_text_atomic(json.dumps(doc, indent=1), args.json)
+        _write_html(args.html, [doc], [args.script])
+    except (OSError, RedlineError) as e:
         return _fail("tune", str(e), 1)
     return 0
 
@@ -258,12 +281,66 @@ def _demo(args: argparse.Namespace) -> int:
                      f"data path is what the simulation shows); got --workload {args.workload}",
                      2)
     try:
-        run_demo(args.workload or default_workload(args.simulated_accelerator),
-                 steps=args.steps, json_path=args.json,
-                 tune_after=not args.no_tune,
-                 simulated=SimulatedAccelerator() if args.simulated_accelerator else None)
-    except OSError as e:
+        _check_html(args.html)
+    except RedlineError as e:
+        return _fail("demo", str(e), 2)
+    try:
+        report, result = run_demo(
+            args.workload or default_workload(args.simulated_accelerator), steps=args.steps,
+            json_path=args.json, tune_after=not args.no_tune,
+            simulated=SimulatedAccelerator() if args.simulated_accelerator else None)
+        if args.html:
+            import json
+
+            from redline.report.json_io import to_dict
+            from redline.report.tune_render import to_dict as tune_dict
+
+            docs = [to_dict(report)]
+            if result is not None:
+                docs.append(json.loads(json.dumps(tune_dict(result), default=str)))
+            _write_html(args.html, docs, ["naive run", "tuned"][:len(docs)])
+    except (OSError, RedlineError) as e:
         return _fail("demo", str(e), 1)
+    return 0
+
+
+def _check_html(path: str | None) -> None:
+    """Before the work: plotly is there and PATH's folder can take the page."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    from redline.report.html import HtmlReportError, check_available
+
+    check_available()
+    folder = Path(path).parent if str(Path(path).parent) else Path(".")
+    if not folder.is_dir():
+        raise HtmlReportError(f"--html {path!r}: directory {str(folder)!r} does not exist")
+
+
+def _write_html(path: str | None, docs: list[dict[str, object]], sources: list[str]) -> None:
+    if path is None:
+        return
+    from redline.report.html import write_html
+
+    page = write_html(docs, path, sources)
+    print(f"HTML report written to {page} (opens offline in a browser)")
+
+
+def _report(args: argparse.Namespace) -> int:
+    from redline.core.files import OutputPathError, refuse_overwriting_inputs
+    from redline.report.html import read_documents
+
+    try:
+        refuse_overwriting_inputs({"--html": args.html}, {"a JSON document": list(args.paths)})
+        _check_html(args.html)
+        docs = read_documents(list(args.paths))
+    except (OutputPathError, RedlineError) as e:
+        return _fail("report", str(e), 2)
+    try:
+        _write_html(args.html, docs, list(args.paths))
+    except (OSError, RedlineError) as e:
+        return _fail("report", str(e), 1)
     return 0
 
 

@@ -106,6 +106,32 @@ class RanksReport:
 
 
 @dataclass(slots=True)
+class StepTimeline:
+    """The steps one by one and the counters sampled while they ran: what the HTML report's
+    timeline and device charts draw. Times are seconds from the first step's start (this rank's
+    clock)."""
+
+    phases: list[str]
+    """Names of the phase columns of each step row, in order."""
+    steps: list[list[object]]
+    """One row per step: ``[index, start_s, duration_s, kind, samples, [phase_s, ...]]``; kind
+    is ``warmup``, ``measured`` or ``excluded``; samples is null where the batch's size is
+    unknown; the phases are exclusive totals within the step (seconds)."""
+    counters: dict[str, list[list[float]]]
+    """Sampled series by name (its unit in the name): ``[[t_s, value], ...]``."""
+    steps_left_out: int = 0
+    """Earliest steps not listed (the list keeps the last ``MAX_TIMELINE_STEPS``)."""
+    points_stride: int = 1
+    """Every how-many-th sample a counter series keeps (1: all of them)."""
+
+
+MAX_TIMELINE_STEPS = 5000
+"""Most step rows a report lists (about 0.5 MB of JSON); longer runs keep the last ones."""
+MAX_COUNTER_POINTS = 2000
+"""Most points a counter series keeps; longer series keep every k-th sample."""
+
+
+@dataclass(slots=True)
 class Report:
     schema: str
     redline_version: str
@@ -119,3 +145,5 @@ class Report:
     trace: TraceSummary | None = None
     ranks: RanksReport | None = None
     """The other ranks, merged into rank 0's report of a multi-process job; None otherwise."""
+    timeline: StepTimeline | None = None
+    """This rank's steps one by one and its sampled counters; None where no step ran."""

@@ -30,7 +30,9 @@ from redline.doctor.launch import rank_command, run_launcher
 from redline.measure.config import WatchConfig
 from redline.measure.ranks import rank_info
 from redline.measure.system import cpu_budget
-from redline.report.json_io import write_json
+from redline.report.html import HtmlReportError, write_html
+from redline.report.html import check_available as check_html
+from redline.report.json_io import to_dict, write_json
 from redline.report.live_view import live_panel
 from redline.report.prometheus import MetricsServerError
 from redline.report.terminal import print_report
@@ -211,6 +213,20 @@ def check_json_path(path: str | None, target: Target | None = None,
             raise DoctorError(str(e)) from None
 
 
+def check_outputs(outputs: dict[str, str | None], target: Target | None = None) -> None:
+    """:func:`check_json_path` for each output flag, and no two flags naming one file."""
+    seen: dict[Path, str] = {}
+    for flag, path in outputs.items():
+        check_json_path(path, target, flag=flag)
+        if path is None:
+            continue
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            raise DoctorError(f"{flag} and {seen[resolved]} name the same file ({path!r}): "
+                              "give each its own path")
+        seen[resolved] = flag
+
+
 @dataclass(slots=True)
 class DoctorResult:
     report: Report | None
@@ -266,7 +282,8 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                tune_loader: bool = False, show: bool = True,
                metrics_port: int | None = None,
                metrics_address: str = WatchConfig().metrics_address,
-               timeline_path: str | None = None, live: bool = False) -> DoctorResult:
+               timeline_path: str | None = None, live: bool = False,
+               html_path: str | None = None) -> DoctorResult:
     """Run ``cmd`` under a watch and report. Raises :class:`DoctorError` on usage errors
     (before anything runs).
 
@@ -283,24 +300,26 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
     if metrics_port is not None:
         forwarded += [f"--metrics-port={metrics_port}", f"--metrics-address={metrics_address}"]
     forwarded += [f"--timeline={timeline_path}"] if timeline_path else []
+    forwarded += [f"--html={html_path}"] if html_path else []
+    outputs = {"--json": json_path, "--timeline": timeline_path, "--html": html_path}
+    if html_path:
+        try:
+            check_html()
+        except HtmlReportError as e:
+            raise DoctorError(str(e)) from None
     try:
         launched = rank_command(list(cmd), forwarded)
     except ValueError as e:
         raise DoctorError(f"{e}: expected `redline doctor -- torchrun [its options] train.py "
                           "[args]`") from None
     if launched is not None:
-        check_json_path(json_path)
-        check_json_path(timeline_path, flag="--timeline")
+        check_outputs(outputs)
         return DoctorResult(None, run_launcher(launched), None, None)
     info = rank_info()
     show = show and info.rank == 0
     target = parse_command(cmd)
     check_target(target)
-    check_json_path(json_path, target)
-    check_json_path(timeline_path, target, flag="--timeline")
-    if timeline_path and json_path and Path(timeline_path).resolve() == Path(json_path).resolve():
-        raise DoctorError(f"--timeline and --json name the same file ({timeline_path!r}): "
-                          "give each its own path")
+    check_outputs(outputs, target)
     config = WatchConfig(warmup_steps=warmup, max_steps=steps, count_flops=count_flops,
                          device=device, trace_dir=trace_dir, keep_loaders=tune_loader,
                          metrics_port=metrics_port, metrics_address=metrics_address,
@@ -348,6 +367,11 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
         written = write_json(report, json_path) if json_path and info.rank == 0 else None
         if written is not None and show:
             print(f"redline: JSON report written to {written}", file=sys.stderr)
+        if html_path and info.rank == 0:
+            page = write_html([to_dict(report)], html_path, [" ".join(cmd)])
+            if show:
+                print(f"redline: HTML report written to {page} (opens offline in a browser)",
+                      file=sys.stderr)
         if w.timeline_written is not None and show:
             print(f"redline: timeline written to {w.timeline_written} (open it in "
                   "https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)

@@ -9,10 +9,18 @@ import torch
 
 from redline._version import __version__
 from redline.core.findings import rank
-from redline.core.report import SCHEMA_VERSION, Report
+from redline.core.report import (
+    MAX_COUNTER_POINTS,
+    MAX_TIMELINE_STEPS,
+    SCHEMA_VERSION,
+    Report,
+    StepTimeline,
+)
 from redline.diagnose import diagnose, diagnose_trace, stall_note
 from redline.measure.recorder import Recorder
 from redline.measure.summary import build_measurements, recorded_trace
+from redline.measure.timeline import PHASES
+from redline.report.perfetto import rank_timeline
 
 
 def _how_it_ended(w: Recorder, detail: str | None) -> tuple[str, str | None]:
@@ -24,6 +32,26 @@ def _how_it_ended(w: Recorder, detail: str | None) -> tuple[str, str | None]:
     if e is not None and not isinstance(e, GeneratorExit):
         return "script_error", detail or f"the watched block raised {type(e).__name__}: {e}"
     return ("completed" if w.steps else "no_steps"), detail
+
+
+def step_timeline(w: Recorder) -> StepTimeline | None:
+    """The recorder's steps and sampled counters, in seconds from the first step's start;
+    None when no step closed."""
+    tl = rank_timeline(w)
+    rows = tl["steps"]
+    if not rows:
+        return None
+    t0 = rows[0][1]
+    left_out = max(0, len(rows) - MAX_TIMELINE_STEPS)
+    steps: list[list[object]] = [
+        [index, round((start - t0) / 1e9, 9), round((end - start) / 1e9, 9), kind, samples,
+         phases] for index, start, end, kind, samples, phases in rows[left_out:]]
+    longest = max((len(pts) for pts in tl["counters"].values()), default=0)
+    stride = max(1, -(-longest // MAX_COUNTER_POINTS))
+    counters = {name: [[round((t - t0) / 1e9, 6), round(v, 6)] for t, v in pts[::stride]]
+                for name, pts in tl["counters"].items()}
+    return StepTimeline(phases=list(PHASES), steps=steps, counters=counters,
+                        steps_left_out=left_out, points_stride=stride)
 
 
 def build_report(w: Recorder, command: list[str] | None = None, status: str | None = None,
@@ -50,4 +78,5 @@ def build_report(w: Recorder, command: list[str] | None = None, status: str | No
         measurements=m,
         findings=findings,
         trace=trace,
+        timeline=step_timeline(w),
     )

@@ -18,7 +18,6 @@ clock. Times are wall-clock (each rank's host clock; ranks of one host share it)
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +34,26 @@ STEP_TRACK = 0
 FORMAT = "redline.timeline/1"
 
 
+MIN_RATE_WINDOW_S = 0.1
+"""Shortest window a CPU-use point is computed over: process CPU times advance in clock ticks
+(USER_HZ = 100 on Linux, ``man 5 proc``), so a window of 10 ticks keeps a point within 0.1 core
+of the truth however often the sampler reads."""
+
+
+def _rate_windows(series: list[tuple[float, float, float]]
+                  ) -> list[tuple[tuple[float, float, float], tuple[float, float, float]]]:
+    """Consecutive (start, end) readings at least :data:`MIN_RATE_WINDOW_S` apart."""
+    if not series:
+        return []
+    out = []
+    anchor = series[0]
+    for b in series[1:]:
+        if b[0] - anchor[0] >= MIN_RATE_WINDOW_S:
+            out.append((anchor, b))
+            anchor = b
+    return out
+
+
 def rank_timeline(w: Recorder) -> dict[str, Any]:
     """This rank's steps and sampled counters, compact and JSON-ready (it travels through the
     job's store in a multi-process job): times in wall-clock ns."""
@@ -46,10 +65,9 @@ def rank_timeline(w: Recorder) -> dict[str, Any]:
     steps = [[s.index, ns(s.start_s), ns(s.end_s), s.kind, s.samples,
               [round(p, 9) for p in s.phases]] for s in w.steps]
     counters: dict[str, list[list[float]]] = {}
-    cpu = list(w.cpu.series)
+    cpu = _rate_windows(list(w.cpu.series))
     for name, col in (("CPU cores, training process", 1), ("CPU cores, loader workers", 2)):
-        pts = [[ns(t1), max(0.0, (b[col] - a[col]) / (t1 - a[0]))]
-               for a, b in itertools.pairwise(cpu) if (t1 := b[0]) > a[0]]
+        pts = [[ns(b[0]), max(0.0, (b[col] - a[col]) / (b[0] - a[0]))] for a, b in cpu]
         if pts and (col == 1 or any(v for _, v in pts)):
             counters[name] = pts
     if w.nvml is not None:
