@@ -138,9 +138,11 @@ def test_a_trace_page_shows_each_rank_and_its_top_kernels() -> None:
         top = _chart(charts, f"Top kernels, rank {r['rank']}")["data"][0]
         assert top["x"] == pytest.approx([k["total_us"] / 1e3 for k in r["top_kernels"][:10]])
         assert [c[0] for c in top["customdata"]] == [k["name"] for k in r["top_kernels"][:10]]
-    kt = _chart(charts, "Kernel time by type")["data"][0]
-    assert kt["y"] == list(doc["kernel_types_us"])
-    assert kt["x"] == pytest.approx([v / 1e3 for v in doc["kernel_types_us"].values()])
+    kt = _chart(charts, "Kernel time by type, per rank")
+    for r in ranks:
+        bars = _trace(kt, f"rank {r['rank']}")
+        assert dict(zip(bars["y"], bars["x"], strict=True)) == pytest.approx(
+            {k: v / 1e3 for k, v in r["kernel_types_us"].items()})
 
 
 def test_a_multi_rank_report_compares_the_ranks() -> None:

@@ -17,8 +17,12 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import redline
+from html_docs import embedded
 from redline.measure.nvml import NvmlSampler
 from redline.measure.timeline import PHASES
+from redline.report.build import step_timeline
+from redline.report.html import render_html
+from redline.report.json_io import to_dict
 from redline.report.perfetto import chrome_trace, rank_timeline
 from redline.trace.load import load_trace
 
@@ -139,6 +143,19 @@ def test_nvml_readings_become_counter_tracks_at_their_times(tmp_path: Path) -> N
     power = [e for e in doc["traceEvents"] if e["name"] == "GPU power W"]
     assert [e["args"]["value"] for e in power] == [250.0, 250.0]
     assert power[0]["ts"] < power[1]["ts"]
+    # the report's timeline carries them too, and the HTML report draws them over time
+    steps_tl = step_timeline(w)
+    assert steps_tl is not None
+    util = steps_tl.counters["GPU utilization %"]
+    assert [v for _, v in util] == [80.0, 80.0] and util[0][0] < util[1][0]
+    pytest.importorskip("plotly", reason="plotly (redline[html]) not installed")
+    report = json.loads(json.dumps(to_dict(w.report(show=False))))
+    assert report["timeline"]["counters"]["GPU power W"] == [
+        [t, v] for t, v in steps_tl.counters["GPU power W"]]
+    charts = embedded(render_html([report]), "redline-charts").values()
+    drawn = {f["layout"]["title"]["text"]: f["data"][0] for f in charts}
+    for name in ("GPU utilization %", "GPU power W", "SM clock MHz"):
+        assert drawn[name]["y"] == [v for _, v in steps_tl.counters[name]]
 
 
 def test_doctor_writes_the_timeline_and_refuses_a_path_it_could_not_write(

@@ -53,13 +53,16 @@ def trace_blocks(doc: dict[str, Any]) -> list[Block]:
                        "no communication" if r.get("comm_comp_overlap_pct") is None
                        else fmt(r["comm_comp_overlap_pct"], "%", 1, 1)]
                       for r, t in zip(ranks, temporal, strict=True)]))
-    kt: dict[str, float] = doc.get("kernel_types_us") or {}
-    if kt:
-        out.append(chart([{"type": "bar", "orientation": "h", "name": "kernel time",
-                           "y": list(kt), "x": [v / 1e3 for v in kt.values()],
-                           "hovertemplate": "%{y}: %{x:,.2f} ms<extra></extra>"}],
-                         "Kernel time by type, all ranks (ms)", height=140 + 30 * len(kt),
-                         yaxis={"autorange": "reversed", "automargin": True},
+    types = list(dict.fromkeys(k for r in ranks for k in (r.get("kernel_types_us") or {})))
+    if types:
+        out.append(chart([{"type": "bar", "orientation": "h", "name": label, "y": types,
+                           "x": [None if (v := (r.get("kernel_types_us") or {}).get(k)) is None
+                                 else v / 1e3 for k in types],
+                           "hovertemplate": f"{label}: %{{y}} %{{x:,.2f}} ms<extra></extra>"}
+                          for r, label in zip(ranks, labels, strict=True)],
+                         "Kernel time by type, per rank (ms)",
+                         height=140 + 24 * len(types) * max(1, min(len(ranks), 4)),
+                         barmode="group", yaxis={"autorange": "reversed", "automargin": True},
                          xaxis={"title": {"text": "ms"}}))
     for r, label in zip(ranks, labels, strict=True):
         top = (r.get("top_kernels") or [])[:TOP_KERNELS]
