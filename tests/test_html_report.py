@@ -138,6 +138,8 @@ def test_a_trace_page_shows_each_rank_and_its_top_kernels() -> None:
         top = _chart(charts, f"Top kernels, rank {r['rank']}")["data"][0]
         assert top["x"] == pytest.approx([k["total_us"] / 1e3 for k in r["top_kernels"][:10]])
         assert [c[0] for c in top["customdata"]] == [k["name"] for k in r["top_kernels"][:10]]
+    ceilings = _chart(charts, "Ceilings")["data"][0]["y"]
+    assert {c.rsplit(" (", 1)[1] for c in ceilings} == {"rank 0)", "rank 1)"}  # whose finding
     kt = _chart(charts, "Kernel time by type, per rank")
     for r in ranks:
         bars = _trace(kt, f"rank {r['rank']}")

@@ -7,6 +7,7 @@ Every id of :data:`redline.core.findings.CATALOGUE` has a rule here, or is liste
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from redline.core.findings import Finding, rank
@@ -74,8 +75,11 @@ def diagnose(m: Measurements) -> list[Finding]:
 
 
 def diagnose_trace(a: TraceAnalysis) -> list[Finding]:
-    """Every trace rule over each rank with device events, and the job rules, ranked."""
-    found = [f for r in a.ranks if r.temporal is not None
+    """Every trace rule over each rank with device events, and the job rules, ranked; with
+    more than one rank, each rank's findings name their rank."""
+    several = len(a.ranks) > 1
+    found = [dataclasses.replace(f, rank=r.rank) if several and f.rank is None else f
+             for r in a.ranks if r.temporal is not None
              for rule in TRACE_RULES.values() for f in rule(r)]
     found += [f for rule in JOB_RULES.values() for f in rule(a)]
     return rank(found)

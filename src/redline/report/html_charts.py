@@ -87,10 +87,14 @@ def findings_blocks(findings: list[dict[str, Any]], what: str) -> list[Block]:
     if not findings:
         return [*out, p("No finding: nothing this data supports points at a bottleneck outside "
                         "the model's own compute.")]
-    rows = [[f.get("id", ""), f.get("severity", ""), f.get("title", ""),
+    rows = [[f.get("id", "") + ("" if f.get("rank") is None else f" (rank {f['rank']})"),
+             f.get("severity", ""), f.get("title", ""),
              "none stated" if f.get("ceiling_speedup") is None
-             else f"{f['ceiling_speedup']:.2f}×", f.get("fix", "")] for f in findings]
-    out.append(table(["finding", "severity", "what was measured", "ceiling", "fix"], rows))
+             else f"{f['ceiling_speedup']:.2f}×", f.get("fix", ""),
+             ", ".join(f"{k}={v}" for k, v in (f.get("evidence") or {}).items())]
+            for f in findings]
+    out.append(table(["finding", "severity", "what was measured", "ceiling", "fix", "evidence"],
+                     rows))
     with_ceiling = [f for f in findings if f.get("ceiling_speedup") is not None]
     if with_ceiling:
         out.append(chart([{
