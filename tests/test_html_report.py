@@ -55,7 +55,7 @@ def test_a_report_page_draws_the_json_numbers() -> None:
     kinds = [s[3] for s in steps]
     assert kinds[:3] == ["warmup"] * 3 and "measured" in kinds
     assert _trace(timeline, "data_wait")["marker"]["opacity"] == [
-        1.0 if k == "measured" else 0.35 for k in kinds]
+        1 if k == "measured" else 0.35 for k in kinds]
     shade = timeline["layout"]["shapes"][0]
     assert (shade["x0"], shade["x1"]) == (-0.5, 2.5)  # the warm-up marked
 

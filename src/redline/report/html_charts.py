@@ -112,32 +112,36 @@ def findings_blocks(findings: list[dict[str, Any]], what: str) -> list[Block]:
     return out
 
 
+def _ms_exact(seconds: float) -> float:
+    """Seconds as ms to the timeline's precision (its rows hold ns: 9 decimals of a second),
+    without the float noise of the product (0.0123 s → 12.3, not 12.299999999999999): the
+    thousands of points of a long run stay short on the page."""
+    return round(seconds * 1e3, 6)
+
+
 def step_timeline(tl: dict[str, Any]) -> list[Block]:
     """Each step's phases stacked, warm-up and excluded steps faded, outliers marked."""
     steps = tl["steps"]
     phases = list(tl["phases"])
     idx = [s[0] for s in steps]
     kinds = [s[3] for s in steps]
-    opacity = [1.0 if k == "measured" else 0.35 for k in kinds]
+    opacity = [1 if k == "measured" else 0.35 for k in kinds]
     data: list[dict[str, Any]] = []
     for i, ph in enumerate(phases):
-        ys = [s[5][i] * 1e3 for s in steps]
+        ys = [_ms_exact(s[5][i]) for s in steps]
         if not any(ys):
             continue
         data.append({"type": "bar", "name": ph, "x": idx, "y": ys,
                      "marker": {"color": PHASE_COLOURS.get(ph), "opacity": opacity},
-                     "customdata": kinds,
-                     "hovertemplate": f"step %{{x}} (%{{customdata}}): {ph} %{{y:.3f}} ms"
-                     "<extra></extra>"})
-    other = [max(0.0, s[2] - sum(s[5])) * 1e3 for s in steps]
+                     "hovertemplate": f"{ph} %{{y:.3f}} ms<extra></extra>"})
+    other = [_ms_exact(max(0.0, s[2] - sum(s[5]))) for s in steps]
     data.append({"type": "bar", "name": "other (not in a phase)", "x": idx, "y": other,
                  "marker": {"color": PHASE_COLOURS["other"], "opacity": opacity},
-                 "customdata": kinds,
-                 "hovertemplate": "step %{x} (%{customdata}): other %{y:.3f} ms<extra></extra>"})
-    durations = [s[2] * 1e3 for s in steps]
+                 "hovertemplate": "other %{y:.3f} ms<extra></extra>"})
+    durations = [_ms_exact(s[2]) for s in steps]
     data.append({"type": "scatter", "mode": "lines", "name": "step time", "x": idx,
-                 "y": durations, "line": {"color": "#333", "width": 1},
-                 "hovertemplate": "step %{x}: %{y:.3f} ms<extra></extra>"})
+                 "y": durations, "line": {"color": "#333", "width": 1}, "customdata": kinds,
+                 "hovertemplate": "step %{x} (%{customdata}): %{y:.3f} ms<extra></extra>"})
     measured = sorted(d for d, k in zip(durations, kinds, strict=True) if k == "measured")
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
@@ -179,7 +183,7 @@ def step_timeline(tl: dict[str, Any]) -> list[Block]:
                                        if tl.get("steps_left_out") else "")),
               chart(data, "Step time by phase, step by step", height=420, barmode="stack",
                     shapes=shapes, annotations=annotations,
-                    xaxis={"title": {"text": "step"}}, yaxis=yaxis,
+                    xaxis={"title": {"text": "step"}}, yaxis=yaxis, hovermode="x unified",
                     legend={"orientation": "h", "y": -0.2})]
     return blocks
 
