@@ -285,7 +285,7 @@ def _demo(args: argparse.Namespace) -> int:
     except RedlineError as e:
         return _fail("demo", str(e), 2)
     try:
-        report, result = run_demo(
+        ran = run_demo(
             args.workload or default_workload(args.simulated_accelerator), steps=args.steps,
             json_path=args.json, tune_after=not args.no_tune,
             simulated=SimulatedAccelerator() if args.simulated_accelerator else None)
@@ -295,6 +295,7 @@ def _demo(args: argparse.Namespace) -> int:
             from redline.report.json_io import to_dict
             from redline.report.tune_render import to_dict as tune_dict
 
+            report, result = ran
             docs = [to_dict(report)]
             if result is not None:
                 docs.append(json.loads(json.dumps(tune_dict(result), default=str)))
