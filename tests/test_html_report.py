@@ -257,6 +257,9 @@ def test_each_command_writes_its_page(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert embedded((tmp_path / "trace.html").read_text(), "redline-data") == [
         json.loads((tmp_path / "t.json").read_text())]
+    r = _cli("trace", str(folder), "--html", str(tmp_path / "t.json"), "--json",
+             str(tmp_path / "t.json"))
+    assert r.returncode == 2 and "--json and --html both name" in r.stderr
 
     r = _cli("tune", str(SCRIPTS / "tune_tiny.py"), "--steps", "3", "--rounds", "1",
              "--no-compile", "--fresh", "--plan", str(tmp_path / "plan.json"), "--json",
