@@ -42,8 +42,9 @@ of the truth however often the sampler reads."""
 
 def _rate_windows(series: list[tuple[float, float, float]]
                   ) -> list[tuple[tuple[float, float, float], tuple[float, float, float]]]:
-    """Consecutive (start, end) readings at least :data:`MIN_RATE_WINDOW_S` apart."""
-    if not series:
+    """Consecutive (start, end) readings at least :data:`MIN_RATE_WINDOW_S` apart; a run
+    shorter than that gets one window over all of it (coarser, but not nothing)."""
+    if len(series) < 2:
         return []
     out = []
     anchor = series[0]
@@ -51,6 +52,8 @@ def _rate_windows(series: list[tuple[float, float, float]]
         if b[0] - anchor[0] >= MIN_RATE_WINDOW_S:
             out.append((anchor, b))
             anchor = b
+    if not out and series[-1][0] > series[0][0]:
+        out.append((series[0], series[-1]))
     return out
 
 
