@@ -160,6 +160,16 @@ def test_a_multi_rank_report_compares_the_ranks() -> None:
     assert "20 of 20" in page and "rank 1" in page  # rank 1 arrived last at every collective
 
 
+def test_a_run_without_steps_says_so_instead_of_charting_zeros(tmp_path: Path) -> None:
+    r = _cli("doctor", "--html", str(tmp_path / "r.html"), "--", "python",
+             str(SCRIPTS / "never_steps.py"))
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert "No step was measured" in page and "status no steps" in page
+    assert embedded(page, "redline-charts") == {}
+    assert "No finding" not in page and "did not starve" not in page
+
+
 def test_a_report_and_its_tuning_show_side_by_side() -> None:
     page = render_html([report_doc(), tune_doc()], ["naive run", "tuned"])
     assert re.findall(r'data-kind="(\w+)"', page) == ["report", "tune"]

@@ -20,9 +20,9 @@ PHASE_COLOURS = {
 
 OUTLIER_FACTOR = 2.0
 """A measured step longer than this multiple of the measured steps' median is marked as an
-outlier on the step timeline (the same "one step made the wait" reading as the report's stall
-note: a step twice the typical one is not noise on a steady loop)."""
-
+outlier on the step timeline. A display choice, not a finding: it draws the eye to the steps
+that stand out of a steady loop's spread (the statistics keep them; the stall note and the
+robust shares in the breakdown are what the diagnosis reads)."""
 
 SCALE_FACTOR = 3.0
 """When a step (usually the first) lasts more than this multiple of the longest measured step,
@@ -342,14 +342,18 @@ def report_blocks(doc: dict[str, Any]) -> list[Block]:
                    pct(mfu.get("mfu")) if mfu.get("mfu") is not None
                    else f"unknown ({mfu.get('reason')})"]])]
     findings = doc.get("findings") or []
-    out += findings_blocks(findings, "ranked by ceiling")
     tl = doc.get("timeline")
-    if tl:
-        out += step_timeline(tl)
-    out += breakdown_blocks(m)
-    out += data_wait_blocks(findings, m)
-    if tl:
-        out += counters_blocks(tl)
+    if not t["steps_total"]:
+        out.append(p("No step was measured, so there is nothing to chart or diagnose; the "
+                     "status above says what was seen."))
+    else:
+        out += findings_blocks(findings, "ranked by ceiling")
+        if tl:
+            out += step_timeline(tl)
+        out += breakdown_blocks(m)
+        out += data_wait_blocks(findings, m)
+        if tl:
+            out += counters_blocks(tl)
     if doc.get("ranks"):
         out += ranks_blocks(doc["ranks"], findings)
     tr = doc.get("trace")
