@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from html_docs import embedded
+
 SCRIPTS = Path(__file__).parent / "scripts" / "frameworks"
 pytestmark = pytest.mark.slow
 
@@ -98,6 +100,7 @@ def test_lightning_callback_steps_loggers_and_report(tmp_path: Path) -> None:
     assert float(end["redline/run_step_time_ms"]) == pytest.approx(t["step_time_mean_s"] * 1e3)
     share = next(p["fraction"] for p in rep["measurements"]["breakdown"] if p["phase"] == "data_wait")
     assert float(end["redline/run_data_wait_share"]) == pytest.approx(share)
+    assert embedded((tmp_path / "report.html").read_text(), "redline-data") == [rep]
 
 
 def test_lightning_callback_under_the_ddp_strategy_merges_the_ranks(tmp_path: Path) -> None:
@@ -105,6 +108,8 @@ def test_lightning_callback_under_the_ddp_strategy_merges_the_ranks(tmp_path: Pa
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])
     assert rep["measurements"]["timing"]["steps_total"] == own == 12
     assert [(r["rank"], r["steps_measured"]) for r in rep["ranks"]["ranks"]] == [(0, 10), (1, 10)]
+    # one page, rank 0's merged report
+    assert embedded((tmp_path / "report.html").read_text(), "redline-data") == [rep]
 
 
 def test_hf_callback_steps_loggers_and_report(tmp_path: Path) -> None:
@@ -112,6 +117,7 @@ def test_hf_callback_steps_loggers_and_report(tmp_path: Path) -> None:
     assert "redline · completed" in out
     t = rep["measurements"]["timing"]
     assert (t["steps_total"], own, t["samples_per_step"]) == (12, 12, 8)
+    assert embedded((tmp_path / "report.html").read_text(), "redline-data") == [rep]
     assert t["step_time_p95_s"] < 0.3  # the 0.4 s evaluations are not steps
     logged = json.loads((tmp_path / "logged.json").read_text())
     seen = logged["logger"]  # a callback registered before redline's, as report_to's are
@@ -129,6 +135,8 @@ def test_hf_callback_under_torchrun_merges_the_ranks(tmp_path: Path) -> None:
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])
     assert rep["measurements"]["timing"]["steps_total"] == own == 12
     assert [(r["rank"], r["steps_measured"]) for r in rep["ranks"]["ranks"]] == [(0, 10), (1, 10)]
+    # one page, rank 0's merged report
+    assert embedded((tmp_path / "report.html").read_text(), "redline-data") == [rep]
 
 
 @pytest.mark.parametrize(("module", "extra", "hidden"), [

@@ -57,6 +57,8 @@ class RedlineCallback(TrainerCallback):  # type: ignore[misc]
     Args:
         trainer: the Trainer it is added to (see above); None = add to the Trainer's logs.
         json_path: where the report's JSON is written (rank 0); None = not written.
+        html_path: where the self-contained HTML report is written (rank 0; needs
+            ``redline[html]``); None = not written.
         config: what the watch measures; its ``device`` defaults to the model's.
         show: print the report at the end (rank 0).
         window_steps: measured steps the logged metrics are over.
@@ -65,14 +67,14 @@ class RedlineCallback(TrainerCallback):  # type: ignore[misc]
 
     def __init__(self, trainer: Trainer | None = None, json_path: str | None = None, *,
                  config: WatchConfig | None = None, show: bool = True, window_steps: int = 50,
-                 log_metrics: bool = True) -> None:
+                 log_metrics: bool = True, html_path: str | None = None) -> None:
         if trainer is not None and not isinstance(trainer, Trainer):
             raise IntegrationError(f"trainer must be a transformers.Trainer or None, got "
                                    f"{type(trainer).__name__}")
         self._trainer = trainer
         self._config = config or WatchConfig()
-        self._fit = FitWatch(self._config, json_path=json_path, show=show,
-                             window_steps=window_steps)
+        self._fit = FitWatch(self._config, json_path=json_path, html_path=html_path,
+                             show=show, window_steps=window_steps)
         self._log = log_metrics
         self._due = False
         self._sending = False

@@ -56,6 +56,8 @@ class RedlineCallback(Callback):  # type: ignore[misc]
 
     Args:
         json_path: where the report's JSON is written (rank 0); None = not written.
+        html_path: where the self-contained HTML report is written (rank 0; needs
+            ``redline[html]``); None = not written.
         config: what the watch measures (warm-up steps, FLOP counting, sampling period);
             its ``device`` defaults to the LightningModule's.
         show: print the report at the end (rank 0).
@@ -64,11 +66,12 @@ class RedlineCallback(Callback):  # type: ignore[misc]
     """
 
     def __init__(self, json_path: str | None = None, *, config: WatchConfig | None = None,
-                 show: bool = True, window_steps: int = 50, log_metrics: bool = True) -> None:
+                 show: bool = True, window_steps: int = 50, log_metrics: bool = True,
+                 html_path: str | None = None) -> None:
         super().__init__()
         self._config = config or WatchConfig()
-        self._fit = FitWatch(self._config, json_path=json_path, show=show,
-                             window_steps=window_steps)
+        self._fit = FitWatch(self._config, json_path=json_path, html_path=html_path,
+                             show=show, window_steps=window_steps)
         self._log = log_metrics
         self._global_step = 0
 

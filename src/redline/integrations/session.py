@@ -19,21 +19,23 @@ from redline.core.report import Report
 from redline.integrations.errors import IntegrationError
 from redline.measure.config import WatchConfig
 from redline.measure.live import live_snapshot
-from redline.report.json_io import write_json
+from redline.report.html import HtmlReportError, write_html
+from redline.report.html import check_available as check_html
+from redline.report.json_io import to_dict, write_json
 from redline.report.watch import Watch
 
 
-def check_report_path(path: str | None) -> None:
+def check_report_path(path: str | None, name: str = "json_path") -> None:
     """Fail when the callback is built, not after hours of training, when the report could not
     be written."""
     if path is None:
         return
     parent = Path(path).parent
     if not parent.is_dir():
-        raise IntegrationError(f"json_path={path!r}: directory {str(parent)!r} does not exist; "
+        raise IntegrationError(f"{name}={path!r}: directory {str(parent)!r} does not exist; "
                                "create it or pick another path")
     if not os.access(parent, os.W_OK):
-        raise IntegrationError(f"json_path={path!r}: directory {str(parent)!r} is not writable")
+        raise IntegrationError(f"{name}={path!r}: directory {str(parent)!r} is not writable")
 
 
 @dataclass(slots=True)
@@ -43,6 +45,9 @@ class FitWatch:
     config: WatchConfig
     json_path: str | None = None
     """Where the report's JSON is written at the end (rank 0); None = not written."""
+    html_path: str | None = None
+    """Where the self-contained HTML report is written at the end (rank 0; needs
+    ``redline[html]``); None = not written."""
     show: bool = True
     """Print the report at the end (rank 0)."""
     window_steps: int = 50
@@ -56,6 +61,16 @@ class FitWatch:
         if self.window_steps < 1:
             raise IntegrationError(f"window_steps must be >= 1, got {self.window_steps}")
         check_report_path(self.json_path)
+        check_report_path(self.html_path, "html_path")
+        if self.html_path is not None:
+            try:
+                check_html()
+            except HtmlReportError as e:
+                raise IntegrationError(str(e)) from None
+            if self.json_path is not None and \
+                    Path(self.json_path).resolve() == Path(self.html_path).resolve():
+                raise IntegrationError(f"json_path and html_path name the same file "
+                                       f"({self.html_path!r}): give each its own path")
 
     @property
     def running(self) -> bool:
@@ -106,6 +121,8 @@ class FitWatch:
         rep = w.report(show=self.show)
         if self.json_path is not None and w.rank.rank == 0:
             write_json(rep, self.json_path)
+        if self.html_path is not None and w.rank.rank == 0:
+            write_html([to_dict(rep)], self.html_path, ["training run"])
         self.report = rep
         return rep
 

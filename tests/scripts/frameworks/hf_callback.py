@@ -51,7 +51,8 @@ args = TrainingArguments(output_dir=f"{out}/hf", max_steps=12, per_device_train_
                          disable_tqdm=True)
 trainer = Trainer(model=model, args=args, train_dataset=Tokens(256),
                   eval_dataset=Tokens(8, delay_s=0.05), callbacks=[Logger()])
-cb = RedlineCallback(trainer, json_path=f"{out}/report.json", window_steps=4,
+cb = RedlineCallback(trainer, json_path=f"{out}/report.json", html_path=f"{out}/report.html",
+                     window_steps=4,
                      config=WatchConfig(warmup_steps=2, count_flops=False))
 trainer.add_callback(cb)
 trainer.train()

@@ -39,7 +39,8 @@ class Net(L.LightningModule):
 
 g = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(512, 16, generator=g), torch.randint(0, 4, (512,), generator=g))
-cb = RedlineCallback(json_path=f"{out}/report.json", window_steps=4,
+cb = RedlineCallback(json_path=f"{out}/report.json", html_path=f"{out}/report.html",
+                     window_steps=4,
                      config=WatchConfig(warmup_steps=2, count_flops=False))
 trainer = L.Trainer(accelerator="cpu", max_steps=12, enable_checkpointing=False,
                     enable_progress_bar=False, enable_model_summary=False,
