@@ -105,6 +105,7 @@ h2{font-size:17px;margin:22px 0 6px;border-bottom:1px solid #eee;padding-bottom:
 p{font-size:14px;line-height:1.45;margin:6px 0}
 table{border-collapse:collapse;font-size:13px;margin:8px 0;width:100%}
 th,td{border:1px solid #e0e0e0;padding:4px 8px;text-align:left;vertical-align:top}
+td:last-child{overflow-wrap:anywhere}
 th{background:#f2f2f2}td{font-variant-numeric:tabular-nums}
 .chart{width:100%;min-height:120px}
 """

@@ -53,8 +53,8 @@ def table(headers: list[str], rows: list[list[str]]) -> Block:
 
 
 def chart(data: list[dict[str, Any]], title: str, height: int = 360, **layout: Any) -> Block:
-    base: dict[str, Any] = {"title": {"text": title}, "height": height,
-                            "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
+    base: dict[str, Any] = {"title": {"text": title, "x": 0.01, "xanchor": "left"},
+                            "height": height, "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
                             "hovermode": "closest", "template": None}
     base.update(layout)
     return Block("chart", figure={"data": data, "layout": base})
