@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from dataclasses import replace
 from typing import Any
 
@@ -87,3 +88,39 @@ __all__ = ["H2DMetrics", "breakdown", "loader", "measurements", "plan_key"]
 def plan_key(sig: str = "abc") -> PlanKey:
     """A plan key for a CPU model whose samples are 8 floats."""
     return PlanKey(sig, "m.Net", "cpu:x86_64", "fp32", "(8,):float32")
+
+
+class FakeNvml(types.SimpleNamespace):
+    """An NVML driver stand-in: fixed readings, 5 J more energy at each reading."""
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.energy_mj = 1_000_000
+        self.inited = False
+
+    def nvmlInit(self) -> None:
+        self.inited = True
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
+        return f"gpu{i}"
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: str) -> int:
+        self.energy_mj += 5_000  # 5 J per reading
+        return self.energy_mj
+
+    def nvmlDeviceGetUtilizationRates(self, h: str) -> Any:
+        return types.SimpleNamespace(gpu=80, memory=30)
+
+    def nvmlDeviceGetPowerUsage(self, h: str) -> int:
+        return 250_000  # mW
+
+    def nvmlDeviceGetClockInfo(self, h: str, kind: int) -> int:
+        return 1980
+
+    def nvmlDeviceGetMemoryInfo(self, h: str) -> Any:
+        return types.SimpleNamespace(used=10 * 2**30)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: str) -> int:
+        return 0x4 | 0x1

@@ -5,7 +5,6 @@ by copies to the ``meta`` device. The real CUDA paths run in benchmarks/gpu_chec
 from __future__ import annotations
 
 import time
-import types
 import warnings
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from factories import FakeNvml
 from redline.measure.cuda import SYNC_WARNING, CudaStepTimer, SyncCounter
 from redline.measure.hooks import Instrumentation
 from redline.measure.nvml import NvmlSampler
@@ -112,40 +112,6 @@ def test_step_without_device_work_has_no_device_time() -> None:
     timer.step_ends(0)
     timer.drain()
     assert timer.device_s == {}
-
-
-class FakeNvml(types.SimpleNamespace):
-    NVML_CLOCK_SM = 1
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.energy_mj = 1_000_000
-        self.inited = False
-
-    def nvmlInit(self) -> None:
-        self.inited = True
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
-        return f"gpu{i}"
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, h: str) -> int:
-        self.energy_mj += 5_000  # 5 J per reading
-        return self.energy_mj
-
-    def nvmlDeviceGetUtilizationRates(self, h: str) -> Any:
-        return types.SimpleNamespace(gpu=80, memory=30)
-
-    def nvmlDeviceGetPowerUsage(self, h: str) -> int:
-        return 250_000  # mW
-
-    def nvmlDeviceGetClockInfo(self, h: str, kind: int) -> int:
-        return 1980
-
-    def nvmlDeviceGetMemoryInfo(self, h: str) -> Any:
-        return types.SimpleNamespace(used=10 * 2**30)
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: str) -> int:
-        return 0x4 | 0x1
 
 
 def test_nvml_sampler_summary_from_fake_driver() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import redline
+from factories import FakeNvml
 from html_docs import embedded
 from redline.measure.nvml import NvmlSampler
 from redline.measure.timeline import PHASES
@@ -101,36 +101,14 @@ def test_the_timeline_holds_every_step_and_its_phases_and_reads_back(tmp_path: P
         (e["name"], e["ts"], pytest.approx(e["dur"], abs=1e-3)) for e in steps]
 
 
-class _FakeNvml:
-    NVML_CLOCK_SM = 1
-
-    def nvmlInit(self) -> None: ...
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
-        return "gpu0"
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, h: str) -> int:
-        return 0
-
-    def nvmlDeviceGetUtilizationRates(self, h: str) -> Any:
-        return types.SimpleNamespace(gpu=80, memory=30)
-
-    def nvmlDeviceGetPowerUsage(self, h: str) -> int:
-        return 250_000  # mW
-
-    def nvmlDeviceGetClockInfo(self, h: str, kind: int) -> int:
-        return 1980
-
+class _NoMemoryNvml(FakeNvml):
     def nvmlDeviceGetMemoryInfo(self, h: str) -> Any:
         raise RuntimeError("not supported")  # a reading that fails is left out, not zero
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: str) -> int:
-        return 0
 
 
 def test_nvml_readings_become_counter_tracks_at_their_times(tmp_path: Path) -> None:
     w = _train(tmp_path / "t.json", steps_per_epoch=5)
-    w.nvml = NvmlSampler(0, 1.0, _FakeNvml())  # type: ignore[arg-type]
+    w.nvml = NvmlSampler(0, 1.0, _NoMemoryNvml())  # type: ignore[arg-type]
     w.nvml.sample()
     w.nvml.sample()
     tl = rank_timeline(w)
