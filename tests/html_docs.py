@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 import redline
 from redline.core.report import MergedMetric, RankEntry, RanksReport
 from redline.diagnose import diagnose_trace
-from redline.report.json_io import to_dict
+from redline.report.json_io import plain, to_dict
 from redline.report.trace_render import to_dict as trace_dict
 from redline.report.tune_render import to_dict as tune_dict
 from redline.trace import analyze_paths
@@ -40,10 +40,6 @@ class _SlowReads(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return torch.full((16,), float(i % 7)), torch.tensor(i % 4)
 
 
-def _json(d: Any) -> Any:
-    return json.loads(json.dumps(d, default=str, allow_nan=False))
-
-
 @functools.cache
 def report_doc() -> dict[str, Any]:
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -53,7 +49,7 @@ def report_doc() -> dict[str, Any]:
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
             opt.zero_grad()
-    d: dict[str, Any] = _json(to_dict(w.report(show=False)))
+    d: dict[str, Any] = plain(to_dict(w.report(show=False)))
     return d
 
 
@@ -62,7 +58,7 @@ def tune_doc() -> dict[str, Any]:
     factory = load_factory(str(SCRIPTS / "tune_tiny.py"))
     result = tune(factory, TuneConfig(steps_per_trial=4, rounds=1, try_compile=False,
                                       reuse=False))
-    d: dict[str, Any] = _json(tune_dict(result))
+    d: dict[str, Any] = plain(tune_dict(result))
     return d
 
 
@@ -72,7 +68,7 @@ def trace_doc() -> dict[str, Any]:
     for rank in (0, 1):
         write_trace(folder / f"rank{rank}.json.gz", synthetic_events(offset=rank * 3.0), rank=rank)
     analysis = analyze_paths([folder])
-    d: dict[str, Any] = _json(trace_dict(analysis, diagnose_trace(analysis)))
+    d: dict[str, Any] = plain(trace_dict(analysis, diagnose_trace(analysis)))
     return d
 
 

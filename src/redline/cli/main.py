@@ -195,6 +195,7 @@ def _trace(args: argparse.Namespace) -> int:
 
     from redline.core.files import OutputPathError, refuse_overwriting_inputs, write_text_atomic
     from redline.diagnose import diagnose_trace
+    from redline.report.json_io import plain
     from redline.report.trace_render import render, to_dict
     from redline.trace import TraceError, analyze_paths, trace_files
 
@@ -217,7 +218,7 @@ def _trace(args: argparse.Namespace) -> int:
     try:
         if args.json:
             write_text_atomic(json.dumps(doc, indent=1, default=str, allow_nan=False), args.json)
-        _write_html(args.html, [json.loads(json.dumps(doc, default=str))],
+        _write_html(args.html, [plain(doc)],
                     [" ".join(str(x) for x in args.paths)])
     except (OSError, RedlineError) as e:
         return _fail("trace", str(e), 1)
@@ -229,6 +230,7 @@ def _tune(args: argparse.Namespace) -> int:
 
     from redline.core.files import refuse_overwriting_inputs, write_text_atomic
     from redline.measure.ranks import rank_info
+    from redline.report.json_io import plain
     from redline.report.tune_render import render, to_dict
     from redline.tune import BatchDoesNotFitError, TuneConfig, load_factory, save_plan, tune
 
@@ -263,7 +265,7 @@ def _tune(args: argparse.Namespace) -> int:
     try:
         save_plan(result.plan, args.plan)
         print(f"plan written to {args.plan}")
-        doc = json.loads(json.dumps(to_dict(result), default=str))
+        doc = plain(to_dict(result))
         if args.json:
             write_text_atomic(json.dumps(doc, indent=1), args.json)
         _write_html(args.html, [doc], [args.script])
@@ -290,15 +292,13 @@ def _demo(args: argparse.Namespace) -> int:
             json_path=args.json, tune_after=not args.no_tune,
             simulated=SimulatedAccelerator() if args.simulated_accelerator else None)
         if args.html:
-            import json
-
-            from redline.report.json_io import to_dict
+            from redline.report.json_io import plain, to_dict
             from redline.report.tune_render import to_dict as tune_dict
 
             report, result = ran
             docs = [to_dict(report)]
             if result is not None:
-                docs.append(json.loads(json.dumps(tune_dict(result), default=str)))
+                docs.append(plain(tune_dict(result)))
             _write_html(args.html, docs, ["naive run", "tuned"][:len(docs)])
     except (OSError, RedlineError) as e:
         return _fail("demo", str(e), 1)
@@ -309,14 +309,13 @@ def _check_html(path: str | None) -> None:
     """Before the work: plotly is there and PATH's folder can take the page."""
     if path is None:
         return
-    from pathlib import Path
-
+    from redline.core.files import folder_problem
     from redline.report.html import HtmlReportError, check_available
 
     check_available()
-    folder = Path(path).parent if str(Path(path).parent) else Path(".")
-    if not folder.is_dir():
-        raise HtmlReportError(f"--html {path!r}: directory {str(folder)!r} does not exist")
+    problem = folder_problem(path)
+    if problem is not None:
+        raise HtmlReportError(f"--html {path!r}: {problem}")
 
 
 def _write_html(path: str | None, docs: list[dict[str, object]], sources: list[str]) -> None:

@@ -37,6 +37,17 @@ def _umask() -> int:
     return mask
 
 
+def folder_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` could not be written later ("directory 'x' does not exist" / "... is not
+    writable"), or None: checked before a long run, so it fails at once and not at its end."""
+    parent = Path(path).parent if str(Path(path).parent) else Path(".")
+    if not parent.is_dir():
+        return f"directory {str(parent)!r} does not exist"
+    if not os.access(parent, os.W_OK):
+        return f"directory {str(parent)!r} is not writable"
+    return None
+
+
 def _same_file(a: Path, b: Path) -> bool:
     """Whether two paths name one file: after symlinks, and for hard links too."""
     try:

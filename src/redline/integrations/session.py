@@ -10,11 +10,11 @@ training ends or fails.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from redline.core.files import folder_problem
 from redline.core.report import Report
 from redline.integrations.errors import IntegrationError
 from redline.measure.config import WatchConfig
@@ -30,12 +30,9 @@ def check_report_path(path: str | None, name: str = "json_path") -> None:
     be written."""
     if path is None:
         return
-    parent = Path(path).parent
-    if not parent.is_dir():
-        raise IntegrationError(f"{name}={path!r}: directory {str(parent)!r} does not exist; "
-                               "create it or pick another path")
-    if not os.access(parent, os.W_OK):
-        raise IntegrationError(f"{name}={path!r}: directory {str(parent)!r} is not writable")
+    problem = folder_problem(path)
+    if problem is not None:
+        raise IntegrationError(f"{name}={path!r}: {problem}; create it or pick another path")
 
 
 @dataclass(slots=True)

@@ -26,6 +26,13 @@ def clean(v: Any) -> Any:
     return v
 
 
+def plain(v: Any) -> Any:
+    """``v`` as JSON reads it back: plain dicts, lists, numbers and strings, other objects
+    (paths, enums) as their ``str``, NaN/inf as None. What the HTML page embeds, and what the
+    JSON file it sits beside holds."""
+    return json.loads(json.dumps(clean(v), default=str))
+
+
 def to_dict(report: Report) -> dict[str, Any]:
     d: dict[str, Any] = clean(dataclasses.asdict(report))
     return d
