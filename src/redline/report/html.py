@@ -27,10 +27,15 @@ from redline.report.html_charts import Block, report_blocks
 from redline.report.html_trace import trace_blocks
 from redline.report.html_tune import tune_blocks
 from redline.report.trace_render import TRACE_SCHEMA
-from redline.report.tune_render import TUNE_SCHEMA
 
-KINDS = {SCHEMA_VERSION: "report", TRACE_SCHEMA: "trace", TUNE_SCHEMA: "tune"}
-"""The documents a page can show, by their ``schema`` field."""
+
+def _kinds() -> dict[str, str]:
+    """The documents a page can show, by their ``schema`` field. (The tuning schema's module
+    imports the tuner: loaded here, when a page is made, not whenever doctor or a callback
+    starts.)"""
+    from redline.report.tune_render import TUNE_SCHEMA
+
+    return {SCHEMA_VERSION: "report", TRACE_SCHEMA: "trace", TUNE_SCHEMA: "tune"}
 
 
 class HtmlReportError(RedlineError):
@@ -62,12 +67,13 @@ def kind_of(doc: Any, source: str = "the document") -> str:
         raise HtmlReportError(f"{source}: expected a JSON object written by redline (doctor, "
                               f"demo, trace or tune --json), got a JSON {type(doc).__name__}")
     schema = doc.get("schema")
-    if schema not in KINDS:
+    kinds = _kinds()
+    if schema not in kinds:
         raise HtmlReportError(
-            f"{source}: expected a redline document with schema one of {sorted(KINDS)}, got "
+            f"{source}: expected a redline document with schema one of {sorted(kinds)}, got "
             f"schema {schema!r}; write one with `redline doctor|demo|trace|tune ... --json "
             "PATH`")
-    return KINDS[schema]
+    return kinds[schema]
 
 
 def blocks_of(doc: dict[str, Any], source: str = "the document") -> list[Block]:
