@@ -21,6 +21,7 @@ from rich.text import Text
 
 from redline.diagnose.thresholds import DATA_WAIT_MIN_FRACTION
 from redline.measure.live import LiveSnapshot, live_snapshot
+from redline.report.terminal import bar
 
 if TYPE_CHECKING:
     from redline.measure.recorder import Recorder
@@ -32,11 +33,6 @@ WINDOW_STEPS = 50
 """Measured steps the panel's values are over (the most recent ones)."""
 
 BAR_WIDTH = 20
-
-
-def _bar(frac: float, width: int = BAR_WIDTH) -> str:
-    full = round(max(0.0, min(1.0, frac)) * width)
-    return "█" * full + "·" * (width - full)
 
 
 def leading_issue(snap: LiveSnapshot) -> str | None:
@@ -73,7 +69,7 @@ def render(w: Recorder, window_steps: int = WINDOW_STEPS) -> Group:
     shown = [(p, f) for p, f in snap.phase_fractions.items() if f >= 0.005]
     for phase, frac in sorted(shown, key=lambda pf: -pf[1]):
         style = "red" if phase == "data_wait" and frac >= DATA_WAIT_MIN_FRACTION else ""
-        lines.append(Text(f"  {phase:<10} {_bar(frac)} {frac:>4.0%}", style=style))
+        lines.append(Text(f"  {phase:<10} {bar(frac, BAR_WIDTH)} {frac:>4.0%}", style=style))
     issue = leading_issue(snap)
     lines.append(Text(f"  so far: {issue}" if issue else "  so far: no finding stands out",
                       style="yellow" if issue else "green"))

@@ -21,7 +21,8 @@ def _pct(f: float | None) -> str:
     return "unknown" if f is None else f"{f:.1%}"
 
 
-def _bar(f: float, width: int = 24) -> str:
+def bar(f: float, width: int = 24) -> str:
+    """A share 0..1 as a bar of ``width`` characters (the breakdown table's, the live panel's)."""
     n = round(max(0.0, min(1.0, f)) * width)
     return "█" * n + "·" * (width - n)
 
@@ -135,7 +136,7 @@ def render(report: Report, console: Console) -> None:
         table.add_column("share", justify="right")
         table.add_column("")
         for p in m.breakdown:
-            table.add_row(p.phase, f"{p.mean_s * 1e3:.2f}", f"{p.fraction:.1%}", _bar(p.fraction))
+            table.add_row(p.phase, f"{p.mean_s * 1e3:.2f}", f"{p.fraction:.1%}", bar(p.fraction))
         console.print(table)
 
     if report.ranks is not None:
