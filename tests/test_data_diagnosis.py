@@ -242,6 +242,11 @@ def test_a_competing_process_is_contention_not_storage() -> None:
     assert h.data_fetch_run_delay_fraction > 0.25
     assert h.data_fetch_run_delay_fraction > 3 * alone.host.data_fetch_run_delay_fraction
     assert h.other_processes_cpu_cores is not None and h.other_processes_cpu_cores > 0.3
+    # the whole loop, not only its fetches: the training thread shares its one CPU
+    assert h.main_thread_run_delay_fraction is not None
+    assert alone.host.main_thread_run_delay_fraction is not None
+    assert h.main_thread_run_delay_fraction > 0.25
+    assert h.main_thread_run_delay_fraction > 3 * alone.host.main_thread_run_delay_fraction
     f = next(f for f in shared.findings if f.id == "cpu_contention")
     assert "other processes keep" in f.title
     assert not {"storage_fetch", "fetch_wait"} & _ids(shared)

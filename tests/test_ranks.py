@@ -16,7 +16,8 @@ STEP = 0.040
 def _summary(rank: int, *, late_s: float = 0.0, data_s: float = 0.002, fwd_s: float = 0.005,
              bwd_s: float = 0.030, cpu: float = 0.9, host: str = "node0", steps: int = 10,
              jitter_ns: int = 0, findings: list[dict[str, Any]] | None = None,
-             reason: str | None = None, compute: list[float] | None = None) -> dict[str, Any]:
+             reason: str | None = None, compute: list[float] | None = None,
+             run_delay_s: float | None = None) -> dict[str, Any]:
     """Rank ``rank``: ``steps`` steps of one all-reduce each, arriving ``late_s`` after t0."""
     t0 = 1_000_000_000_000
     arrivals = [["0", k, t0 + int((k * STEP + late_s) * 1e9) + (jitter_ns * ((k + rank) % 2))]
@@ -25,7 +26,7 @@ def _summary(rank: int, *, late_s: float = 0.0, data_s: float = 0.002, fwd_s: fl
             "steps_measured": steps, "last_step": steps + 2, "step_time_mean_s": STEP,
             "phases": {"data_wait": data_s, "h2d_copy": 0.0, "forward": fwd_s,
                        "backward": bwd_s, "optimizer": 0.001, "other": 0.002},
-            "throughput_samples_per_s": 800.0, "main_cpu_cores": cpu,
+            "throughput_samples_per_s": 800.0, "main_cpu_cores": cpu, "run_delay_s": run_delay_s,
             "arrivals": [] if reason else arrivals, "arrivals_reason": reason,
             "findings": findings or [],
             # each step ends just after its all-reduce
@@ -74,6 +75,23 @@ def test_cpu_contention_is_named_when_the_slow_rank_gets_less_cpu() -> None:
                           _summary(1, late_s=0.025, bwd_s=0.055, cpu=0.4)])
     f = _straggler(findings)
     assert f is not None and "CPU contention on its host" in f.title
+
+
+def test_cpu_contention_is_named_when_the_slow_rank_waits_for_a_cpu() -> None:
+    # both processes get the same CPU per second, but rank 1's training thread was runnable
+    # without a CPU 20 ms a step (another process on its core)
+    _, findings = _merge([_summary(0, bwd_s=0.055, run_delay_s=0.001),
+                          _summary(1, late_s=0.025, bwd_s=0.055, run_delay_s=0.021)])
+    f = _straggler(findings)
+    assert f is not None and "CPU contention on its host" in f.title
+    assert "waits 20.0 ms more per step than the others' for a CPU" in f.title
+    assert f.evidence["run_delay_excess_ms"] == pytest.approx(20.0)
+    # a run delay well below its extra compute is not why: its compute is
+    _, findings = _merge([_summary(0, bwd_s=0.055, run_delay_s=0.001),
+                          _summary(1, late_s=0.025, bwd_s=0.055, run_delay_s=0.005)])
+    f = _straggler(findings)
+    assert f is not None and "CPU contention" not in f.title
+    assert f.evidence["run_delay_excess_ms"] == pytest.approx(4.0)
 
 
 def test_balanced_ranks_have_no_straggler() -> None:

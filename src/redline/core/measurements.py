@@ -140,6 +140,10 @@ class HostMetrics:
     """Seconds the training thread was runnable but waiting for a CPU inside data fetches ÷
     wall seconds inside them (scheduler run delay, /proc/<pid>/task/<tid>/schedstat); None
     where unreadable."""
+    main_thread_run_delay_fraction: float | None = None
+    """Seconds the training loop's thread was runnable but waiting for a CPU ÷ wall seconds of
+    the measured window (/proc/self/task/<tid>/schedstat): the share of the run it lost to
+    other threads and processes on its CPUs; None where unreadable."""
     workers_run_delay_cores: float | None = None
     """Seconds the DataLoader workers were runnable but waiting for a CPU, per wall second
     (summed over workers; /proc/<pid>/schedstat)."""

@@ -70,6 +70,10 @@ class RankEntry:
     caused_wait_s: float | None = None
     """Mean per step of the others' wait at the collectives this rank arrived at last: the wait
     it caused (the ranks' caused waits sum to their total wait)."""
+    run_delay_s: float | None = None
+    """Mean per step of the time its training thread was runnable but waiting for a CPU (the
+    scheduler's run delay): a rank late because other processes or threads hold its cores,
+    not because it has more to do."""
     score_vs_fastest: float | None = None
     """The fastest rank's median compute per step ÷ this rank's (1: as fast; compute is
     forward + backward + optimizer less the wait at that step's collectives)."""

@@ -34,7 +34,8 @@ def _median(xs: list[float | None]) -> float | None:
 def _why(slow: RankEntry, others: list[RankEntry]) -> tuple[str, str, dict[str, float | None]]:
     """(cause, fix, the numbers compared): the straggler's largest excess over the median of
     the other ranks — data wait, compute (forward + backward − its wait at collectives), or
-    CPU (its process got fewer CPU-seconds per second than theirs)."""
+    CPU (its process got fewer CPU-seconds per second than theirs, or its training thread
+    waited longer than theirs for a CPU)."""
     def compute(e: RankEntry) -> float | None:
         if e.forward_s is None or e.backward_s is None:
             return None
@@ -55,12 +56,16 @@ def _why(slow: RankEntry, others: list[RankEntry]) -> tuple[str, str, dict[str, 
     o_slow, o_med = outside(slow), _median([outside(e) for e in others])
     outside_excess = (o_slow - o_med) if o_slow is not None and o_med is not None else 0.0
     cpu_med = _median([e.main_cpu_cores for e in others])
+    delay_med = _median([e.run_delay_s for e in others])
+    delay_excess = (None if slow.run_delay_s is None or delay_med is None
+                    else slow.run_delay_s - delay_med)
     numbers: dict[str, float | None] = {
         "data_wait_excess_ms": round(data_excess * 1e3, 3),
         "compute_excess_ms": round(compute_excess * 1e3, 3),
         "outside_phases_excess_ms": round(outside_excess * 1e3, 3),
         "main_cpu_cores": None if slow.main_cpu_cores is None else round(slow.main_cpu_cores, 3),
-        "others_main_cpu_cores": None if cpu_med is None else round(cpu_med, 3)}
+        "others_main_cpu_cores": None if cpu_med is None else round(cpu_med, 3),
+        "run_delay_excess_ms": None if delay_excess is None else round(delay_excess * 1e3, 3)}
     if outside_excess > max(data_excess, compute_excess, 0.0):
         return (f"it spends {outside_excess * 1e3:,.1f} ms more per step outside data loading, "
                 "forward, backward and the optimizer than the median rank (the loop's own code "
@@ -77,9 +82,15 @@ def _why(slow: RankEntry, others: list[RankEntry]) -> tuple[str, str, dict[str, 
                 f"`redline doctor --tune-loader` on that rank measures the settings.", numbers)
     starved = (slow.main_cpu_cores is not None and cpu_med is not None
                and slow.main_cpu_cores < 0.8 * cpu_med)
-    if compute_excess > 0 and starved:
-        return (f"it computes {compute_excess * 1e3:,.1f} ms more per step while its process "
-                f"gets {slow.main_cpu_cores:.2f} CPU cores against {cpu_med:.2f} on the others:"
+    # runnable without a CPU for at least half of its extra compute: the scheduler, not its
+    # work, made it late (another job, or more workers and threads than cores)
+    queued = delay_excess is not None and delay_excess >= 0.5 * compute_excess
+    if compute_excess > 0 and (starved or queued):
+        got = (f"its process gets {slow.main_cpu_cores:.2f} CPU cores against {cpu_med:.2f} "
+               "on the others" if starved else
+               f"its training thread waits {(delay_excess or 0.0) * 1e3:,.1f} ms more per step"
+               " than the others' for a CPU (the scheduler's run delay)")
+        return (f"it computes {compute_excess * 1e3:,.1f} ms more per step while {got}:"
                 " CPU contention on its host",
                 f"Find what else runs on {slow.host} (other jobs, too many DataLoader workers or "
                 f"threads for its cores) and give rank {slow.rank} its share.", numbers)

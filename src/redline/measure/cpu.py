@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from redline.measure.sched import process_run_delay, usable_cpus_busy_s
+from redline.measure.sched import process_run_delay, thread_run_delay, usable_cpus_busy_s
 
 
 @dataclass(slots=True)
@@ -54,6 +54,9 @@ class CpuWindow:
     children_run_delay_s: float | None = None
     """Seconds the children's main threads (DataLoader workers) were runnable but waiting for
     a CPU during the window (/proc/<pid>/schedstat); None where unreadable."""
+    main_thread_run_delay_s: float | None = None
+    """Seconds the thread that opened the window (the training loop's) was runnable but
+    waiting for a CPU during it (/proc/self/task/<tid>/schedstat); None where unreadable."""
     usable_cpus_busy_s: float | None = None
     """CPU seconds spent by anything (this job and every other process) on the CPUs this
     process may run on, during the window (/proc/stat per CPU); None where unreadable."""
@@ -106,6 +109,8 @@ class CpuSampler:
         self._base: dict[int, _ProcReading] = {}
         self._main_base: _ProcReading | None = None
         self._busy_base: float | None = None
+        self._loop_tid = threading.get_native_id()
+        self._loop_delay_base: float | None = None
         self._own_reads = 0
         """read() bytes of this sampler's own /proc reads since the window began."""
         self._t0 = 0.0
@@ -138,6 +143,9 @@ class CpuSampler:
             self._base = dict(self._last)
             self._busy_base = usable_cpus_busy_s()
             self._main_base = _read(self._proc)
+            # the window opens at a step boundary, on the training loop's thread
+            self._loop_tid = threading.get_native_id()
+            self._loop_delay_base = thread_run_delay(self._loop_tid)
             self._own_reads = 0
             self._t0 = time.perf_counter()
             self._peak_main = 0
@@ -205,6 +213,7 @@ class CpuSampler:
         busy = usable_cpus_busy_s()
         own = self._own_reads + max(0, (_own_read_chars() or 0) - (r0 or 0))
         main = _read(self._proc)
+        loop_delay = thread_run_delay(self._loop_tid)
         with self._lock:
             wall = time.perf_counter() - self._t0
             zero = _ProcReading(0.0, 0, 0, 0)
@@ -249,6 +258,9 @@ class CpuSampler:
                 children_read_bytes=crb,
                 children_read_chars=crc,
                 children_run_delay_s=delay,
+                main_thread_run_delay_s=(
+                    None if loop_delay is None or self._loop_delay_base is None
+                    else max(0.0, loop_delay - self._loop_delay_base)),
                 usable_cpus_busy_s=(None if busy is None or self._busy_base is None
                                     else max(0.0, busy - self._busy_base)),
             )

@@ -53,6 +53,16 @@ class ThreadRunDelay:
             self._fd = None
 
 
+def thread_run_delay(tid: int) -> float | None:
+    """Run delay of one of this process's threads (``/proc/self/task/<tid>/schedstat``), None
+    where unknown (not Linux, the thread has exited)."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+            return _delay(f.read())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def process_run_delay(pid: int) -> float | None:
     """Run delay of a process's main thread (``/proc/<pid>/schedstat``), None where unknown."""
     try:

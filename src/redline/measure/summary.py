@@ -157,6 +157,9 @@ def build_measurements(w: Recorder) -> Measurements:
         cpu_flags=flags,
         data_fetch_run_delay_fraction=(data_delay / data_wait if delay_known
                                        and data_wait > 1e-6 else None),
+        main_thread_run_delay_fraction=(win.main_thread_run_delay_s / wall
+                                        if win and wall and win.main_thread_run_delay_s
+                                        is not None else None),
         workers_run_delay_cores=(win.children_run_delay_s / wall
                                  if win and wall and win.children_run_delay_s is not None
                                  else None),

@@ -46,6 +46,9 @@ def summary(w: Recorder, report: Report) -> dict[str, Any]:
         "step_time_mean_s": m.timing.step_time_mean_s, "phases": phases,
         "throughput_samples_per_s": m.timing.throughput_samples_per_s,
         "main_cpu_cores": m.host.main_cpu_cores,
+        "run_delay_s": (None if m.host.main_thread_run_delay_fraction is None
+                        or m.timing.step_time_mean_s is None else
+                        m.host.main_thread_run_delay_fraction * m.timing.step_time_mean_s),
         "ddp_exposed_comm_s": _ddp_exposed(m),
         "arrivals": [[a.group, a.seq, a.created_ns] for a in w.arrivals],
         "arrivals_reason": w.arrivals_reason,
@@ -123,7 +126,8 @@ def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: in
             main_cpu_cores=s["main_cpu_cores"], collectives=k.get("collectives", 0),
             last_arrivals=k.get("last", 0),
             lateness_s=k["late_ns"] / 1e9 / steps if k else None,
-            caused_wait_s=k["caused_ns"] / 1e9 / steps if k else None))
+            caused_wait_s=k["caused_ns"] / 1e9 / steps if k else None,
+            run_delay_s=s.get("run_delay_s") if s["steps_measured"] else None))
     _score(entries, got, skew)
     merged = {name: _merged(entries, name) for name in MERGED}
     ranks = RanksReport(world_size, missing, entries, merged, source, clock_error_s)
