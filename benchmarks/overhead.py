@@ -5,12 +5,16 @@ a microsecond per step is resolvable). Rounds interleave four modes — bare, un
 `redline.watch`, under `redline.watch(metrics_port=0)` with a scraper thread reading its
 Prometheus endpoint every `--scrape-interval` seconds (Prometheus' default is 15 s; 1 s is the
 harsh case), under `torch.profiler.profile(activities=[CPU])` — so drift and neighbours'
-noise hit all of them alike. Per round and mode: median step time (host clock, per iteration).
+noise hit all of them alike. Per round and mode: median step time (host clock, per iteration)
+over the steps after the first `--settle` (every mode alike): the steady state of a job, where
+the watch reads one fetch in eight for its CPU time and run delay, not each of its first 64
+(`redline.measure.data_hooks.FETCHES_READ_IN_FULL`).
 Reported: the median over rounds of the *paired* differences (mode − bare, same round), in µs,
 its share of a 10 ms step, and watch's cost as a fraction of the profiler's; and the same for
 the training thread's CPU time per step, which the VM's stalls barely touch.
 
-Run: .venv/bin/python benchmarks/overhead.py [--rounds 101] [--steps 100] [--scrape-interval 1]
+Run: .venv/bin/python benchmarks/overhead.py [--rounds 101] [--steps 100] [--settle 80]
+     [--scrape-interval 1]
 Target: watch, with or without the metrics endpoint, adds ≤ 50 µs per step (≤ 0.5 % of a 10 ms
 step).
 """
@@ -30,6 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import redline
+from redline.measure.data_hooks import FETCHES_READ_IN_FULL
 
 
 def make_loop() -> Callable[[int], tuple[list[float], list[float]]]:
@@ -91,6 +96,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=101)
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--settle", type=int, default=FETCHES_READ_IN_FULL + 16,
+                    help="steps run before the timed ones in each round and mode")
     ap.add_argument("--scrape-interval", type=float, default=1.0)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -109,14 +116,15 @@ def main() -> None:
         order = list(modes) if r % 2 == 0 else list(reversed(modes))
         for m in order:
             with modes[m]():
-                ts, cs = run(args.steps)
-            med[m].append(statistics.median(ts[10:]))
-            cpu[m].append(statistics.median(cs[10:]))
+                ts, cs = run(args.settle + args.steps)
+            med[m].append(statistics.median(ts[args.settle:]))
+            cpu[m].append(statistics.median(cs[args.settle:]))
     bare = statistics.median(med["bare"])
     added = {m: [v - b for v, b in zip(med[m], med["bare"], strict=True)]
              for m in modes if m != "bare"}
     d = {m: statistics.median(v) for m, v in added.items()}
-    print(f"torch {torch.__version__}, {args.rounds} interleaved rounds × {args.steps} steps, "
+    print(f"torch {torch.__version__}, {args.rounds} interleaved rounds × {args.steps} steps "
+          f"(after {args.settle}), "
           f"1 intra-op thread, metrics scraped every {args.scrape_interval:g} s")
     print(f"{'mode':<14} {'median step':>12} {'added/step':>12} {'of a 10 ms step':>16}")
     print(f"{'bare':<14} {bare * 1e6:>10.1f}µs {'':>12} {'':>16}")

@@ -8,6 +8,7 @@ CPUs (which stretches wall time for both) cannot flip the outcome."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -92,6 +93,53 @@ def test_decoding_fetch_burns_cpu_where_sleeping_does_not() -> None:
     slept, burnt = sleepy.host.data_fetch_cpu_fraction, dec.host.data_fetch_cpu_fraction
     assert slept is not None and burnt is not None
     assert slept < 0.2 and burnt > 5 * slept
+
+
+class _Fetch(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Each sample costs 0.1 ms: spent on the CPU (``burn``) or asleep."""
+
+    def __init__(self, burn: bool) -> None:
+        self.burn = burn
+
+    def __len__(self) -> int:
+        return 10**6
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        end = time.perf_counter() + 1e-4
+        if self.burn:
+            while time.perf_counter() < end:
+                pass
+        else:
+            time.sleep(1e-4)
+        return torch.zeros(3, 8, 8), torch.tensor(0)
+
+
+def test_after_the_first_fetches_one_in_eight_is_read_and_the_shares_hold() -> None:
+    """The fetch's CPU time and run delay are read around the first 64 fetches, then around one
+    in eight at random, weighted by eight: the CPU share stays what every fetch would give."""
+    from redline.measure.data_hooks import FETCH_READ_ONE_IN, FETCHES_READ_IN_FULL
+
+    shares = {}
+    for burn in (True, False):
+        model = TinyNet()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with redline.watch(warmup_steps=2, count_flops=False) as w:
+            for x, y in itertools.islice(DataLoader(_Fetch(burn), batch_size=4), 600):
+                loss = nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        shares[burn] = w.report(show=False).measurements.host.data_fetch_cpu_fraction
+        # one fetch a step; the loader's iter() is in the first step
+        late = w.steps[FETCHES_READ_IN_FULL + 1:]
+        read = [r for r in late if r.data_read_s > 0]
+        # ~1 in 8 of the later fetches, at random (binomial: 67 expected of 535, sd 7.7)
+        assert 30 < len(read) < 110, len(read)
+        for r in read:  # each fetch read stands for eight
+            assert r.data_read_s == pytest.approx(FETCH_READ_ONE_IN * r.phases[0], rel=0.05)
+        assert all(r.data_read_s > 0 for r in w.steps[1:FETCHES_READ_IN_FULL])
+    assert shares[True] is not None and shares[False] is not None
+    assert shares[True] > 0.7 and shares[False] < 0.4
 
 
 @pytest.mark.slow

@@ -68,6 +68,13 @@ def test_batch_helpers_on_nested_batches() -> None:
     d = B(torch.zeros(7, 2, dtype=torch.uint8), {"id": torch.zeros(7, dtype=torch.int64)})
     assert batch_samples(d) == 7 and batch_nbytes(d) == 14 + 56
     assert batch_samples(["text"]) is None
+    # the usual shapes (read without recursion) and what falls back to it
+    assert batch_samples((torch.zeros(8, 32), torch.zeros(8))) == 8
+    assert batch_samples({"ids": torch.zeros(6, 4)}) == 6
+    assert batch_samples(("text", torch.zeros(3))) == 3
+    assert batch_samples({"name": "x", "x": torch.zeros(4)}) == 4
+    assert batch_samples((torch.tensor(1.0), torch.zeros(9))) is None  # a 0-d first tensor
+    assert batch_samples([]) is None and batch_samples({}) is None
 
 
 @pytest.mark.slow

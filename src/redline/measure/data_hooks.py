@@ -4,6 +4,7 @@ host→device copies. Installed by :class:`redline.measure.hooks.Instrumentation
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 import weakref
@@ -22,6 +23,18 @@ from redline.measure.sched import ThreadRunDelay
 from redline.measure.timeline import DATA_WAIT, H2D_COPY, StepTracker
 
 T = TypeVar("T")
+
+FETCHES_READ_IN_FULL = 64
+"""The first 64 fetches of a watch have their CPU time and run delay read (a clock syscall and
+a /proc read before and after each); after them, one fetch in :data:`FETCH_READ_ONE_IN`, at
+random, weighted by that rate. The reads are four system calls a fetch, which cost more than
+their own µs (kernel entry and exit disturb the loop's caches; more so on virtual machines):
+on a step of a few hundred µs they were about a third of the watch's cost
+(``benchmarks/overhead.py``). A random choice (not every n-th) cannot fall in step with
+the workers' round-robin, and the weights keep the sums unbiased (Horvitz–Thompson); the
+fractions they feed (the fetch's CPU and run-delay share) need hundreds of fetches, not all."""
+
+FETCH_READ_ONE_IN = 8
 
 
 @dataclass(slots=True)
@@ -87,6 +100,10 @@ class DataHooks:
         self.run_delay_known = rd.available
         stack.callback(rd.close)
         delay = rd.read
+        # its own generator: the user's random state is never advanced by the watch
+        chance = random.Random(0).random
+        rate = 1.0 / FETCH_READ_ONE_IN
+        fetches = 0
 
         def dl_iter(loader: DataLoader[Any]) -> Any:
             if threading.get_ident() != tid:
@@ -119,17 +136,23 @@ class DataHooks:
 
         get_ident, thread_time = threading.get_ident, time.thread_time
         enter, exit_, add_batch = tracker.enter, tracker.exit, tracker.add_batch
+        add_reading = tracker.add_fetch_reading
         on_data = self._on_data
 
         def dl_next(it: Any) -> Any:
+            nonlocal fetches
             if get_ident() != tid:
                 return orig_next(it)
             if inst.before_fetch is not None:
                 inst.before_fetch()
             if on_data is not None:
                 on_data()
-            c0 = thread_time()
-            r0 = delay()
+            fetches += 1
+            weight = (1.0 if fetches <= FETCHES_READ_IN_FULL else
+                      FETCH_READ_ONE_IN if chance() < rate else 0.0)
+            if weight:
+                c0 = thread_time()
+                r0 = delay()
             t0 = clock()
             enter(DATA_WAIT, t0)
             try:
@@ -137,7 +160,10 @@ class DataHooks:
             finally:
                 t1 = clock()
                 exit_(DATA_WAIT, t1)
-            add_batch(thread_time() - c0, batch_samples(batch), delay() - r0)
+            if weight:
+                add_reading((thread_time() - c0) * weight, (delay() - r0) * weight,
+                            (t1 - t0) * weight)
+            add_batch(batch_samples(batch))
             first = inst._iter_info.pop(id(it), None) if inst._iter_info else None
             if first is not None and first[0]() is it:
                 _, info, startup = first
@@ -183,8 +209,10 @@ class DataHooks:
             except StopIteration:
                 tracker.exit(DATA_WAIT, clock())
                 return
-            tracker.exit(DATA_WAIT, clock())
-            tracker.add_batch(time.thread_time() - c0, batch_samples(item), delay() - r0)
+            t1 = clock()
+            tracker.exit(DATA_WAIT, t1)
+            tracker.add_fetch_reading(time.thread_time() - c0, delay() - r0, t1 - t0)
+            tracker.add_batch(batch_samples(item))
             yield item
 
     def install_h2d(self, stack: ExitStack) -> None:

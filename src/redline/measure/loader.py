@@ -133,7 +133,17 @@ def first_tensor(batch: Any, depth: int = 4) -> torch.Tensor | None:
 
 
 def batch_samples(batch: Any) -> int | None:
-    t = first_tensor(batch)
+    """The batch's leading dimension (None for a batch without a tensor, or a 0-d one)."""
+    # This runs at every fetch: the usual batches (a tensor, a tuple or list of tensors, a dict
+    # of them) are read without the recursion and its abstract-base-class checks.
+    t = batch
+    kind = type(t)
+    if (kind is tuple or kind is list) and t:
+        t = t[0]
+    elif kind is dict and t:
+        t = next(iter(t.values()))
+    if type(t) is not torch.Tensor:
+        t = first_tensor(batch)
     if t is None or t.dim() == 0:
         return None
     return int(t.shape[0])

@@ -62,6 +62,8 @@ class Recorder:
         self._stack: ExitStack | None = None
         self._state = "warmup"
         self._measured = 0
+        self._extras_pending = True
+        """Whether FLOP counting or a trace may still be due (see _start_extras)."""
         self.tracker = StepTracker(time.perf_counter, self._on_close, self._on_reset)
         self.inst: Instrumentation | None = None
         self.flops = FlopWindow()
@@ -266,6 +268,7 @@ class Recorder:
             self.cuda_timer.reset()
         self._state = "warmup"
         self._measured = 0
+        self._extras_pending = True
         self.window_start = None
         if self.config.warmup_steps == 0:
             self._begin_window()
@@ -309,5 +312,7 @@ class Recorder:
                 if self.inst is not None:
                     self.inst.data.before_fetch = self._on_limit
                 self._on_limit()
-            if exact:
-                self._start_extras()  # no warm-up: FLOPs and trace at the first exact boundary
+            if exact and self._extras_pending:
+                # no warm-up: FLOPs and trace at the first exact boundary; once nothing is due,
+                # nothing becomes due (until a reset), and the check leaves the step's path
+                self._extras_pending = self._start_extras()

@@ -28,7 +28,7 @@ from redline.measure.ddp import ddp_stats, fsdp_stats
 from redline.measure.mfu import mfu_for
 from redline.measure.stats import percentile, span_fraction, step_times
 from redline.measure.system import cpu_budget, cpu_flags, shm_info
-from redline.measure.timeline import DATA_WAIT, PHASES, StepRecord
+from redline.measure.timeline import PHASES, StepRecord
 from redline.trace import TraceAnalysis, TraceError, analyze_paths
 
 if TYPE_CHECKING:
@@ -130,9 +130,9 @@ def build_measurements(w: Recorder) -> Measurements:
     shm = shm_info()
     win = w.cpu_window
     flags = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})
-    data_wait = sum(s.phases[DATA_WAIT] for s in steps)
     data_cpu = sum(s.data_cpu_s for s in steps)
     data_delay = sum(s.data_run_delay_s for s in steps)
+    data_read = sum(s.data_read_s for s in steps)  # the fetches whose CPU and delay were read
     delay_known = inst.data.run_delay_known
     wall = win.wall_s if win and win.wall_s > 0 else None
     others = None
@@ -151,12 +151,12 @@ def build_measurements(w: Recorder) -> Measurements:
                           if win and win.io_available and win.wall_s > 0 else None),
         read_chars_per_s=(win.read_chars / win.wall_s
                           if win and win.io_available and win.wall_s > 0 else None),
-        data_fetch_cpu_fraction=data_cpu / data_wait if data_wait > 1e-6 else None,
+        data_fetch_cpu_fraction=data_cpu / data_read if data_read > 1e-6 else None,
         shm_total_bytes=shm.total_bytes if shm else None,
         shm_free_bytes=shm.free_bytes if shm else None,
         cpu_flags=flags,
-        data_fetch_run_delay_fraction=(data_delay / data_wait if delay_known
-                                       and data_wait > 1e-6 else None),
+        data_fetch_run_delay_fraction=(data_delay / data_read if delay_known
+                                       and data_read > 1e-6 else None),
         main_thread_run_delay_fraction=(win.main_thread_run_delay_s / wall
                                         if win and wall and win.main_thread_run_delay_s
                                         is not None else None),

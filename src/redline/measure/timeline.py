@@ -39,15 +39,21 @@ class StepRecord:
     phases: list[float]
     """Exclusive host seconds per phase, indexed like :data:`PHASES`."""
     data_cpu_s: float = 0.0
-    """CPU seconds of the training thread inside data fetches of this step (``time.thread_time``:
-    intra-op threads spinning after a matmul are not fetch work)."""
+    """CPU seconds of the training thread inside the data fetches of this step that were read
+    (``time.thread_time``: intra-op threads spinning after a matmul are not fetch work),
+    weighted by the inverse of their sampling rate (:data:`redline.measure.data_hooks.
+    FETCHES_READ_IN_FULL`)."""
     samples: int | None = None
     """Samples in the batches fetched during this step, when the batch size could be read."""
     batches: int = 0
     """Batches fetched during this step."""
     data_run_delay_s: float = 0.0
-    """Seconds the training thread was runnable but waiting for a CPU inside data fetches
-    (the scheduler's run delay, /proc/<pid>/task/<tid>/schedstat)."""
+    """Seconds the training thread was runnable but waiting for a CPU inside the data fetches
+    that were read (the scheduler's run delay, /proc/<pid>/task/<tid>/schedstat), weighted
+    like ``data_cpu_s``."""
+    data_read_s: float = 0.0
+    """Wall seconds of the fetches whose CPU time and run delay were read, weighted like them:
+    what ``data_cpu_s`` and ``data_run_delay_s`` are fractions of."""
     kind: str = "measured"
     """'warmup', 'measured', or 'excluded' (a step slowed on purpose, e.g. FLOP counting)."""
     device_s: float | None = None
@@ -81,10 +87,11 @@ class _Acc:
     samples: int | None = None
     batches: int = 0
     data_run_delay_s: float = 0.0
+    data_read_s: float = 0.0
 
     def copy(self) -> _Acc:
         return _Acc(self.phases[:], self.data_cpu_s, self.samples, self.batches,
-                    self.data_run_delay_s)
+                    self.data_run_delay_s, self.data_read_s)
 
     def minus(self, other: _Acc) -> _Acc:
         samples = None
@@ -96,6 +103,7 @@ class _Acc:
             samples,
             self.batches - other.batches,
             self.data_run_delay_s - other.data_run_delay_s,
+            self.data_read_s - other.data_read_s,
         )
 
 
@@ -172,14 +180,20 @@ class StepTracker:
     def in_phase(self, phase: int) -> bool:
         return any(f[0] == phase for f in self._stack)
 
-    def add_batch(self, cpu_s: float, samples: int | None, run_delay_s: float = 0.0) -> None:
+    def add_batch(self, samples: int | None) -> None:
         acc = self._acc
-        acc.data_cpu_s += cpu_s
-        acc.data_run_delay_s += run_delay_s
         acc.batches += 1
         self.counts["batches"] += 1
         if samples is not None:
             acc.samples = (acc.samples or 0) + samples
+
+    def add_fetch_reading(self, cpu_s: float, run_delay_s: float, wall_s: float) -> None:
+        """CPU time and run delay of a fetch that was read, and its wall time (each already
+        weighted by the inverse of its sampling rate)."""
+        acc = self._acc
+        acc.data_cpu_s += cpu_s
+        acc.data_run_delay_s += run_delay_s
+        acc.data_read_s += wall_s
 
     # -- boundaries -----------------------------------------------------------------------
     def on_backward_end(self, t: float) -> None:
@@ -233,6 +247,7 @@ class StepTracker:
                         acc.phases[k] += v
                     acc.data_cpu_s += rec.data_cpu_s
                     acc.data_run_delay_s += rec.data_run_delay_s
+                    acc.data_read_s += rec.data_read_s
                     acc.batches += rec.batches
                     if rec.samples is not None:
                         acc.samples = (acc.samples or 0) + rec.samples
@@ -276,6 +291,7 @@ class StepTracker:
             samples=acc.samples,
             batches=acc.batches,
             data_run_delay_s=acc.data_run_delay_s,
+            data_read_s=acc.data_read_s,
         )
         self._start = t
         self.steps.append(rec)
