@@ -37,10 +37,10 @@ def _softmax_line() -> int:
 
 
 def test_compile_is_kept_only_when_amortized_over_the_run() -> None:
-    from redline.tune.path import compile_pays
+    from redline.tune.decide import one_off_pays
 
     # 30 s to compile, 0.20 → 0.15 s/step: pays after 600 steps (+5 % margin), not before.
-    assert compile_pays(30, 0.20, 0.15, 10_000, 0.05)[0]
-    assert not compile_pays(30, 0.20, 0.15, 500, 0.05)[0]
-    keep, eager, comp = compile_pays(30, 0.20, 0.15, 1000, 0.05)
+    assert one_off_pays(30, 0.20, 0.15, 10_000, 0.05)[0]
+    assert not one_off_pays(30, 0.20, 0.15, 500, 0.05)[0]
+    keep, eager, comp = one_off_pays(30, 0.20, 0.15, 1000, 0.05)
     assert (eager, comp) == (200.0, 180.0) and keep

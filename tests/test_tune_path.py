@@ -83,7 +83,7 @@ def test_batch_is_searched_again_after_a_16_bit_precision_is_kept(
 def test_compile_is_measured_against_the_eager_step_and_amortized(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole compile knob on the CPU (inductor): a real compiled trial, the eager side
-    measured on the step alone like it, and the decision from compile_pays over run_steps."""
+    measured on the step alone like it, and the decision from one_off_pays over run_steps."""
     from redline.tune.path import TuneConfig, tune
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "scripts"))

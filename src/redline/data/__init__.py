@@ -3,10 +3,12 @@
 from redline.core.loader import LoaderSettings
 from redline.data.autotune import LoaderPlan, autotune_loader
 from redline.data.cache import CachedDataset, CacheStats
+from redline.data.cache_split import CacheSplit
 from redline.data.prefetcher import DevicePrefetcher, PrefetchStats, map_tensors
 from redline.data.stores import LmdbStore, RedisStore
 
 __all__ = [
+    "CacheSplit",
     "CacheStats",
     "CachedDataset",
     "DevicePrefetcher",

@@ -413,9 +413,10 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
 
 
 def rebuild_factory(loader: DataLoader[Any], batch_size: int | None = None,
-                    ) -> Callable[[LoaderSettings], DataLoader[Any]]:
+                    dataset: Any = None) -> Callable[[LoaderSettings], DataLoader[Any]]:
     """A ``make_loader`` that rebuilds this DataLoader (same dataset, sampling and collation;
-    same batch size unless ``batch_size`` is given) with other settings. Raises ValueError for
+    same batch size unless ``batch_size`` is given; ``dataset`` instead of its own, of the
+    same length, where given: a cached view of it) with other settings. Raises ValueError for
     loaders it cannot rebuild faithfully (a custom batch sampler, an unknown sampler).
 
     A ``DistributedSampler`` is kept as the same object: the rebuilt loader reads this rank's
@@ -434,12 +435,13 @@ def rebuild_factory(loader: DataLoader[Any], batch_size: int | None = None,
                          "make_loader to autotune_loader")
 
     generator = getattr(loader.sampler, "generator", None)
+    data = loader.dataset if dataset is None else dataset
 
     def make(s: LoaderSettings) -> DataLoader[Any]:
         kw = s.loader_kwargs()
         if s.num_workers > 0 and loader.multiprocessing_context is not None:
             kw["multiprocessing_context"] = loader.multiprocessing_context
-        return DataLoader(loader.dataset, batch_size=batch_size or loader.batch_size,
+        return DataLoader(data, batch_size=batch_size or loader.batch_size,
                           shuffle=shuffle, sampler=shared, drop_last=loader.drop_last,
                           collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn,
                           generator=generator, **kw)

@@ -35,6 +35,16 @@ class Comparison:
     candidate_step_times_s: list[float]
 
 
+def one_off_pays(one_off_s: float, current_step_s: float, new_step_s: float, run_steps: int,
+                 min_gain: float) -> tuple[bool, float, float]:
+    """(keep, current job seconds, new job seconds incl. the one-off cost): a change that costs
+    once before it pays per step (compiling, filling a cache) is kept only if the whole planned
+    run of ``run_steps`` steps is ≥ ``min_gain`` shorter with it."""
+    t_cur = run_steps * current_step_s
+    t_new = one_off_s + run_steps * new_step_s
+    return t_new <= t_cur * (1 - min_gain), t_cur, t_new
+
+
 class ABPolicy:
     """Decides knob by knob; remembers the current plan's last measured speed (the compile
     knob is held to it)."""

@@ -20,6 +20,8 @@ from torch.utils.data import DataLoader
 
 from redline.core.loader import LoaderSettings
 from redline.data.autotune import autotune_loader, rebuild_factory
+from redline.data.cache import CachedDataset
+from redline.data.cache_split import fill
 from redline.data.prefetcher import map_tensors
 from redline.diagnose.limits import remaining_limits
 from redline.measure.agree import Agreement, RanksDivergedError
@@ -27,8 +29,9 @@ from redline.measure.system import cpu_budget
 from redline.tune.batch_finder import BatchDoesNotFitError, BatchSearch, find_batch_size
 from redline.tune.config import DEFAULT_RUN_STEPS, TuneConfig
 from redline.tune.ddp import as_ddp, bucket_candidate, cannot_rewrap, rewrap
-from redline.tune.decide import ABPolicy, MeasureFn
+from redline.tune.decide import ABPolicy, MeasureFn, one_off_pays
 from redline.tune.decision import Decision, Knob
+from redline.tune.decode_cache import remove_store, trial_store
 from redline.tune.job import job_trial
 from redline.tune.kernels import (
     AttentionSite,
@@ -48,7 +51,7 @@ from redline.tune.precision import (
     worst_check,
 )
 from redline.tune.result import TuneResult, merge_trials, project
-from redline.tune.runtime import TunedLoop, train_step
+from redline.tune.runtime import TunedLoop, plan_dataset, train_step
 from redline.tune.setup import Factory, SetupError
 from redline.tune.trial import TrialMetrics, endless, fresh, probe_batch, state_tensors
 
@@ -80,15 +83,6 @@ def baseline_plan(key: PlanKey, micro: int, effective: int,
     settings = LoaderSettings.of(loader) if loader is not None else LoaderSettings()
     return TunePlan(key=key, effective_batch=effective, micro_batch=micro, loader=settings,
                     source_batch_size=micro)
-
-
-def compile_pays(compile_s: float, eager_step_s: float, compiled_step_s: float, run_steps: int,
-                 min_gain: float) -> tuple[bool, float, float]:
-    """(keep, eager job seconds, compiled job seconds incl. compiling): compile is kept only if
-    the whole planned run is ≥ ``min_gain`` shorter with it."""
-    t_eager = run_steps * eager_step_s
-    t_comp = compile_s + run_steps * compiled_step_s
-    return t_comp <= t_eager * (1 - min_gain), t_eager, t_comp
 
 
 def trial_measure(factory: Factory, cfg: TuneConfig, agree: Agreement | None = None,
@@ -129,6 +123,14 @@ class TunePath:
                                  "projection")
         self.conv = has_conv2d(s.model)
         self.opt_impls = optimizer_impls(s.optimizer)
+        self.cache_store: str | None = None
+        """The decode cache's folder for this tuning's trials (made when the knob is tried,
+        removed by :meth:`close`)."""
+
+    def close(self) -> None:
+        """Remove what the trials left (the decode cache's folder)."""
+        remove_store(self.cache_store)
+        self.cache_store = None
 
     def numerics_refuse(self, plan: TunePlan) -> str | None:
         """Why a remembered plan's precision must not be reused for this job (its numerics
@@ -152,8 +154,10 @@ class TunePath:
     # -- the knobs -----------------------------------------------------------------------------
     def loader(self, plan: TunePlan, again: bool = False) -> TunePlan:
         s = fresh(self.factory)
-        loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, self.device)
-        make = rebuild_factory(s.loader, batch_size=self.effective)
+        loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, self.device,
+                         s.cache_split)
+        make = rebuild_factory(s.loader, batch_size=self.effective,
+                               dataset=plan_dataset(plan, s.loader, s.cache_split))
         dev = self.device
 
         def consume(batch: Any) -> None:
@@ -180,6 +184,47 @@ class TunePath:
             plan.decisions.append(decision)
             return plan
         return self.decide(plan, cand, decision, step_only=False)
+
+    def decode_cache(self, plan: TunePlan) -> TunePlan:
+        """Serve the loader from a cache of the dataset's deterministic part (the setup's
+        ``cache_split``): the cache filled once and timed, the cached pipeline measured end to
+        end against the current one, kept only if the planned run is shorter with the fill."""
+        s = fresh(self.factory)
+        if isinstance(s.loader.dataset, CachedDataset):
+            plan.decisions.append(Decision(Knob.DECODE_CACHE, False,
+                                           "not tried: the dataset already is a CachedDataset"))
+            return plan
+        if s.cache_split is None:
+            self.log("  decode cache: not tried (the setup declares no cache_split)")
+            return plan
+        if self.cache_store is None:
+            self.cache_store = trial_store()
+        cand = dataclasses.replace(plan, decode_cache=True, decode_cache_store=self.cache_store,
+                                   decisions=[])
+        workers = plan.loader.num_workers
+        fill_s, items = fill(plan_dataset(cand, s.loader, s.cache_split), workers)
+        fill_s = self.agree.max(fill_s, "decode cache fill")
+        self.log(f"  decode cache: filled {items:,} items in {fill_s:.1f} s "
+                 f"({workers} workers)")
+        details: dict[str, str | int | float | bool | None] = {
+            "fill_s": round(fill_s, 2), "items": items, "fill_workers": workers}
+        kept = self.decide(plan, cand, Decision(Knob.DECODE_CACHE, False, "", details=details),
+                           step_only=False)
+        if kept is plan:
+            return plan
+        d = kept.decisions[-1]
+        cur, new = d.samples_per_s_before or 0.0, d.samples_per_s_after or 0.0
+        n = self.run_steps
+        pays, t_cur, t_new = one_off_pays(fill_s, self.effective / cur, self.effective / new, n,
+                                          self.cfg.min_gain)
+        d.reason += (f"; over {n:,} steps: {t_new:,.0f} s cached (incl. {fill_s:.1f} s "
+                     f"filling) vs {t_cur:,.0f} s")
+        if pays:
+            return kept
+        d.kept = False
+        self.policy.current_tp = cur
+        self.log("  decode cache: the fill does not pay over the planned run — not kept")
+        return plan  # its decisions are the same list, with ``d`` in it
 
     def batch(self, plan: TunePlan, again: bool = False) -> tuple[TunePlan, BatchSearch | None]:
         if plan.micro_batch >= plan.effective_batch:
@@ -334,7 +379,7 @@ class TunePath:
 
     def compile(self, plan: TunePlan) -> TunePlan:
         """torch.compile, kept only if the whole planned run is shorter with its compile time
-        (:func:`compile_pays`)."""
+        (:func:`~redline.tune.decide.one_off_pays`)."""
         cand = dataclasses.replace(plan, compile=True, decisions=[])
         policy = self.policy
         t0 = time.perf_counter()
@@ -362,7 +407,7 @@ class TunePath:
         steady = wall - m.steps * m.step_time_s
         compile_s = max(0.0, steady - (max(2, self.cfg.warmup_steps) + 1) * m.step_time_s)
         n = self.run_steps
-        kept, t_eager, t_comp = compile_pays(compile_s, eager_step, self.effective / new, n,
+        kept, t_eager, t_comp = one_off_pays(compile_s, eager_step, self.effective / new, n,
                                              self.cfg.min_gain)
         d = Decision(Knob.COMPILE, kept,
                      f"over {n:,} steps: {t_comp:,.0f} s compiled (incl. {compile_s:.1f} s "
@@ -429,74 +474,85 @@ def tune(factory: Factory, config: TuneConfig | None = None,
     if agree.rank != 0:
         log = _silent  # rank 0 speaks for the job; every rank takes the same path
     p = TunePath(factory, cfg, log, measure_fn, agree)
-    store = PlanStore(cfg.store_dir)
-    base = baseline_plan(p.key, p.micro, p.effective, p.user_loader)
-    ls = base.loader
-    ranks = (f" per rank, × {agree.world_size} ranks = {p.effective * agree.world_size} "
-             "samples per optimizer step" if agree.world_size > 1 else "")
-    log(f"redline tune: baseline is micro-batch {p.micro} × {p.effective // p.micro} = "
-        f"effective batch {p.effective}{ranks}, fp32, the loader as given ({ls.num_workers} "
-        f"workers, prefetch {ls.prefetch_factor}, pin_memory {ls.pin_memory}, persistent "
-        f"{ls.persistent_workers})")
-    # Rank 0's memory of plans is the job's: a plan remembered on one host only is not
-    # reused on some ranks and searched again on others.
-    reused = agree.first(store.get(p.key) if cfg.reuse and agree.rank == 0 else None,
-                         "remembered plan")
-    if reused is not None:
-        refused = p.numerics_refuse(reused)
-        if refused is not None:
-            log(f"not reusing the remembered plan {store.path(p.key)}: {refused}; searching "
-                "again")
-            reused = None
-    search: BatchSearch | None = None
-    checks: list[NumericsCheck] = []
-    sites: list[AttentionSite] = []
-    if reused is not None:
-        plan = reused
-        log(f"reusing the remembered plan {store.path(p.key)}")
-    else:
-        plan = dataclasses.replace(base, decisions=[])
-        if cfg.tune_loader:
-            log("1/4 data pipeline")
-            plan = p.loader(plan)
-        if cfg.tune_batch:
-            log("2/4 batch size (effective batch kept)")
-            plan, search = p.batch(plan)
-        if cfg.tune_precision:
-            log("3/4 precision")
-            plan, checks = p.precision(plan)
-            plan, search = _batch_again(p, plan, cfg, search, log)
-        if cfg.tune_kernels:
-            log("4/4 kernels")
-            plan, sites = p.kernels(plan)
-            # 16-bit kept only with channels_last (precision_again): the same reason to look
-            # at the batch again as after the precision step.
-            plan, search = _batch_again(p, plan, cfg, search, log)
-        if cfg.tune_ddp and agree.world_size > 1:
-            log("DDP communication")
-            plan = p.ddp(plan)
-        if cfg.tune_loader and any(d.kept for d in plan.decisions if d.knob is not Knob.LOADER):
-            # A faster step moves the bottleneck to the input pipeline: provision it for the
-            # final step (the loader autotune stops at once if the input keeps up).
-            log("data pipeline, again (the step got faster)")
-            plan = p.loader(plan, again=True)
-    log("measuring before and after, side by side...")
-    before, after = compare(factory, base, plan, cfg, agree)
-    path_str = None
-    if reused is None and agree.rank == 0:
-        path_str = str(store.put(plan))
-    n = agree.world_size
-    return TuneResult(plan, before, after,
-                      project(before, p.run_steps, cfg.price_per_device_hour, devices=n),
-                      project(after, p.run_steps, cfg.price_per_device_hour, devices=n),
+    try:
+        store = PlanStore(cfg.store_dir)
+        base = baseline_plan(p.key, p.micro, p.effective, p.user_loader)
+        ls = base.loader
+        ranks = (f" per rank, × {agree.world_size} ranks = {p.effective * agree.world_size} "
+                 "samples per optimizer step" if agree.world_size > 1 else "")
+        log(f"redline tune: baseline is micro-batch {p.micro} × {p.effective // p.micro} = "
+            f"effective batch {p.effective}{ranks}, fp32, the loader as given ({ls.num_workers} "
+            f"workers, prefetch {ls.prefetch_factor}, pin_memory {ls.pin_memory}, persistent "
+            f"{ls.persistent_workers})")
+        # Rank 0's memory of plans is the job's: a plan remembered on one host only is not
+        # reused on some ranks and searched again on others.
+        reused = agree.first(store.get(p.key) if cfg.reuse and agree.rank == 0 else None,
+                             "remembered plan")
+        if reused is not None:
+            refused = p.numerics_refuse(reused)
+            if refused is not None:
+                log(f"not reusing the remembered plan {store.path(p.key)}: {refused}; searching "
+                    "again")
+                reused = None
+        search: BatchSearch | None = None
+        checks: list[NumericsCheck] = []
+        sites: list[AttentionSite] = []
+        if reused is not None:
+            plan = reused
+            log(f"reusing the remembered plan {store.path(p.key)}")
+        else:
+            plan = dataclasses.replace(base, decisions=[])
+            if cfg.tune_loader:
+                log("1/4 data pipeline")
+                plan = p.loader(plan)
+                plan = p.decode_cache(plan)
+            if cfg.tune_batch:
+                log("2/4 batch size (effective batch kept)")
+                plan, search = p.batch(plan)
+            if cfg.tune_precision:
+                log("3/4 precision")
+                plan, checks = p.precision(plan)
+                plan, search = _batch_again(p, plan, cfg, search, log)
+            if cfg.tune_kernels:
+                log("4/4 kernels")
+                plan, sites = p.kernels(plan)
+                # 16-bit kept only with channels_last (precision_again): the same reason to look
+                # at the batch again as after the precision step.
+                plan, search = _batch_again(p, plan, cfg, search, log)
+            if cfg.tune_ddp and agree.world_size > 1:
+                log("DDP communication")
+                plan = p.ddp(plan)
+            if cfg.tune_loader and any(d.kept for d in plan.decisions if d.knob is not Knob.LOADER):
+                # A faster step moves the bottleneck to the input pipeline: provision it for the
+                # final step (the loader autotune stops at once if the input keeps up).
+                log("data pipeline, again (the step got faster)")
+                plan = p.loader(plan, again=True)
+        if plan.decode_cache and plan.decode_cache_store is None:
+            # a remembered plan: its trials fill a store of their own, removed after them
+            p.cache_store = trial_store()
+            plan = dataclasses.replace(plan, decode_cache_store=p.cache_store)
+        log("measuring before and after, side by side...")
+        before, after = compare(factory, base, plan, cfg, agree)
+        # the plan as remembered and returned: the cache at CachedDataset's default folder,
+        # not at the trials' (removed when tuning ends)
+        plan = dataclasses.replace(plan, decode_cache_store=None)
+        path_str = None
+        if reused is None and agree.rank == 0:
+            path_str = str(store.put(plan))
+        n = agree.world_size
+        return TuneResult(plan, before, after,
+                          project(before, p.run_steps, cfg.price_per_device_hour, devices=n),
+                          project(after, p.run_steps, cfg.price_per_device_hour, devices=n),
 
-                      p.run_steps_source, cfg.price_per_device_hour, search, checks, sites,
-                      str(store.path(p.key)) if reused is not None else None, path_str,
-                      time.perf_counter() - t0,
-                      remaining_limits(after.data_wait_fraction,
-                                       after.device_busy_kernels_fraction,
-                                       after.device_busy_fraction))
+                          p.run_steps_source, cfg.price_per_device_hour, search, checks, sites,
+                          str(store.path(p.key)) if reused is not None else None, path_str,
+                          time.perf_counter() - t0,
+                          remaining_limits(after.data_wait_fraction,
+                                           after.device_busy_kernels_fraction,
+                                           after.device_busy_fraction))
 
+    finally:
+        p.close()  # the trials' decode cache
 
 def _silent(_: str) -> None:
     """The log of ranks other than 0."""

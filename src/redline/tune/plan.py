@@ -99,6 +99,11 @@ class TunePlan:
     """Intra-op threads of the training process; None = leave as is."""
     prefetch_to_device: bool = False
     """Wrap the loader in :class:`redline.data.DevicePrefetcher` (CUDA only)."""
+    decode_cache: bool = False
+    """Serve the loader from a cache of the deterministic part of each sample (the setup's
+    ``cache_split``, :class:`redline.data.CacheSplit`): filled on first access, kept."""
+    decode_cache_store: str | None = None
+    """The cache's folder; None = ``CachedDataset``'s default (``/dev/shm/redline-cache``)."""
     precision: str = "fp32"
     """'fp32' | 'tf32' | 'bf16' (autocast) | 'fp16' (autocast + GradScaler)."""
     channels_last: bool = False

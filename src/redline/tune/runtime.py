@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from redline.data.autotune import rebuild_factory
+from redline.data.cache_split import CacheSplit, cached_dataset
 from redline.data.prefetcher import DevicePrefetcher, map_tensors
 from redline.measure.ranks import rank_info
 from redline.tune.accumulate import accumulate
@@ -88,17 +89,32 @@ class _OnDevice(Iterable[Any]):
         return len(self.loader)  # type: ignore[arg-type]
 
 
+def plan_dataset(plan: TunePlan, loader: DataLoader[Any], cache_split: CacheSplit | None) -> Any:
+    """The dataset the tuned loader reads: the loader's own, or, where the plan keeps the
+    decode cache, the same samples served from a cache of their deterministic part."""
+    if not plan.decode_cache:
+        return loader.dataset
+    if cache_split is None:
+        raise PlanMismatchError(
+            "the plan serves the loader from a decode cache (decode_cache: true) and no cache "
+            "split was given: pass cache_split=redline.data.CacheSplit(...) (the setup's) to "
+            "apply_plan, or set decode_cache to false in the plan to train without the cache")
+    return cached_dataset(cache_split, len(loader.dataset),  # type: ignore[arg-type]
+                          plan.decode_cache_store)
+
+
 class TunedLoop:
     """The tuned pieces of a loop: ``loader`` (effective batches on the device), ``model``,
     ``optimizer`` and :meth:`step`."""
 
     def __init__(self, plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loader: DataLoader[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
-                 device: torch.device) -> None:
+                 device: torch.device, cache_split: CacheSplit | None = None) -> None:
         self.plan, self.device, self.loss_fn = plan, device, loss_fn
         settings = dataclasses.replace(
             plan.loader, pin_memory=plan.loader.pin_memory and device.type == "cuda")
-        base = rebuild_factory(loader, batch_size=plan.effective_batch)(settings)
+        base = rebuild_factory(loader, batch_size=plan.effective_batch,
+                               dataset=plan_dataset(plan, loader, cache_split))(settings)
         self.dataloader = base
         self.loader: Iterable[Any] = self.on_device(base)
         if plan.channels_last:
@@ -149,8 +165,10 @@ class TunedLoop:
 
 def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                loader: DataLoader[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
-               device: str | torch.device = "cpu", check: bool = True) -> TunedLoop:
-    """Apply ``plan`` to a plain loop's pieces (see the module docstring).
+               device: str | torch.device = "cpu", check: bool = True,
+               cache_split: CacheSplit | None = None) -> TunedLoop:
+    """Apply ``plan`` to a plain loop's pieces (see the module docstring). A plan that keeps
+    the decode cache needs the dataset's ``cache_split`` (the one the tuned setup declared).
 
     Raises:
         PlanMismatchError: the plan was made for another model, device or input shapes, or for
@@ -172,4 +190,4 @@ def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Op
         check_plan(plan, plan_key(model, dev, plan.key.precision, first,
                                   rank_info().world_size))
 
-    return TunedLoop(plan, model, optimizer, loader, loss_fn, dev)
+    return TunedLoop(plan, model, optimizer, loader, loss_fn, dev, cache_split)

@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from redline.core.errors import RedlineError
+from redline.data.cache_split import CacheSplit
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -66,6 +67,12 @@ class TrainSetup:
     """Device memory the batch finder may use. On CPU it is enforced by a simulated budget
     (:class:`redline.tune.MemoryBudget`); None on CPU = no memory limit (the micro-batch is
     then bounded only by the effective batch); None on CUDA = the device's free memory."""
+    cache_split: CacheSplit | None = None
+    """Which part of the dataset's per-sample work is deterministic (decode, resize) and which
+    is random (:class:`redline.data.CacheSplit`): the path then tries serving the loader from
+    a cache of the deterministic part (filled once, the fill counted against the planned
+    run). None: the decode cache is not tried (it is not tried either for a dataset that is
+    already a ``CachedDataset``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
@@ -91,6 +98,9 @@ class TrainSetup:
             raise SetupError(f"memory_limit_bytes must be > 0 or None, got "
                              f"{self.memory_limit_bytes}")
         torch.device(self.device)  # raises on a malformed device string
+        if self.cache_split is not None and not isinstance(self.cache_split, CacheSplit):
+            raise SetupError(f"TrainSetup.cache_split must be a redline.data.CacheSplit, got "
+                             f"{type(self.cache_split).__name__}")
 
     @property
     def micro_batch(self) -> int:

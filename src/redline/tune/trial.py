@@ -88,7 +88,8 @@ def endless(loader: Any) -> Any:
 def counted_peak(factory: Factory, plan: TunePlan) -> int:
     """Peak live bytes of one steady-state step, counted by the simulated budget (no limit)."""
     s = fresh(factory)
-    loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, torch.device(s.device))
+    loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, torch.device(s.device),
+                     s.cache_split)
     try:
         it = endless(loop.loader)
         loop.step(next(it))  # builds lazy optimizer state
@@ -155,7 +156,7 @@ def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup
     shard; they agree on how many steps to run, see :func:`_train_watched`)."""
     s = fresh(factory)
     device = torch.device(s.device)
-    loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, device)
+    loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, device, s.cache_split)
     source: Any = loop.loader
     if step_only:
         # From a worker-less copy of the loader: no worker processes competing for the CPUs.

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from redline.data.cache_split import CacheSplit
+
 
 @dataclass(slots=True)
 class Workload:
@@ -23,6 +25,9 @@ class Workload:
     device: torch.device
     accumulation_steps: int = 1
     """Micro-batches per optimizer step (effective batch = loader batch × this)."""
+    cache_split: CacheSplit | None = None
+    """The dataset's deterministic and random parts, where it declares them (the decode
+    cache knob of ``redline tune``)."""
 
 
 def batches(loader: DataLoader[Any]) -> Iterator[Any]:

@@ -132,4 +132,4 @@ def build_vision_simulated(sim: SimulatedAccelerator | None = None,
     lr = w.optimizer.param_groups[0]["lr"]
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     return Workload("vision (simulated accelerator)", model, w.loader, opt, w.loss_fn,
-                    w.device, w.accumulation_steps)
+                    w.device, w.accumulation_steps, w.cache_split)

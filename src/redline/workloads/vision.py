@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from redline.core.loader import LoaderSettings
+from redline.data.cache_split import CacheSplit
 from redline.workloads.base import Workload
 from redline.workloads.resnet import ResNet50
 
@@ -95,8 +96,58 @@ def _make_jpeg(rng: np.random.Generator, w: int, h: int, quality: int) -> bytes:
     return buf.getvalue()
 
 
+def decode(item: tuple[bytes, int]) -> tuple[np.ndarray, int]:
+    """The deterministic part of a sample: the JPEG decoded to RGB pixels (H × W × 3 uint8),
+    with its label."""
+    blob, label = item
+    return np.asarray(Image.open(io.BytesIO(blob)).convert("RGB")), label
+
+
+class Augment:
+    """The random part: a random resized crop to ``crop`` pixels, a flip half the time, and
+    ImageNet's normalization, on decoded pixels."""
+
+    def __init__(self, crop: int) -> None:
+        self.crop = crop
+
+    def __call__(self, item: tuple[np.ndarray, int]) -> tuple[torch.Tensor, int]:
+        pixels, label = item
+        img = random_resized_crop(Image.fromarray(pixels), self.crop)
+        if random.random() < 0.5:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        x = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
+        x = x.view(self.crop, self.crop, 3).permute(2, 0, 1).float().div_(255)
+        return (x - MEAN) / STD, label
+
+
+class Modulo:
+    """Sample ``i`` is image ``i mod n``: an epoch visits each distinct image several times."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, i: int) -> int:
+        return i % self.n
+
+
+class JpegSource(Dataset[tuple[bytes, int]]):
+    """The distinct images as stored: (encoded JPEG, label), one item per image."""
+
+    def __init__(self, images: SyntheticJpegDataset, fingerprint: str) -> None:
+        self.images = images
+        self.fingerprint = fingerprint
+        """Names the images (count, size, quality, seed) for the cache's keys."""
+
+    def __len__(self) -> int:
+        return self.images.num_images
+
+    def __getitem__(self, k: int) -> tuple[bytes, int]:
+        return self.images.jpeg(k), k % 10
+
+
 class SyntheticJpegDataset(Dataset[tuple[torch.Tensor, int]]):
-    """In-memory JPEGs, decoded and augmented on every access.
+    """In-memory JPEGs, decoded and augmented on every access: sample ``i`` is
+    ``Augment(decode(image i mod num_images))``, labelled by its image.
 
     The encoded bytes live in one numpy buffer with offsets, not a list of ``bytes``, so forked
     DataLoader workers share its pages instead of copying them (pytorch#13246).
@@ -110,6 +161,10 @@ class SyntheticJpegDataset(Dataset[tuple[torch.Tensor, int]]):
         self.length = cfg.length
         self.crop = cfg.crop
         self.num_images = cfg.num_images
+        self.augment = Augment(cfg.crop)
+        self.source = JpegSource(self, f"synthetic-jpeg:{cfg.num_images}:"
+                                       f"{cfg.stored_size[0]}x{cfg.stored_size[1]}:"
+                                       f"q{cfg.quality}:seed{cfg.seed}")
 
     def __len__(self) -> int:
         return self.length
@@ -119,15 +174,13 @@ class SyntheticJpegDataset(Dataset[tuple[torch.Tensor, int]]):
         blob: bytes = self.data[self.offsets[k]:self.offsets[k + 1]].tobytes()
         return blob
 
-
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        img = Image.open(io.BytesIO(self.jpeg(i))).convert("RGB")
-        img = random_resized_crop(img, self.crop)
-        if random.random() < 0.5:
-            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        x = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
-        x = x.view(self.crop, self.crop, 3).permute(2, 0, 1).float().div_(255)
-        return (x - MEAN) / STD, i % 10
+        return self.augment(decode(self.source[i % self.num_images]))
+
+    def cache_split(self) -> CacheSplit:
+        """The decode as the deterministic part, the augmentation as the random one: what
+        ``redline tune`` needs to try serving this dataset from a decode cache."""
+        return CacheSplit(self.source, decode, self.augment, Modulo(self.num_images))
 
 
 class StoredJpegDataset(SyntheticJpegDataset):
@@ -200,7 +253,8 @@ def build_vision(cfg: VisionConfig | None = None, device: torch.device | None = 
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     name = ("vision-large" if cfg.model == "resnet50" else
             "vision-storage" if cfg.storage_latency_ms > 0 else "vision")
-    return Workload(name, model, loader, opt, _loss, device, cfg.accumulation_steps)
+    return Workload(name, model, loader, opt, _loss, device, cfg.accumulation_steps,
+                    ds.cache_split())
 
 
 def vision_large_config() -> VisionConfig:
