@@ -40,7 +40,8 @@ def test_batch_is_searched_again_after_a_16_bit_precision_is_kept(
     here — this tests the order of the path, not this machine's timings.)"""
     import dataclasses
 
-    from redline.tune.path import TuneConfig, tune
+    from redline.tune.path import TuneConfig
+    from redline.tune.run import tune
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "scripts"))
     import tune_tiny
@@ -84,7 +85,8 @@ def test_compile_is_measured_against_the_eager_step_and_amortized(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole compile knob on the CPU (inductor): a real compiled trial, the eager side
     measured on the step alone like it, and the decision from one_off_pays over run_steps."""
-    from redline.tune.path import TuneConfig, tune
+    from redline.tune.path import TuneConfig
+    from redline.tune.run import tune
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "scripts"))
     import tune_tiny
@@ -122,7 +124,8 @@ def test_bf16_is_tried_again_once_channels_last_is_kept(
     faster, and then faster once channels_last is kept. A precision that passed the numerics
     guard is tried once more after channels_last. (Known speeds: this tests the path.)"""
 
-    from redline.tune.path import TuneConfig, tune
+    from redline.tune.path import TuneConfig
+    from redline.tune.run import tune
 
     # channels_last halves the step; bf16 halves it again, but only in channels_last
     def step_s(plan: TunePlan) -> float:
@@ -148,7 +151,8 @@ def test_cudnn_benchmark_is_a_measured_knob_for_conv_nets_on_cuda(
 
     from redline.tune import path as path_mod
     from redline.tune.kernels import cudnn_benchmark_applies
-    from redline.tune.path import TuneConfig, tune
+    from redline.tune.path import TuneConfig
+    from redline.tune.run import tune
     from redline.tune.runtime import TunedLoop
 
     assert not cudnn_benchmark_applies(True, torch.device("cpu"))
@@ -191,7 +195,8 @@ def test_before_is_the_users_loader_not_a_worker_less_stand_in(tmp_path: Path) -
     of 0 workers would credit the tuner with what the user had already done."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from redline.tune.path import TuneConfig, baseline_plan, tune
+    from redline.tune.path import TuneConfig, baseline_plan
+    from redline.tune.run import tune
     from redline.tune.setup import TrainSetup
 
     data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
@@ -226,7 +231,8 @@ def test_tf32_and_fp16_are_decided_by_the_guard_and_the_measured_speed(
     tried before bf16: each passes the numerics guard (run for real on this CPU) and is kept
     only when measured faster (faked speeds: this tests the path, not this machine)."""
     from redline.tune import path as path_mod
-    from redline.tune.path import TuneConfig, tune
+    from redline.tune.path import TuneConfig
+    from redline.tune.run import tune
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "scripts"))
     import tune_tiny
@@ -279,7 +285,8 @@ def test_a_16_bit_precision_whose_step_does_not_fit_is_reverted(tmp_path: Path) 
     """bf16 is faster (faked) and passes the numerics guard, but under this budget its step
     does not fit even at micro-batch 1 (weights' 16-bit copies): the search again finds so and
     the plan goes back to fp32, saying why, instead of failing the whole tune."""
-    from redline.tune.path import TuneConfig, tune
+    from redline.tune.path import TuneConfig
+    from redline.tune.run import tune
 
     cfg = TuneConfig(steps_per_trial=2, rounds=1, warmup_steps=1, tune_loader=False,
                      tune_kernels=False, reuse=False, store_dir=str(tmp_path))

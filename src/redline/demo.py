@@ -15,8 +15,8 @@ from redline.report.terminal import print_report
 from redline.report.tune_render import render as render_tune
 from redline.report.watch import Watch
 from redline.tune.config import TuneConfig
-from redline.tune.path import tune
 from redline.tune.result import TuneResult
+from redline.tune.run import tune
 from redline.tune.setup import TrainSetup
 from redline.workloads import WORKLOADS, Workload, train, vision_storage_config
 from redline.workloads.simulated import SimulatedAccelerator, build_vision_simulated

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from redline.tune.config import NumericsTolerance, TuneConfig
     from redline.tune.decision import Decision, Knob
     from redline.tune.memory_budget import MemoryBudget
-    from redline.tune.path import tune
     from redline.tune.plan import (
         PlanError,
         PlanMismatchError,
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
     )
     from redline.tune.precision import NonFiniteLossError, check_numerics
     from redline.tune.result import Projection, TuneResult
+    from redline.tune.run import tune
     from redline.tune.runtime import TunedLoop, apply_plan, train_step
     from redline.tune.setup import SetupError, TrainSetup, load_factory
 
@@ -37,7 +37,7 @@ _LAZY = {
     "NumericsTolerance": "config", "TuneConfig": "config",
     "Decision": "decision", "Knob": "decision",
     "MemoryBudget": "memory_budget",
-    "tune": "path",
+    "tune": "run",
     "PlanError": "plan", "PlanMismatchError": "plan", "PlanStore": "plan", "TunePlan": "plan",
     "load_plan": "plan", "save_plan": "plan",
     "NonFiniteLossError": "precision", "check_numerics": "precision",

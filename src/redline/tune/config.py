@@ -22,9 +22,15 @@ class NumericsTolerance:
     max_overflow_steps: int = 1
     """fp16: GradScaler may skip this many steps while it calibrates its scale (it starts at
     2¹⁶ and halves on each overflow); more means the gradients do not fit fp16."""
+    batch_change_loss_rel: float = 0.10
+    """``--allow-batch-change``: after the same samples, the larger batch's held-out loss may
+    exceed the user's batch's by at most 10 %. It took fewer, larger steps: over a short guard
+    it trails a little even where the scaling rule holds; a rule that fails (a rate too high
+    to be stable) moves the loss by far more, or to NaN."""
 
     def __post_init__(self) -> None:
-        if self.loss_rel <= 0 or self.grad_norm_rel <= 0 or self.max_overflow_steps < 0:
+        if (self.loss_rel <= 0 or self.grad_norm_rel <= 0 or self.max_overflow_steps < 0
+                or self.batch_change_loss_rel <= 0):
             raise ValueError("tolerances must be > 0 (overflow steps >= 0)")
 
 
@@ -67,6 +73,10 @@ class TuneConfig:
     """Plan store folder; None = $REDLINE_CACHE_DIR/plans or ~/.cache/redline/plans."""
     reuse: bool = True
     """Reuse a remembered plan for the same key instead of searching again."""
+    allow_batch_change: bool = False
+    """The effective batch may grow (up to what memory allows, at most 8-fold) with the
+    learning rate rescaled by a stated rule (:mod:`redline.tune.batch_change`): this changes
+    the optimization, so it is off unless asked for."""
 
     def __post_init__(self) -> None:
         for name in ("steps_per_trial", "rounds", "numerics_steps", "loader_batches_per_trial"):

@@ -17,6 +17,7 @@ class Knob(str, Enum):
     DECODE_CACHE = "decode cache"
     LOADER = "data pipeline"
     BATCH = "batch size"
+    BATCH_CHANGE = "effective batch"
     PRECISION = "precision"
     CHANNELS_LAST = "channels_last"
     CUDNN_BENCHMARK = "cudnn.benchmark"
@@ -27,7 +28,7 @@ class Knob(str, Enum):
     DDP_BUCKET_VIEW = "DDP gradient_as_bucket_view"
 
 
-_VALUE_IN_LABEL = (Knob.PRECISION, Knob.OPTIMIZER, Knob.DDP_BUCKET)
+_VALUE_IN_LABEL = (Knob.PRECISION, Knob.OPTIMIZER, Knob.DDP_BUCKET, Knob.BATCH_CHANGE)
 
 
 

@@ -23,9 +23,9 @@ from redline.data.autotune import autotune_loader, rebuild_factory
 from redline.data.cache import CachedDataset
 from redline.data.cache_split import fill
 from redline.data.prefetcher import map_tensors
-from redline.diagnose.limits import remaining_limits
 from redline.measure.agree import Agreement, RanksDivergedError
 from redline.measure.system import cpu_budget
+from redline.tune.batch_change import MAX_GROWTH, check_batch_change, lr_rule
 from redline.tune.batch_finder import BatchDoesNotFitError, BatchSearch, find_batch_size
 from redline.tune.config import DEFAULT_RUN_STEPS, TuneConfig
 from redline.tune.ddp import as_ddp, bucket_candidate, cannot_rewrap, rewrap
@@ -40,7 +40,7 @@ from redline.tune.kernels import (
     has_conv2d,
     optimizer_impls,
 )
-from redline.tune.plan import PlanKey, PlanStore, TunePlan, plan_key
+from redline.tune.plan import PlanKey, TunePlan, plan_key
 from redline.tune.precision import (
     NonFiniteLossError,
     NumericsCheck,
@@ -50,29 +50,12 @@ from redline.tune.precision import (
     supported,
     worst_check,
 )
-from redline.tune.result import TuneResult, merge_trials, project
 from redline.tune.runtime import TunedLoop, plan_dataset, train_step
 from redline.tune.setup import Factory, SetupError
 from redline.tune.trial import TrialMetrics, endless, fresh, probe_batch, state_tensors
 
-_SIXTEEN_BIT = ("bf16", "fp16")
-
-
-def compare(factory: Factory, before: TunePlan, after: TunePlan, cfg: TuneConfig,
-            agree: Agreement | None = None) -> tuple[TrialMetrics, TrialMetrics]:
-    """Before and after, alternating ``cfg.rounds`` times; the first round also counts FLOPs
-    (MFU) and peak memory, and on CUDA traces a few steps for the kernel-union device busy
-    (the CUDA-event span is an upper bound that a host-bound loop inflates)."""
-    rows: dict[str, list[TrialMetrics]] = {"before": [], "after": []}
-    cuda = before.key.device.startswith("cuda")
-    job = agree or Agreement()
-    for r in range(cfg.rounds):
-        for label, pl in (("before", before), ("after", after)):
-            rows[label].append(job_trial(factory, pl, label, job, steps=cfg.steps_per_trial,
-                                         warmup=cfg.warmup_steps,
-                                         count_flops=r == 0 and not pl.compile, memory=r == 0,
-                                         trace=r == 0 and cuda))
-    return merge_trials(rows["before"]), merge_trials(rows["after"])
+SIXTEEN_BIT = ("bf16", "fp16")
+"""The 16-bit precisions (activations about half the bytes of fp32 ones)."""
 
 
 def baseline_plan(key: PlanKey, micro: int, effective: int,
@@ -234,6 +217,24 @@ class TunePath:
                 "larger one would change the optimization (set accumulation_steps in the setup "
                 "to allow a larger effective batch)", again=again))
             return plan, None
+        search, how = self._largest_micro(plan, plan.effective_batch)
+        details: dict[str, str | int | float | bool | None] = {
+            "finder": search.reason, "trials": search.trials, "ooms": search.ooms,
+            "probe_sample": how}
+        if search.batch <= plan.micro_batch:
+            plan.decisions.append(Decision(
+                Knob.BATCH, False, f"the largest micro-batch that fits is {search.batch} (now "
+                f"{plan.micro_batch})", value=str(search.batch), again=again, details=details))
+            return plan, search
+        cand = dataclasses.replace(plan, micro_batch=search.batch, decisions=[])
+        details["accumulation_steps"] = cand.accumulation_steps
+        return self.decide(plan, cand, Decision(Knob.BATCH, False, "", value=str(search.batch),
+                                                again=again, details=details)), search
+
+    def _largest_micro(self, plan: TunePlan, max_batch: int) -> tuple[BatchSearch, str]:
+        """The largest micro-batch up to ``max_batch`` that fits the device's memory (the
+        setup's limit; on CUDA the free memory), with the plan's precision and layout; and
+        which sample the probes were built from."""
         s = fresh(self.factory)
         make, how = probe_batch(s, self.device)
         ac = autocast_for(plan.precision, self.device)
@@ -251,7 +252,7 @@ class TunePath:
         try:
             search = find_batch_size(
                 step, state=lambda: state_tensors(model, s.optimizer),
-                max_batch=plan.effective_batch, limit_bytes=limit,
+                max_batch=max_batch, limit_bytes=limit,
                 cuda_device=self.device if self.device.type == "cuda" else None,
                 agree=self.agree)
         except BatchDoesNotFitError as e:
@@ -261,18 +262,63 @@ class TunePath:
             raise
         self.log(f"  batch finder: {search.reason} ({search.trials} trials, {search.ooms} OOM; "
                  f"probes use the {how})")
-        details: dict[str, str | int | float | bool | None] = {
-            "finder": search.reason, "trials": search.trials, "ooms": search.ooms,
-            "probe_sample": how}
-        if search.batch <= plan.micro_batch:
+        return search, how
+
+    def batch_change(self, plan: TunePlan) -> TunePlan:
+        """A larger effective batch, the learning rate rescaled by its optimizer's rule
+        (:mod:`redline.tune.batch_change`): only with ``allow_batch_change``; checked against
+        the user's batch over the same samples, then kept only if measured faster."""
+        s = fresh(self.factory)
+        rule = lr_rule(s.optimizer)
+        if rule is None:
             plan.decisions.append(Decision(
-                Knob.BATCH, False, f"the largest micro-batch that fits is {search.batch} (now "
-                f"{plan.micro_batch})", value=str(search.batch), again=again, details=details))
-            return plan, search
-        cand = dataclasses.replace(plan, micro_batch=search.batch, decisions=[])
-        details["accumulation_steps"] = cand.accumulation_steps
-        return self.decide(plan, cand, Decision(Knob.BATCH, False, "", value=str(search.batch),
-                                                again=again, details=details)), search
+                Knob.BATCH_CHANGE, False, f"not tried: {type(s.optimizer).__name__} has no "
+                "stated learning-rate rule here (linear for SGD, square root for the Adam "
+                "family)"))
+            return plan
+        eff = plan.effective_batch
+        search, _ = self._largest_micro(plan, MAX_GROWTH * eff)
+        ratio = search.batch // eff
+        if ratio < 2:
+            plan.decisions.append(Decision(
+                Knob.BATCH_CHANGE, False, f"the largest micro-batch that fits is {search.batch}:"
+                f" no multiple of the effective batch {eff} above it fits in memory"))
+            return plan
+        to, scale = ratio * eff, rule.scale(ratio)
+        it = endless(rebuild_factory(s.loader, batch_size=eff)(LoaderSettings()))
+        batches = [map_tensors(next(it), lambda t: t.to(self.device))
+                   for _ in range(self.cfg.numerics_steps * ratio + 1)]
+        checks = self.agree.run(lambda: check_batch_change(
+            s.model, s.optimizer, batches[:-1], batches[-1], eff, ratio, plan.micro_batch,
+            to, s.loss_fn, scale, self.cfg.tolerance.batch_change_loss_rel),
+            f"batch change to {to}")
+        chk = next((c for c in checks if not c.passed), checks[0])
+        self.log(f"  effective batch {to}: {chk.reason}")
+        details: dict[str, str | int | float | bool | None] = {
+            "from_batch": eff, "lr_rule": rule.name, "lr_rule_source": rule.source,
+            "lr_scale": round(scale, 4), "guard": chk.reason}
+        if not chk.passed:
+            plan.decisions.append(Decision(Knob.BATCH_CHANGE, False, chk.reason,
+                                           value=str(to), details=details))
+            return plan
+        steps = -(-self.run_steps * eff // to)  # the same samples in fewer, larger steps
+        cand = dataclasses.replace(
+            plan, effective_batch=to, micro_batch=to, lr_scale=scale, lr_rule=rule.name,
+            lr_warmup_steps=rule.warmup_steps(steps), user_effective_batch=eff, decisions=[])
+        details["lr_warmup_steps"] = cand.lr_warmup_steps
+        kept = self.decide(plan, cand, Decision(Knob.BATCH_CHANGE, False, "", value=str(to),
+                                                numerics=chk.reason, details=details))
+        if kept is cand:
+            cand.notes.append(
+                f"The optimization changed: effective batch {eff} → {to} (allowed by "
+                f"--allow-batch-change), learning rate × {scale:.3g} ({rule.name} rule, "
+                f"{rule.source})" + (f", reached over {cand.lr_warmup_steps:,} warm-up steps"
+                                     if cand.lr_warmup_steps else "")
+                + f"; the same samples take {steps:,} steps instead of {self.run_steps:,}. "
+                "Validate before adopting it: train it to your usual end and compare the "
+                "validation loss and metrics with your baseline's; build learning-rate "
+                "schedulers after apply_plan (they read the rates it sets).")
+        return kept
 
     def precision(self, plan: TunePlan) -> tuple[TunePlan, list[NumericsCheck]]:
         checks = []
@@ -307,7 +353,7 @@ class TunePath:
         if plan.precision not in ("fp32", "tf32"):
             return plan
         refused = [d for d in plan.decisions
-                   if d.knob is Knob.PRECISION and d.value in _SIXTEEN_BIT and not d.kept
+                   if d.knob is Knob.PRECISION and d.value in SIXTEEN_BIT and not d.kept
                    and d.numerics is not None and not d.again]
         for d in refused:
             assert d.value is not None
@@ -422,137 +468,3 @@ class TunePath:
             return cand
         plan.decisions.append(d)
         return plan
-
-
-def _batch_again(p: TunePath, plan: TunePlan, cfg: TuneConfig, search: BatchSearch | None,
-                 log: Callable[[str], None]) -> tuple[TunePlan, BatchSearch | None]:
-    """Once a 16-bit precision is kept, search the batch again (once): 16-bit activations take
-    about half the memory, so a larger micro-batch may fit."""
-    if (not cfg.tune_batch or plan.precision not in _SIXTEEN_BIT
-            or plan.micro_batch >= plan.effective_batch
-            or any(d.knob is Knob.BATCH and d.again for d in plan.decisions)):
-        return plan, search
-    log("batch size, again (16-bit activations are smaller)")
-    try:
-        plan, again = p.batch(plan, again=True)
-    except BatchDoesNotFitError as e:
-        # Autocast keeps 16-bit copies of the weights beside the fp32 ones: under a tight
-        # memory budget the 16-bit step can need more than the fp32 one. The precision was
-        # kept for speed on trials that do not enforce the budget; it does not fit: revert.
-        kept = next(d for d in reversed(plan.decisions)
-                    if d.knob is Knob.PRECISION and d.kept)
-        why = str(e).split(". Options")[0]
-        kept.kept = False
-        kept.reason += f"; reverted: {why} in {plan.precision}"
-        log(f"  {plan.precision} reverted: {why}")
-        before = next((d.value for d in reversed(plan.decisions) if d.knob is Knob.PRECISION
-                       and d.kept and d.value), "fp32")
-        plan = dataclasses.replace(plan, precision=before)
-        plan.decisions.append(Decision(
-            Knob.BATCH, False, f"not searched again: {kept.value} was reverted (its step "
-            "does not fit the memory budget)", again=True))
-        return plan, search
-    return plan, again or search
-
-
-def tune(factory: Factory, config: TuneConfig | None = None,
-         log: Callable[[str], None] = lambda s: None,
-         measure_fn: MeasureFn | None = None) -> TuneResult:
-    """Run the path on ``factory``'s setup; return the plan and the before/after numbers.
-
-    ``measure_fn`` replaces the trials that decide each knob (default: real trials, see
-    :func:`trial_measure`); the before/after comparison is always measured for real.
-
-    Raises:
-        SetupError: the factory raised or returned something unusable.
-        BatchDoesNotFitError: the model does not fit at micro-batch 1.
-        NonFiniteLossError: the loss is NaN/inf in fp32 already.
-    """
-    cfg = config or TuneConfig()
-    t0 = time.perf_counter()
-    agree = Agreement.for_job()
-    if agree.rank != 0:
-        log = _silent  # rank 0 speaks for the job; every rank takes the same path
-    p = TunePath(factory, cfg, log, measure_fn, agree)
-    try:
-        store = PlanStore(cfg.store_dir)
-        base = baseline_plan(p.key, p.micro, p.effective, p.user_loader)
-        ls = base.loader
-        ranks = (f" per rank, × {agree.world_size} ranks = {p.effective * agree.world_size} "
-                 "samples per optimizer step" if agree.world_size > 1 else "")
-        log(f"redline tune: baseline is micro-batch {p.micro} × {p.effective // p.micro} = "
-            f"effective batch {p.effective}{ranks}, fp32, the loader as given ({ls.num_workers} "
-            f"workers, prefetch {ls.prefetch_factor}, pin_memory {ls.pin_memory}, persistent "
-            f"{ls.persistent_workers})")
-        # Rank 0's memory of plans is the job's: a plan remembered on one host only is not
-        # reused on some ranks and searched again on others.
-        reused = agree.first(store.get(p.key) if cfg.reuse and agree.rank == 0 else None,
-                             "remembered plan")
-        if reused is not None:
-            refused = p.numerics_refuse(reused)
-            if refused is not None:
-                log(f"not reusing the remembered plan {store.path(p.key)}: {refused}; searching "
-                    "again")
-                reused = None
-        search: BatchSearch | None = None
-        checks: list[NumericsCheck] = []
-        sites: list[AttentionSite] = []
-        if reused is not None:
-            plan = reused
-            log(f"reusing the remembered plan {store.path(p.key)}")
-        else:
-            plan = dataclasses.replace(base, decisions=[])
-            if cfg.tune_loader:
-                log("1/4 data pipeline")
-                plan = p.loader(plan)
-                plan = p.decode_cache(plan)
-            if cfg.tune_batch:
-                log("2/4 batch size (effective batch kept)")
-                plan, search = p.batch(plan)
-            if cfg.tune_precision:
-                log("3/4 precision")
-                plan, checks = p.precision(plan)
-                plan, search = _batch_again(p, plan, cfg, search, log)
-            if cfg.tune_kernels:
-                log("4/4 kernels")
-                plan, sites = p.kernels(plan)
-                # 16-bit kept only with channels_last (precision_again): the same reason to look
-                # at the batch again as after the precision step.
-                plan, search = _batch_again(p, plan, cfg, search, log)
-            if cfg.tune_ddp and agree.world_size > 1:
-                log("DDP communication")
-                plan = p.ddp(plan)
-            if cfg.tune_loader and any(d.kept for d in plan.decisions if d.knob is not Knob.LOADER):
-                # A faster step moves the bottleneck to the input pipeline: provision it for the
-                # final step (the loader autotune stops at once if the input keeps up).
-                log("data pipeline, again (the step got faster)")
-                plan = p.loader(plan, again=True)
-        if plan.decode_cache and plan.decode_cache_store is None:
-            # a remembered plan: its trials fill a store of their own, removed after them
-            p.cache_store = trial_store()
-            plan = dataclasses.replace(plan, decode_cache_store=p.cache_store)
-        log("measuring before and after, side by side...")
-        before, after = compare(factory, base, plan, cfg, agree)
-        # the plan as remembered and returned: the cache at CachedDataset's default folder,
-        # not at the trials' (removed when tuning ends)
-        plan = dataclasses.replace(plan, decode_cache_store=None)
-        path_str = None
-        if reused is None and agree.rank == 0:
-            path_str = str(store.put(plan))
-        n = agree.world_size
-        return TuneResult(plan, before, after,
-                          project(before, p.run_steps, cfg.price_per_device_hour, devices=n),
-                          project(after, p.run_steps, cfg.price_per_device_hour, devices=n),
-
-                          p.run_steps_source, cfg.price_per_device_hour, search, checks, sites,
-                          str(store.path(p.key)) if reused is not None else None, path_str,
-                          time.perf_counter() - t0,
-                          remaining_limits(after.data_wait_fraction,
-                                           after.device_busy_kernels_fraction,
-                                           after.device_busy_fraction))
-
-    finally:
-        p.close()  # the trials' decode cache
-
-def _silent(_: str) -> None:
-    """The log of ranks other than 0."""

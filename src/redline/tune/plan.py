@@ -115,6 +115,15 @@ class TunePlan:
     """'fused' | 'foreach' | None (the optimizer as built)."""
     ddp: DdpSettings = field(default_factory=DdpSettings)
     """DDP settings to re-wrap a DistributedDataParallel model with (ignored for others)."""
+    lr_scale: float = 1.0
+    """Every parameter group's learning rate × this (1: unchanged). Other than 1 only where
+    the effective batch was allowed to change (``redline tune --allow-batch-change``)."""
+    lr_rule: str | None = None
+    """The rule behind ``lr_scale``: 'linear' (SGD) or 'sqrt' (adaptive optimizers)."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps over which the rate rises linearly from the user's to the scaled one."""
+    user_effective_batch: int | None = None
+    """The user's effective batch where the plan changed it (else None: unchanged)."""
 
     schema: str = PLAN_SCHEMA
     decisions: list[Decision] = field(default_factory=list)
@@ -130,6 +139,11 @@ class TunePlan:
         if self.optimizer_impl not in (None, "fused", "foreach"):
             raise ValueError(f"optimizer_impl must be 'fused', 'foreach' or None, got "
                              f"{self.optimizer_impl!r}")
+        if not self.lr_scale > 0 or self.lr_warmup_steps < 0:
+            raise ValueError(f"need lr_scale > 0 and lr_warmup_steps >= 0, got {self.lr_scale} "
+                             f"and {self.lr_warmup_steps}")
+        if self.lr_rule not in (None, "linear", "sqrt"):
+            raise ValueError(f"lr_rule must be 'linear', 'sqrt' or None, got {self.lr_rule!r}")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1 or None, got {self.torch_threads}")
         if self.source_batch_size is not None and self.source_batch_size < 1:

@@ -122,6 +122,12 @@ class TunedLoop:
         self.model: torch.nn.Module = rewrap(model, plan.ddp)
         model = self.model
         self.optimizer = rebuild_optimizer(optimizer, plan.optimizer_impl)
+        self._steps = 0
+        self._target_lrs: list[Any] | None = None
+        if plan.lr_scale != 1.0:
+            # a larger effective batch: the scaled rates, reached over the plan's warm-up
+            self._target_lrs = [g["lr"] * plan.lr_scale for g in self.optimizer.param_groups]
+            self._warm_lr()
         self.forward_model: Any = torch.compile(model) if plan.compile else model
         self._autocast = autocast_for(plan.precision, device)
         self.scaler = make_scaler(plan.precision, device)
@@ -141,9 +147,24 @@ class TunedLoop:
             return DevicePrefetcher(batches, self.device)
         return _OnDevice(batches, self.device)
 
+    def lr_factor(self, step: int) -> float:
+        """The share of the scaled learning rate at optimizer step ``step`` (from 0): it rises
+        linearly from the user's rate (1 / lr_scale) to 1 over the plan's warm-up."""
+        w, s = self.plan.lr_warmup_steps, self.plan.lr_scale
+        return 1.0 if step >= w else (1 + (s - 1) * step / w) / s
+
+    def _warm_lr(self) -> None:
+        if self._target_lrs is None or self._steps > self.plan.lr_warmup_steps:
+            return
+        f = self.lr_factor(self._steps)
+        for g, lr in zip(self.optimizer.param_groups, self._target_lrs, strict=True):
+            g["lr"] = lr * f
+
     def step(self, batch: Any, micro_batch: int | None = None) -> torch.Tensor:
         """One optimizer step over an effective batch; returns its mean loss (detached, on
         the device: reading it with ``float()`` syncs, so log it only every N steps)."""
+        self._warm_lr()
+        self._steps += 1
         if self.plan.channels_last:
             batch = _to_channels_last(batch)
         return train_step(self.forward_model, self.optimizer, batch,

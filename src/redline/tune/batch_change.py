@@ -1,0 +1,153 @@
+"""A larger effective batch, only where the user allows it (``redline tune
+--allow-batch-change``): the optimization changes, so the learning rate is rescaled by a stated
+rule and the result is checked against the user's batch over the same samples.
+
+Rules (the ratio ``r`` = new effective batch ÷ the user's):
+
+- **linear** for SGD (with or without momentum): learning rate × r, reached by a linear
+  warm-up from the user's rate over the first 5 % of the run's steps (Goyal et al., "Accurate,
+  Large Minibatch SGD: Training ImageNet in 1 Hour", 2017, §2.1–2.2: linear scaling with a
+  gradual warm-up of 5 of 90 epochs).
+- **square root** for the adaptive family (Adam, AdamW, Adamax, NAdam, RAdam, Adagrad,
+  RMSprop): learning rate × √r (Malladi et al., "On the SDEs and Scaling Rules for Adaptive
+  Gradient Algorithms", NeurIPS 2022; Hoffer et al., "Train longer, generalize better", 2017),
+  no warm-up of its own.
+
+Other optimizers have no stated rule here: the batch is not changed for them.
+
+The guard trains the user's batch for ``k·r`` steps and the larger one for ``k`` steps from the
+same weights, on the same samples (each larger batch is ``r`` of the user's, concatenated), and
+compares the loss of both on the same held-out batch: the larger batch passes if it is finite
+and at most ``tolerance`` above the user's.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from redline.tune.runtime import train_step
+
+MAX_GROWTH = 8
+"""The effective batch grows at most 8-fold: Goyal et al. kept ImageNet's accuracy to a 32-fold
+growth (256 → 8k) with these rules, but closer to the user's batch the rules are better tested
+on more models, and fewer steps per sample leave less room for a learning-rate schedule."""
+
+WARMUP_SHARE = 0.05
+"""The linear rule's warm-up: 5 % of the run's steps (5 of Goyal et al.'s 90 epochs)."""
+
+_ADAPTIVE = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "RMSprop")
+
+
+@dataclass(frozen=True, slots=True)
+class LrRule:
+    """How the learning rate follows the batch, and where the rule comes from."""
+
+    name: str
+    """'linear' or 'sqrt'."""
+    source: str
+
+    def scale(self, ratio: float) -> float:
+        return ratio if self.name == "linear" else math.sqrt(ratio)
+
+    def warmup_steps(self, run_steps: int) -> int:
+        return max(1, round(WARMUP_SHARE * run_steps)) if self.name == "linear" else 0
+
+
+LINEAR = LrRule("linear", "Goyal et al. 2017, linear scaling with gradual warm-up")
+SQRT = LrRule("sqrt", "Malladi et al. 2022, square-root scaling for adaptive methods")
+
+
+def lr_rule(optimizer: torch.optim.Optimizer) -> LrRule | None:
+    """The rule for this optimizer's class (by its base classes' names too), or None."""
+    names = {c.__name__ for c in type(optimizer).__mro__}
+    if "SGD" in names:
+        return LINEAR
+    if names & set(_ADAPTIVE):
+        return SQRT
+    return None
+
+
+def concat(batches: Sequence[Any]) -> Any:
+    """One batch made of several (tensors concatenated along the batch dimension, nested in
+    tuples, lists and dicts as the loader collates them). Raises TypeError for anything else."""
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(batches))
+    if isinstance(first, tuple | list):
+        return type(first)(concat([b[k] for b in batches]) for k in range(len(first)))
+    if isinstance(first, dict):
+        return {k: concat([b[k] for b in batches]) for k in first}
+    raise TypeError(f"cannot join batches of {type(first).__name__}")
+
+
+@dataclass(slots=True)
+class BatchChangeCheck:
+    """The guard's verdict for one larger effective batch."""
+
+    from_batch: int
+    to_batch: int
+    lr_scale: float
+    samples: int
+    """Samples both sides trained on before the held-out loss was read."""
+    heldout_loss_before: float
+    heldout_loss_after: float
+    passed: bool
+    reason: str
+
+
+def _heldout(model: torch.nn.Module, batch: Any,
+             loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> float:
+    with torch.no_grad():
+        return float(loss_fn(model, batch))
+
+
+def check_batch_change(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                       batches: Sequence[Any], heldout: Any, effective: int, ratio: int,
+                       micro: int, to_micro: int,
+                       loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+                       lr_scale: float, tolerance: float) -> BatchChangeCheck:
+    """Train on ``batches`` (the user's effective batches, a multiple of ``ratio`` of them) at
+    the user's batch, then from the same start on the same samples ``ratio`` at a time with the
+    learning rate × ``lr_scale`` (no warm-up: the scaled rate itself is what is checked);
+    compare the held-out loss. ``model`` and ``optimizer`` are left as they were."""
+    w0 = copy.deepcopy(model.state_dict())
+    o0 = copy.deepcopy(optimizer.state_dict())
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    n = len(batches) // ratio * ratio
+    if n == 0:
+        raise ValueError(f"need at least {ratio} batches, got {len(batches)}")
+    try:
+        for x in batches[:n]:
+            train_step(model, optimizer, x, micro, loss_fn)
+        before = _heldout(model, heldout, loss_fn)
+        model.load_state_dict(w0)
+        optimizer.load_state_dict(o0)
+        for g, lr in zip(optimizer.param_groups, lrs, strict=True):
+            g["lr"] = lr * lr_scale
+        for k in range(0, n, ratio):
+            train_step(model, optimizer, concat(batches[k:k + ratio]), to_micro, loss_fn)
+        after = _heldout(model, heldout, loss_fn)
+    finally:
+        model.load_state_dict(w0)
+        optimizer.load_state_dict(o0)
+        for g, lr in zip(optimizer.param_groups, lrs, strict=True):
+            g["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+    samples = n * effective
+    worse = (after - before) / max(abs(before), 1e-12) if math.isfinite(after) else math.inf
+    passed = math.isfinite(before) and worse <= tolerance
+    common = (f"held-out loss after the same {samples:,} samples: {after:.4g} at the larger "
+              f"batch ({n // ratio} steps, learning rate × {lr_scale:.3g}) vs {before:.4g} at "
+              f"the user's ({n} steps)")
+    reason = (f"{common}, within {tolerance:.0%}" if passed else
+              f"refused: {common}, "
+              + ("not finite" if not math.isfinite(after) else f"{worse:.1%} worse")
+              + f" (tolerance {tolerance:.0%})")
+    return BatchChangeCheck(effective, effective * ratio, lr_scale, samples, before, after,
+                            passed, reason)
