@@ -64,6 +64,28 @@ def test_tune_writes_plan_table_and_reuses_it(tmp_path: Path, script: Path) -> N
     assert "reusing the remembered plan" in r2.stdout
 
 
+@pytest.mark.slow
+def test_the_effective_batch_changes_only_when_allowed_and_is_said(tmp_path: Path,
+                                                                    script: Path) -> None:
+    r = _run(tmp_path, str(script), "--steps", "2", "--rounds", "1", "--no-compile",
+             "--allow-batch-change", "--json", "out.json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads((tmp_path / "out.json").read_text())["plan"]
+    (d,) = [d for d in out["decisions"] if d["knob"] == "effective batch"]
+    # AdamW: the square-root rule; the guard's verdict travels with the decision
+    assert d["details"]["lr_rule"] == "sqrt" and "of the user's progress" in d["details"]["guard"]
+    # a tiny model on a CPU: a batch several times larger runs several times the samples/s
+    assert d["kept"], d["reason"]
+    assert out["user_effective_batch"] == 32 and out["effective_batch"] > 32
+    assert out["lr_scale"] == pytest.approx((out["effective_batch"] / 32) ** 0.5)
+    assert "note: The optimization changed: effective batch 32 →" in r.stdout
+    # A remembered plan that changed the batch is not reused without the flag
+    r2 = _run(tmp_path, str(script), "--steps", "2", "--rounds", "1", "--no-compile")
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert load_plan(tmp_path / "redline-plan.json").effective_batch == 32
+    assert "--allow-batch-change was not given; searching again" in r2.stdout
+
+
 def test_plan_from_another_model_is_refused(tmp_path: Path) -> None:
     sys.path.insert(0, str(SCRIPT.parent))
     try:

@@ -122,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--no-compile", action="store_true", help="do not try torch.compile")
     u.add_argument("--fresh", action="store_true",
                    help="search again even if a plan for this model/device/inputs is remembered")
+    u.add_argument("--allow-batch-change", action="store_true",
+                   help="let the effective batch grow (up to what memory allows, at most 8×) "
+                   "with the learning rate rescaled (linear with warm-up for SGD, square root "
+                   "for Adam-family optimizers) after a check of the loss over the same "
+                   "samples: this changes the optimization (docs/tune.md)")
     u.add_argument("--settings-for", choices=("lightning", "hf"), default=None,
                    help="also print the plan as Lightning Trainer/DataLoader arguments or "
                    "Hugging Face TrainingArguments (docs/integrations.md)")
@@ -241,7 +246,8 @@ def _tune(args: argparse.Namespace) -> int:
         factory = load_factory(args.script, args.factory)
         cfg = TuneConfig(steps_per_trial=args.steps, rounds=args.rounds,
                          run_steps=args.run_steps, price_per_device_hour=args.price_per_hour,
-                         try_compile=not args.no_compile, reuse=not args.fresh)
+                         try_compile=not args.no_compile, reuse=not args.fresh,
+                         allow_batch_change=args.allow_batch_change)
         result = tune(factory, cfg, log=lambda s: print(s, flush=True))
     except BatchDoesNotFitError as e:
         hint = ""

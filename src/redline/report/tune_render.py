@@ -101,13 +101,18 @@ def render(r: TuneResult, console: Console | None = None, label: str | None = No
     ddp = [f"{k} {v}" for k, v in (("DDP bucket_cap_mb", p.ddp.bucket_cap_mb),
                                    ("DDP gradient_as_bucket_view", p.ddp.gradient_as_bucket_view))
            if v is not None]
+    changed = (f"changed from {p.user_effective_batch}, learning rate × {p.lr_scale:.3g}"
+               if p.user_effective_batch else "unchanged")
     console.print(
         f"plan: micro-batch {p.micro_batch} × {p.accumulation_steps} (effective batch "
-        f"{p.effective_batch}{job}, unchanged), {p.precision}, workers {p.loader.num_workers}, "
+        f"{p.effective_batch}{job}, {changed}), {p.precision}, workers {p.loader.num_workers}, "
         f"prefetch {p.loader.prefetch_factor}, pin_memory {p.loader.pin_memory}, "
         f"channels_last {p.channels_last}, "
         f"cudnn.benchmark {p.cudnn_benchmark}, compile {p.compile}, "
-        f"optimizer {p.optimizer_impl or 'as built'}" + "".join(f", {x}" for x in ddp))
+        f"optimizer {p.optimizer_impl or 'as built'}"
+        + (", decode cache" if p.decode_cache else "") + "".join(f", {x}" for x in ddp))
+    for note in p.notes:
+        console.print(f"note: {note}", style="bold", markup=False)
     if r.reused_plan:
         console.print(f"reused the remembered plan {r.reused_plan}", markup=False)
     elif r.plan_path:

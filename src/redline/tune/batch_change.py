@@ -13,12 +13,14 @@ Rules (the ratio ``r`` = new effective batch ÷ the user's):
   Gradient Algorithms", NeurIPS 2022; Hoffer et al., "Train longer, generalize better", 2017),
   no warm-up of its own.
 
-Other optimizers have no stated rule here: the batch is not changed for them.
+Other optimizers have no stated rule here: the batch is not changed for them. Where the guard
+refuses a ratio, half of it is tried, down to 2.
 
 The guard trains the user's batch for ``k·r`` steps and the larger one for ``k`` steps from the
 same weights, on the same samples (each larger batch is ``r`` of the user's, concatenated), and
-compares the loss of both on the same held-out batch: the larger batch passes if it is finite
-and at most ``tolerance`` above the user's.
+reads the loss of both on the same held-out batch, and before either trained: the larger batch
+passes if its loss fell by at least ``min_progress`` of what the user's batch's fell (a rate
+too large to be stable makes it rise, or NaN).
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ MAX_GROWTH = 8
 """The effective batch grows at most 8-fold: Goyal et al. kept ImageNet's accuracy to a 32-fold
 growth (256 → 8k) with these rules, but closer to the user's batch the rules are better tested
 on more models, and fewer steps per sample leave less room for a learning-rate schedule."""
+
+GUARD_STEPS = 8
+"""Steps of the larger batch in the guard (the user's batch takes ``r`` times as many): a
+momentum buffer or Adam's moment estimates settle over steps, so fewer would hold the larger
+batch's first steps against it."""
 
 WARMUP_SHARE = 0.05
 """The linear rule's warm-up: 5 % of the run's steps (5 of Goyal et al.'s 90 epochs)."""
@@ -95,8 +102,14 @@ class BatchChangeCheck:
     lr_scale: float
     samples: int
     """Samples both sides trained on before the held-out loss was read."""
+    heldout_loss_start: float
+    """The held-out loss before either side trained."""
     heldout_loss_before: float
+    """…after the user's batch trained on the samples."""
     heldout_loss_after: float
+    """…after the larger batch trained on the same samples."""
+    progress: float
+    """The larger batch's fall of the held-out loss ÷ the user's batch's."""
     passed: bool
     reason: str
 
@@ -111,7 +124,7 @@ def check_batch_change(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                        batches: Sequence[Any], heldout: Any, effective: int, ratio: int,
                        micro: int, to_micro: int,
                        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
-                       lr_scale: float, tolerance: float) -> BatchChangeCheck:
+                       lr_scale: float, min_progress: float) -> BatchChangeCheck:
     """Train on ``batches`` (the user's effective batches, a multiple of ``ratio`` of them) at
     the user's batch, then from the same start on the same samples ``ratio`` at a time with the
     learning rate × ``lr_scale`` (no warm-up: the scaled rate itself is what is checked);
@@ -122,6 +135,7 @@ def check_batch_change(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     n = len(batches) // ratio * ratio
     if n == 0:
         raise ValueError(f"need at least {ratio} batches, got {len(batches)}")
+    start = _heldout(model, heldout, loss_fn)
     try:
         for x in batches[:n]:
             train_step(model, optimizer, x, micro, loss_fn)
@@ -140,14 +154,21 @@ def check_batch_change(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             g["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
     samples = n * effective
-    worse = (after - before) / max(abs(before), 1e-12) if math.isfinite(after) else math.inf
-    passed = math.isfinite(before) and worse <= tolerance
-    common = (f"held-out loss after the same {samples:,} samples: {after:.4g} at the larger "
-              f"batch ({n // ratio} steps, learning rate × {lr_scale:.3g}) vs {before:.4g} at "
-              f"the user's ({n} steps)")
-    reason = (f"{common}, within {tolerance:.0%}" if passed else
-              f"refused: {common}, "
-              + ("not finite" if not math.isfinite(after) else f"{worse:.1%} worse")
-              + f" (tolerance {tolerance:.0%})")
-    return BatchChangeCheck(effective, effective * ratio, lr_scale, samples, before, after,
-                            passed, reason)
+    fell = start - before
+    if not math.isfinite(after):
+        progress = -math.inf
+    elif fell > 0:
+        progress = (start - after) / fell
+    else:  # the user's batch made no progress on these samples: the larger must not lose any
+        progress = 1.0 if after <= start else -math.inf
+    passed = math.isfinite(before) and progress >= min_progress
+    common = (f"held-out loss {start:.4g} → {before:.4g} at the user's batch ({n} steps) and → "
+              f"{after:.4g} at the larger one ({n // ratio} steps, learning rate × "
+              f"{lr_scale:.3g}) over the same {samples:,} samples")
+    reason = (f"{common}: {progress:.0%} of the user's progress (≥ {min_progress:.0%})"
+              if passed else
+              f"refused: {common}: " + ("not finite" if not math.isfinite(after) else
+                                        f"{progress:.0%} of the user's progress")
+              + f" (needs ≥ {min_progress:.0%})")
+    return BatchChangeCheck(effective, effective * ratio, lr_scale, samples, start, before,
+                            after, progress, passed, reason)

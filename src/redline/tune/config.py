@@ -22,15 +22,16 @@ class NumericsTolerance:
     max_overflow_steps: int = 1
     """fp16: GradScaler may skip this many steps while it calibrates its scale (it starts at
     2¹⁶ and halves on each overflow); more means the gradients do not fit fp16."""
-    batch_change_loss_rel: float = 0.10
-    """``--allow-batch-change``: after the same samples, the larger batch's held-out loss may
-    exceed the user's batch's by at most 10 %. It took fewer, larger steps: over a short guard
-    it trails a little even where the scaling rule holds; a rule that fails (a rate too high
-    to be stable) moves the loss by far more, or to NaN."""
+    batch_change_min_progress: float = 0.5
+    """``--allow-batch-change``: over the same samples from the same start, the larger batch's
+    held-out loss must fall by at least half as much as the user's batch's. Fewer, larger
+    steps trail early in training even where the scaling rule holds (a momentum buffer or
+    Adam's moments build up over steps, not samples: 0.65–1.1 of the user's progress on the
+    guard's few steps), while a rate too large to be stable moves the loss up, or to NaN."""
 
     def __post_init__(self) -> None:
         if (self.loss_rel <= 0 or self.grad_norm_rel <= 0 or self.max_overflow_steps < 0
-                or self.batch_change_loss_rel <= 0):
+                or not 0 < self.batch_change_min_progress <= 1):
             raise ValueError("tolerances must be > 0 (overflow steps >= 0)")
 
 

@@ -96,7 +96,10 @@ class ABPolicy:
             self.log(f"  {what}: failed ({type(e).__name__}), not kept")
             return plan
         cur, new = c.current_samples_per_s, c.candidate_samples_per_s
-        t_cur, t_new = c.current_step_times_s, c.candidate_step_times_s
+        # per sample: a candidate with a larger effective batch takes longer steps of more
+        # samples (for every other knob both sides divide by the same batch)
+        t_cur = [t / plan.effective_batch for t in c.current_step_times_s]
+        t_new = [t / candidate.effective_batch for t in c.candidate_step_times_s]
         scope = "step alone" if step_only else "end to end"
         gain = bool(cur) and new >= cur * (1 + self.cfg.min_gain)
         p = p_smaller(t_cur, t_new)

@@ -25,7 +25,7 @@ from redline.data.cache_split import fill
 from redline.data.prefetcher import map_tensors
 from redline.measure.agree import Agreement, RanksDivergedError
 from redline.measure.system import cpu_budget
-from redline.tune.batch_change import MAX_GROWTH, check_batch_change, lr_rule
+from redline.tune.batch_change import GUARD_STEPS, MAX_GROWTH, check_batch_change, lr_rule
 from redline.tune.batch_finder import BatchDoesNotFitError, BatchSearch, find_batch_size
 from redline.tune.config import DEFAULT_RUN_STEPS, TuneConfig
 from redline.tune.ddp import as_ddp, bucket_candidate, cannot_rewrap, rewrap
@@ -284,19 +284,26 @@ class TunePath:
                 Knob.BATCH_CHANGE, False, f"the largest micro-batch that fits is {search.batch}:"
                 f" no multiple of the effective batch {eff} above it fits in memory"))
             return plan
-        to, scale = ratio * eff, rule.scale(ratio)
         it = endless(rebuild_factory(s.loader, batch_size=eff)(LoaderSettings()))
         batches = [map_tensors(next(it), lambda t: t.to(self.device))
-                   for _ in range(self.cfg.numerics_steps * ratio + 1)]
-        checks = self.agree.run(lambda: check_batch_change(
-            s.model, s.optimizer, batches[:-1], batches[-1], eff, ratio, plan.micro_batch,
-            to, s.loss_fn, scale, self.cfg.tolerance.batch_change_loss_rel),
-            f"batch change to {to}")
-        chk = next((c for c in checks if not c.passed), checks[0])
-        self.log(f"  effective batch {to}: {chk.reason}")
+                   for _ in range(GUARD_STEPS * ratio + 1)]
+        refused: list[str] = []
+        while True:  # the largest ratio the guard passes, halving from what memory allows
+            to, scale = ratio * eff, rule.scale(ratio)
+            checks = self.agree.run(functools.partial(
+                check_batch_change, s.model, s.optimizer, batches[:GUARD_STEPS * ratio],
+                batches[-1], eff, ratio, plan.micro_batch, to, s.loss_fn, scale,
+                self.cfg.tolerance.batch_change_min_progress), f"batch change to {to}")
+            chk = next((c for c in checks if not c.passed), checks[0])
+            self.log(f"  effective batch {to}: {chk.reason}")
+            if chk.passed or ratio // 2 < 2:
+                break
+            refused.append(f"{to}: {chk.progress:.0%} of the user's progress")
+            ratio //= 2
         details: dict[str, str | int | float | bool | None] = {
             "from_batch": eff, "lr_rule": rule.name, "lr_rule_source": rule.source,
-            "lr_scale": round(scale, 4), "guard": chk.reason}
+            "lr_scale": round(scale, 4), "guard": chk.reason,
+            "refused_larger": "; ".join(refused) or None}
         if not chk.passed:
             plan.decisions.append(Decision(Knob.BATCH_CHANGE, False, chk.reason,
                                            value=str(to), details=details))

@@ -106,6 +106,11 @@ def tune(factory: Factory, config: TuneConfig | None = None,
         # reused on some ranks and searched again on others.
         reused = agree.first(store.get(p.key) if cfg.reuse and agree.rank == 0 else None,
                              "remembered plan")
+        if reused is not None and reused.user_effective_batch and not cfg.allow_batch_change:
+            log(f"not reusing the remembered plan {store.path(p.key)}: it changes the effective "
+                f"batch ({reused.user_effective_batch} → {reused.effective_batch}) and "
+                "--allow-batch-change was not given; searching again")
+            reused = None
         if reused is not None:
             refused = p.numerics_refuse(reused)
             if refused is not None:
@@ -163,7 +168,10 @@ def tune(factory: Factory, config: TuneConfig | None = None,
         n = agree.world_size
         return TuneResult(plan, before, after,
                           project(before, p.run_steps, cfg.price_per_device_hour, devices=n),
-                          project(after, p.run_steps, cfg.price_per_device_hour, devices=n),
+                          # the same samples: fewer steps where the effective batch grew
+                          project(after, -(-p.run_steps * base.effective_batch
+                                           // plan.effective_batch),
+                                  cfg.price_per_device_hour, devices=n),
 
                           p.run_steps_source, cfg.price_per_device_hour, search, checks, sites,
                           str(store.path(p.key)) if reused is not None else None, path_str,
