@@ -59,6 +59,19 @@ def test_what_lightning_has_no_argument_for_becomes_code() -> None:
         assert line in code
 
 
+def test_a_changed_batch_and_the_decode_cache_are_said_in_both_frameworks() -> None:
+    plan = _plan(effective_batch=256, micro_batch=128, user_effective_batch=64, lr_scale=4.0,
+                 lr_rule="linear", lr_warmup_steps=25, decode_cache=True)
+    lit, hf = lightning_settings(plan), hf_settings(plan)
+    assert hf.arguments["warmup_steps"] == 25
+    for s in (lit, hf):
+        code = "\n".join(s.code)
+        assert "the effective batch changed 64 → 256" in code and "learning rate × 4" in code
+        assert "warm-up from your rate over 25 steps" in code
+        assert "CachedDataset(source, deterministic, random)" in code
+    assert "warmup_steps" not in hf_settings(_plan()).arguments
+
+
 def test_hf_training_arguments_accept_the_export() -> None:
     transformers = pytest.importorskip("transformers")
     plan = _plan(micro_batch=16, precision="bf16", optimizer_impl="fused",

@@ -59,6 +59,17 @@ def _common_code(plan: TunePlan, *, compile_arg: bool) -> list[str]:
         code.append("model = model.to(memory_format=torch.channels_last)  # and 4-D inputs too")
     if plan.compile and not compile_arg:
         code.append("model = torch.compile(model)  # before fit")
+    if plan.decode_cache:
+        code.append("# decode cache: serve the dataset from redline.data.CachedDataset(source, "
+                    "deterministic, random), the split your tuned setup declared")
+    if plan.user_effective_batch:
+        code.append(
+            f"# the effective batch changed {plan.user_effective_batch} → "
+            f"{plan.effective_batch} (--allow-batch-change): learning rate × "
+            f"{plan.lr_scale:.4g} ({plan.lr_rule} rule)"
+            + (f", a linear warm-up from your rate over {plan.lr_warmup_steps} steps"
+               if plan.lr_warmup_steps else "")
+            + "; validate against your baseline before adopting it")
     return code
 
 
@@ -109,6 +120,8 @@ def hf_settings(plan: TunePlan) -> FrameworkSettings:
         args["optim"] = "adamw_torch_fused"  # the Trainer's own AdamW, fused
     if plan.ddp.bucket_cap_mb is not None:
         args["ddp_bucket_cap_mb"] = max(1, round(plan.ddp.bucket_cap_mb))
+    if plan.lr_warmup_steps:
+        args["warmup_steps"] = plan.lr_warmup_steps
     code = _common_code(plan, compile_arg=True)
     if plan.cudnn_benchmark:
         code.append("torch.backends.cudnn.benchmark = True")
