@@ -5,8 +5,10 @@ Without CUDA it says so and exits with status 2 (nothing here can be simulated).
 
 Rows: CUDA-event step timing vs synchronized wall clock, the no-sync guarantee of the step
 timer, NVML sampler readings, allocator memory stats, peak-FLOPs lookup and MFU for this card,
-host-sync counting, pinned vs pageable host→device copies, a real CUDA OOM, and a whole
-`redline.watch` over a GPU training loop (tier, device span, findings).
+host-sync counting, pinned vs pageable host→device copies, a real CUDA OOM, a whole
+`redline.watch` over a GPU training loop (tier, device span, findings), and the step replayed
+as CUDA graphs (torch.compile's reduce-overhead mode) under the watch, against eager, with the
+graph-blocker spy on the device.
 """
 
 from __future__ import annotations
@@ -340,6 +342,62 @@ def conv_mfu() -> tuple[bool, str]:
                 f"{m.device_metrics.device_span_fraction}")
 
 
+def cuda_graphs_under_watch() -> tuple[bool, str]:
+    """A launch-bound step (many small kernels) eager and replayed as CUDA graphs through the
+    tuned loop, each under a watch: the watch must not break the capture nor be captured
+    (its steps are still counted and timed), and the graphs should cut the step time."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from redline.tune import TunePlan, apply_plan
+    from redline.tune.plan import plan_key
+
+    def run(mode: str | None) -> tuple[float, int]:
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.GELU())
+                                for _ in range(24)]).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = DataLoader(TensorDataset(torch.randn(64 * 64, 256)), batch_size=64,
+                            drop_last=True)
+        key = plan_key(model, torch.device("cuda"), "fp32", next(iter(loader)))
+        plan = TunePlan(key=key, effective_batch=64, micro_batch=64, compile=mode is not None,
+                        compile_mode=mode, prefetch_to_device=True)
+        tuned = apply_plan(plan, model, opt, loader,
+                           lambda m, b: m(b[0]).float().pow(2).mean(), device="cuda")
+        with redline.watch(warmup_steps=8, count_flops=False) as w, tuned:
+            for i, batch in enumerate(tuned.loader):
+                tuned.step(batch)
+                if i == 40:
+                    break
+        m = w.report(show=False).measurements
+        return m.timing.step_time_mean_s or float("nan"), m.timing.steps_measured
+
+    eager_s, n_eager = run(None)
+    graph_s, n_graph = run("reduce-overhead")
+    return (n_eager > 0 and n_graph > 0 and graph_s < eager_s,
+            f"step {eager_s * 1e3:.2f} ms eager → {graph_s * 1e3:.2f} ms as CUDA graphs "
+            f"({eager_s / graph_s:.2f}×), {n_graph} steps measured under the watch")
+
+
+def graph_spy_on_cuda() -> tuple[bool, str]:
+    """The refusal's spy sees a host read inside a CUDA step (the .item() of a logged loss)."""
+    from redline.tune.cuda_graphs import graph_blockers
+
+    class Logs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(64, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            self.peak = y.max().item()
+            return y
+
+    found = graph_blockers(Logs().cuda(), torch.randn(8, 64, device="cuda"),
+                           lambda m, b: m(b).pow(2).mean())
+    return len(found) == 1 and ".item()" in found[0].what, "; ".join(
+        f"{b.location}: {b.what}" for b in found)[:150]
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device (torch.cuda.is_available() is False); run this on a "
@@ -356,7 +414,9 @@ def main() -> int:
         ("watch over a GPU loop", watch_gpu_loop),
         ("span excludes fetches", span_excludes_fetches),
         ("batch finder on CUDA", batch_finder_cuda), ("tuned loop on CUDA", tuned_loop_cuda),
-        ("kernel busy from a trace", kernel_busy_trace), ("MFU of an fp32 conv net", conv_mfu)]]
+        ("kernel busy from a trace", kernel_busy_trace), ("MFU of an fp32 conv net", conv_mfu),
+        ("CUDA graphs under the watch", cuda_graphs_under_watch),
+        ("graph-blocker spy on CUDA", graph_spy_on_cuda)]]
     w = max(len(r[0]) for r in rows)
     print(f"| {'check':<{w}} | result | detail |")
     print(f"|{'-' * (w + 2)}|--------|--------|")

@@ -23,6 +23,7 @@ class Knob(str, Enum):
     CUDNN_BENCHMARK = "cudnn.benchmark"
     OPTIMIZER = "optimizer"
     COMPILE = "torch.compile"
+    CUDA_GRAPHS = "CUDA graphs"
     SDPA = "sdpa"
     DDP_BUCKET = "DDP bucket_cap_mb"
     DDP_BUCKET_VIEW = "DDP gradient_as_bucket_view"

@@ -69,7 +69,9 @@ class AttentionSite:
     calls_per_forward: int
 
 
-def _user_frame() -> str:
+def user_frame() -> str:
+    """The innermost frame of the caller outside torch and redline (the built-in workloads count
+    as user code), as 'file:line'."""
     for fr in reversed(traceback.extract_stack()):
         f = os.path.abspath(fr.filename)
         ours = f.startswith(_REDLINE_DIR) and not f.startswith(_WORKLOADS_DIR)
@@ -112,7 +114,7 @@ class _AttentionSpy(TorchDispatchMode):
         elif func in self.SOFTMAX and isinstance(out, torch.Tensor) and out.dim() >= 3:
             t = (out.shape[-2], out.shape[-1])
             if t in self.gemm_square:
-                self.pending[(out.numel(), *t)] = (tuple(out.shape), _user_frame())
+                self.pending[(out.numel(), *t)] = (tuple(out.shape), user_frame())
         return out
 
 

@@ -28,6 +28,7 @@ from redline.measure.system import cpu_budget
 from redline.tune.batch_change import GUARD_STEPS, MAX_GROWTH, check_batch_change, lr_rule
 from redline.tune.batch_finder import BatchDoesNotFitError, BatchSearch, find_batch_size
 from redline.tune.config import DEFAULT_RUN_STEPS, TuneConfig
+from redline.tune.cuda_graphs import SHAPE_BATCHES, graph_blockers, graph_refusal
 from redline.tune.ddp import as_ddp, bucket_candidate, cannot_rewrap, rewrap
 from redline.tune.decide import ABPolicy, MeasureFn, one_off_pays
 from redline.tune.decision import Decision, Knob
@@ -110,6 +111,11 @@ class TunePath:
         """The decode cache's folder for this tuning's trials (made when the knob is tried,
         removed by :meth:`close`)."""
 
+    def steps_for(self, plan: TunePlan) -> int:
+        """Optimizer steps of the planned run under ``plan``: the same samples, so fewer
+        steps where the effective batch grew."""
+        return -(-self.run_steps * self.effective // plan.effective_batch)
+
     def close(self) -> None:
         """Remove what the trials left (the decode cache's folder)."""
         remove_store(self.cache_store)
@@ -139,7 +145,7 @@ class TunePath:
         s = fresh(self.factory)
         loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, self.device,
                          s.cache_split)
-        make = rebuild_factory(s.loader, batch_size=self.effective,
+        make = rebuild_factory(s.loader, batch_size=plan.effective_batch,
                                dataset=plan_dataset(plan, s.loader, s.cache_split))
         dev = self.device
 
@@ -197,9 +203,8 @@ class TunePath:
             return plan
         d = kept.decisions[-1]
         cur, new = d.samples_per_s_before or 0.0, d.samples_per_s_after or 0.0
-        n = self.run_steps
-        pays, t_cur, t_new = one_off_pays(fill_s, self.effective / cur, self.effective / new, n,
-                                          self.cfg.min_gain)
+        n, eff = self.steps_for(plan), plan.effective_batch
+        pays, t_cur, t_new = one_off_pays(fill_s, eff / cur, eff / new, n, self.cfg.min_gain)
         d.reason += (f"; over {n:,} steps: {t_new:,.0f} s cached (incl. {fill_s:.1f} s "
                      f"filling) vs {t_cur:,.0f} s")
         if pays:
@@ -402,7 +407,25 @@ class TunePath:
                 break
         if self.cfg.try_compile:
             plan = self.compile(plan)
+            plan = self.cuda_graphs(plan)
         return plan, sites
+
+    def cuda_graphs(self, plan: TunePlan) -> TunePlan:
+        """The step replayed as CUDA graphs (torch.compile's reduce-overhead mode), where the
+        step allows it (:func:`~redline.tune.cuda_graphs.graph_refusal`); measured and
+        amortized like torch.compile. Off CUDA there is nothing to replay: not tried."""
+        if self.device.type != "cuda":
+            return plan
+        s = fresh(self.factory)
+        it = endless(rebuild_factory(s.loader, batch_size=plan.micro_batch)(LoaderSettings()))
+        batches = [next(it) for _ in range(SHAPE_BATCHES)]
+        on_device = map_tensors(batches[0], lambda t: t.to(self.device))
+        why = graph_refusal(batches, graph_blockers(s.model, on_device, s.loss_fn))
+        if why is not None:
+            plan.decisions.append(Decision(Knob.CUDA_GRAPHS, False, f"not tried: {why}"))
+            self.log(f"  CUDA graphs: not tried ({why})")
+            return plan
+        return self.compile(plan, mode="reduce-overhead")
 
     def ddp(self, plan: TunePlan) -> TunePlan:
         """A DDP model's bucket capacity (one candidate, :func:`bucket_candidate`) and
@@ -430,21 +453,24 @@ class TunePath:
                                Decision(Knob.DDP_BUCKET_VIEW, False, ""))
         return plan
 
-    def compile(self, plan: TunePlan) -> TunePlan:
-        """torch.compile, kept only if the whole planned run is shorter with its compile time
-        (:func:`~redline.tune.decide.one_off_pays`)."""
-        cand = dataclasses.replace(plan, compile=True, decisions=[])
+    def compile(self, plan: TunePlan, mode: str | None = None) -> TunePlan:
+        """torch.compile (``mode`` 'reduce-overhead': CUDA graphs), kept only if the whole
+        planned run is shorter with its compile time (:func:`~redline.tune.decide.
+        one_off_pays`)."""
+        knob = Knob.COMPILE if mode is None else Knob.CUDA_GRAPHS
+        name = "torch.compile" if mode is None else f"torch.compile(mode={mode!r})"
+        cand = dataclasses.replace(plan, compile=True, compile_mode=mode, decisions=[])
         policy = self.policy
         t0 = time.perf_counter()
         try:
             # The first steps carry the compile; the trial's warm-up absorbs them.
-            m = policy.measure(cand, "torch.compile", True)
+            m = policy.measure(cand, name, True)
         except (SetupError, NonFiniteLossError, RanksDivergedError):
             raise
-        except Exception as e:
-            plan.decisions.append(Decision(Knob.COMPILE, False,
+        except Exception as e:  # no compiler here; an operator a CUDA graph cannot capture
+            plan.decisions.append(Decision(knob, False,
                                            f"failed: {type(e).__name__}: {e}"[:400]))
-            self.log(f"  torch.compile: failed ({type(e).__name__}), not kept")
+            self.log(f"  {name}: failed ({type(e).__name__}), not kept")
             return plan
         wall = self.agree.max(time.perf_counter() - t0, "compile trial wall time")
 
@@ -456,18 +482,21 @@ class TunePath:
         new = m.throughput_samples_per_s or 0.0
         if not (cur and new and m.step_time_s):
             return plan
-        eager_step = self.effective / cur
+        eff = plan.effective_batch
         steady = wall - m.steps * m.step_time_s
         compile_s = max(0.0, steady - (max(2, self.cfg.warmup_steps) + 1) * m.step_time_s)
-        n = self.run_steps
-        kept, t_eager, t_comp = one_off_pays(compile_s, eager_step, self.effective / new, n,
+        n = self.steps_for(plan)
+        kept, t_eager, t_comp = one_off_pays(compile_s, eff / cur, eff / new, n,
                                              self.cfg.min_gain)
-        d = Decision(Knob.COMPILE, kept,
+        now = ("eager" if not plan.compile else
+               f"compiled{'' if plan.compile_mode is None else f' ({plan.compile_mode})'}")
+        d = Decision(knob, kept,
                      f"over {n:,} steps: {t_comp:,.0f} s compiled (incl. {compile_s:.1f} s "
-                     f"compiling) vs {t_eager:,.0f} s eager",
+                     f"compiling{'' if mode is None else ' and recording the graphs'}) vs "
+                     f"{t_eager:,.0f} s {now}",
                      samples_per_s_before=cur, samples_per_s_after=new, measured="step alone",
                      details={"compile_s": round(compile_s, 2)})
-        self.log(f"  torch.compile: {d.reason} — {'kept' if kept else 'not kept'}")
+        self.log(f"  {name}: {d.reason} — {'kept' if kept else 'not kept'}")
         if kept:
             cand.decisions = plan.decisions
             cand.decisions.append(d)

@@ -111,6 +111,9 @@ class TunePlan:
     """``torch.backends.cudnn.benchmark`` on while the tuned loop runs: cuDNN times its
     convolution algorithms for each new shape once and keeps the fastest (CUDA conv nets)."""
     compile: bool = False
+    compile_mode: str | None = None
+    """torch.compile's mode: None (default) or 'reduce-overhead' (the step replayed as CUDA
+    graphs: :mod:`redline.tune.cuda_graphs`)."""
     optimizer_impl: str | None = None
     """'fused' | 'foreach' | None (the optimizer as built)."""
     ddp: DdpSettings = field(default_factory=DdpSettings)
@@ -136,6 +139,9 @@ class TunePlan:
         if not 1 <= self.micro_batch <= self.effective_batch:
             raise ValueError(f"need 1 <= micro_batch <= effective_batch, got {self.micro_batch}"
                              f" and {self.effective_batch}")
+        if self.compile_mode not in (None, "reduce-overhead"):
+            raise ValueError(f"compile_mode must be 'reduce-overhead' or None, got "
+                             f"{self.compile_mode!r}")
         if self.optimizer_impl not in (None, "fused", "foreach"):
             raise ValueError(f"optimizer_impl must be 'fused', 'foreach' or None, got "
                              f"{self.optimizer_impl!r}")

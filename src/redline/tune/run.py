@@ -168,10 +168,8 @@ def tune(factory: Factory, config: TuneConfig | None = None,
         n = agree.world_size
         return TuneResult(plan, before, after,
                           project(before, p.run_steps, cfg.price_per_device_hour, devices=n),
-                          # the same samples: fewer steps where the effective batch grew
-                          project(after, -(-p.run_steps * base.effective_batch
-                                           // plan.effective_batch),
-                                  cfg.price_per_device_hour, devices=n),
+                          project(after, p.steps_for(plan), cfg.price_per_device_hour,
+                                  devices=n),
 
                           p.run_steps_source, cfg.price_per_device_hour, search, checks, sites,
                           str(store.path(p.key)) if reused is not None else None, path_str,

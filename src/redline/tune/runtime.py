@@ -128,7 +128,8 @@ class TunedLoop:
             # a larger effective batch: the scaled rates, reached over the plan's warm-up
             self._target_lrs = [g["lr"] * plan.lr_scale for g in self.optimizer.param_groups]
             self._warm_lr()
-        self.forward_model: Any = torch.compile(model) if plan.compile else model
+        self.forward_model: Any = (torch.compile(model, mode=plan.compile_mode) if plan.compile
+                                   else model)
         self._autocast = autocast_for(plan.precision, device)
         self.scaler = make_scaler(plan.precision, device)
         self._stack = contextlib.ExitStack()
