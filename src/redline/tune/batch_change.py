@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from redline.data.prefetcher import map_tensors
 from redline.tune.runtime import train_step
 
 MAX_GROWTH = 8
@@ -124,28 +125,34 @@ def check_batch_change(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                        batches: Sequence[Any], heldout: Any, effective: int, ratio: int,
                        micro: int, to_micro: int,
                        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
-                       lr_scale: float, min_progress: float) -> BatchChangeCheck:
+                       lr_scale: float, min_progress: float,
+                       device: torch.device | None = None) -> BatchChangeCheck:
     """Train on ``batches`` (the user's effective batches, a multiple of ``ratio`` of them) at
     the user's batch, then from the same start on the same samples ``ratio`` at a time with the
     learning rate × ``lr_scale`` (no warm-up: the scaled rate itself is what is checked);
-    compare the held-out loss. ``model`` and ``optimizer`` are left as they were."""
+    compare the held-out loss. Batches are moved to ``device`` as they are used (None: where
+    they are). ``model`` and ``optimizer`` are left as they were."""
+    def on(b: Any) -> Any:
+        return b if device is None else map_tensors(b, lambda t: t.to(device))
+
     w0 = copy.deepcopy(model.state_dict())
     o0 = copy.deepcopy(optimizer.state_dict())
     lrs = [g["lr"] for g in optimizer.param_groups]
     n = len(batches) // ratio * ratio
     if n == 0:
         raise ValueError(f"need at least {ratio} batches, got {len(batches)}")
+    heldout = on(heldout)
     start = _heldout(model, heldout, loss_fn)
     try:
         for x in batches[:n]:
-            train_step(model, optimizer, x, micro, loss_fn)
+            train_step(model, optimizer, on(x), micro, loss_fn)
         before = _heldout(model, heldout, loss_fn)
         model.load_state_dict(w0)
         optimizer.load_state_dict(o0)
         for g, lr in zip(optimizer.param_groups, lrs, strict=True):
             g["lr"] = lr * lr_scale
         for k in range(0, n, ratio):
-            train_step(model, optimizer, concat(batches[k:k + ratio]), to_micro, loss_fn)
+            train_step(model, optimizer, on(concat(batches[k:k + ratio])), to_micro, loss_fn)
         after = _heldout(model, heldout, loss_fn)
     finally:
         model.load_state_dict(w0)

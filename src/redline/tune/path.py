@@ -290,15 +290,16 @@ class TunePath:
                 f" no multiple of the effective batch {eff} above it fits in memory"))
             return plan
         it = endless(rebuild_factory(s.loader, batch_size=eff)(LoaderSettings()))
-        batches = [map_tensors(next(it), lambda t: t.to(self.device))
-                   for _ in range(GUARD_STEPS * ratio + 1)]
+        # on the host, moved one step at a time: up to 8 × 8 + 1 effective batches
+        batches = [next(it) for _ in range(GUARD_STEPS * ratio + 1)]
         refused: list[str] = []
         while True:  # the largest ratio the guard passes, halving from what memory allows
             to, scale = ratio * eff, rule.scale(ratio)
             checks = self.agree.run(functools.partial(
                 check_batch_change, s.model, s.optimizer, batches[:GUARD_STEPS * ratio],
                 batches[-1], eff, ratio, plan.micro_batch, to, s.loss_fn, scale,
-                self.cfg.tolerance.batch_change_min_progress), f"batch change to {to}")
+                self.cfg.tolerance.batch_change_min_progress, self.device),
+                f"batch change to {to}")
             chk = next((c for c in checks if not c.passed), checks[0])
             self.log(f"  effective batch {to}: {chk.reason}")
             if chk.passed or ratio // 2 < 2:
