@@ -314,10 +314,11 @@ class TunePath:
             plan.decisions.append(Decision(Knob.BATCH_CHANGE, False, chk.reason,
                                            value=str(to), details=details))
             return plan
-        steps = -(-self.run_steps * eff // to)  # the same samples in fewer, larger steps
         cand = dataclasses.replace(
             plan, effective_batch=to, micro_batch=to, lr_scale=scale, lr_rule=rule.name,
-            lr_warmup_steps=rule.warmup_steps(steps), user_effective_batch=eff, decisions=[])
+            user_effective_batch=eff, decisions=[])
+        steps = self.steps_for(cand)  # the same samples in fewer, larger steps
+        cand.lr_warmup_steps = rule.warmup_steps(steps)
         details["lr_warmup_steps"] = cand.lr_warmup_steps
         kept = self.decide(plan, cand, Decision(Knob.BATCH_CHANGE, False, "", value=str(to),
                                                 numerics=chk.reason, details=details))
