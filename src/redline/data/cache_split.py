@@ -44,12 +44,14 @@ class CacheSplit:
         if not hasattr(self.source, "__getitem__") or not hasattr(self.source, "__len__"):
             raise TypeError(f"CacheSplit.source must be a map-style dataset (__getitem__ and "
                             f"__len__), got {type(self.source).__name__}")
-        for name in ("deterministic", "random", "index"):
+        if not callable(self.deterministic):
+            raise TypeError(f"CacheSplit.deterministic must be callable, got "
+                            f"{type(self.deterministic).__name__}")
+        for name in ("random", "index"):
             f = getattr(self, name)
             if f is not None and not callable(f):
-                raise TypeError(f"CacheSplit.{name} must be callable, got {type(f).__name__}")
-        if not callable(self.deterministic):
-            raise TypeError("CacheSplit.deterministic is required")
+                raise TypeError(f"CacheSplit.{name} must be callable or None, got "
+                                f"{type(f).__name__}")
 
 
 class Reindexed(Dataset[Any]):

@@ -107,6 +107,9 @@ class TunePath:
                                  "projection")
         self.conv = has_conv2d(s.model)
         self.opt_impls = optimizer_impls(s.optimizer)
+        self.cache_split = s.cache_split
+        self.dataset_cached = isinstance(s.loader.dataset, CachedDataset)
+        """The setup's dataset already is a CachedDataset (the decode cache is not tried)."""
         self.cache_store: str | None = None
         """The decode cache's folder for this tuning's trials (made when the knob is tried,
         removed by :meth:`close`)."""
@@ -178,14 +181,14 @@ class TunePath:
         """Serve the loader from a cache of the dataset's deterministic part (the setup's
         ``cache_split``): the cache filled once and timed, the cached pipeline measured end to
         end against the current one, kept only if the planned run is shorter with the fill."""
-        s = fresh(self.factory)
-        if isinstance(s.loader.dataset, CachedDataset):
+        if self.dataset_cached:
             plan.decisions.append(Decision(Knob.DECODE_CACHE, False,
                                            "not tried: the dataset already is a CachedDataset"))
             return plan
-        if s.cache_split is None:
+        if self.cache_split is None:
             self.log("  decode cache: not tried (the setup declares no cache_split)")
             return plan
+        s = fresh(self.factory)
         if self.cache_store is None:
             self.cache_store = trial_store()
         cand = dataclasses.replace(plan, decode_cache=True, decode_cache_store=self.cache_store,
