@@ -135,7 +135,7 @@ class DataHooks:
             return it
 
         get_ident, thread_time = threading.get_ident, time.thread_time
-        enter, exit_, add_batch = tracker.enter, tracker.exit, tracker.add_batch
+        push, exit_, add_batch = tracker.push, tracker.exit, tracker.add_batch
         add_reading = tracker.add_fetch_reading
         on_data = self._on_data
 
@@ -154,7 +154,7 @@ class DataHooks:
                 c0 = thread_time()
                 r0 = delay()
             t0 = clock()
-            enter(DATA_WAIT, t0)
+            push([DATA_WAIT, t0, 0.0])
             try:
                 batch = orig_next(it)
             finally:

@@ -290,14 +290,14 @@ class Instrumentation:
         clock = self._clock
         tracker, counts, prec = self.tracker, self.tracker.counts, self.precision
         autocast_on, dev, on_work = torch.is_autocast_enabled, self.device_type, self._on_work
-        enter, exit_ = tracker.enter, tracker.exit
+        push, exit_ = tracker.push, tracker.exit
         autocast = prec.autocast
         assert autocast is not None
 
         def enter_root() -> None:
             self._depth += 1
             if self._depth == 1:
-                enter(FORWARD, clock())
+                push([FORWARD, clock(), 0.0])
                 counts["forward"] += 1
                 prec.forwards += 1
                 if autocast_on(dev):
@@ -339,7 +339,7 @@ class Instrumentation:
             self._backward_depth += 1
             if self._on_work is not None:  # a batch fetched mid-step closed the segment
                 self._on_work()
-            tracker.enter(BACKWARD, clock())
+            tracker.push([BACKWARD, clock(), 0.0])
             try:
                 return orig(*args, **kwargs)
             finally:
@@ -389,14 +389,14 @@ class Instrumentation:
     def _install_optim(self, stack: ExitStack) -> None:
         tracker, clock, tid = self.tracker, self._clock, self._tid
 
-        get_ident, enter, exit_ = threading.get_ident, tracker.enter, tracker.exit
+        get_ident, push, exit_ = threading.get_ident, tracker.push, tracker.exit
         on_step, on_work = tracker.on_optimizer_step, self._on_work
 
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             if get_ident() == tid:
                 if on_work is not None:
                     on_work()
-                enter(OPTIMIZER, clock())
+                push([OPTIMIZER, clock(), 0.0])
 
         def post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             if get_ident() == tid:

@@ -64,6 +64,8 @@ class Recorder:
         self._measured = 0
         self._extras_pending = True
         """Whether FLOP counting or a trace may still be due (see _start_extras)."""
+        self._discovered = False
+        """The global module hooks have given way (Instrumentation.discovering is over)."""
         self.tracker = StepTracker(time.perf_counter, self._on_close, self._on_reset)
         self.inst: Instrumentation | None = None
         self.flops = FlopWindow()
@@ -279,12 +281,13 @@ class Recorder:
         inst = self.inst
         if inst is not None:
             inst.step_closed()
-        if exact and inst is not None and inst.discovering and (
-            self._state != "warmup" or rec.index + 1 >= self.config.warmup_steps
-        ):
-            # A whole step has run: its outermost modules are known, so the per-submodule
-            # global hooks (slow path for every module call) give way to hooks on the roots.
-            inst.switch_to_roots()
+        if exact and inst is not None and not self._discovered:
+            if not inst.discovering:
+                self._discovered = True  # the global hooks never come back: stop asking
+            elif self._state != "warmup" or rec.index + 1 >= self.config.warmup_steps:
+                # A whole step has run: its outermost modules are known, so the per-submodule
+                # global hooks (slow path for every module call) give way to hooks on roots.
+                inst.switch_to_roots()
         state = self._state
         if state == "warmup":
             rec.kind = "warmup"

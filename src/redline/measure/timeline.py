@@ -139,6 +139,9 @@ class StepTracker:
         """True once any optimizer exists: backward no longer closes steps."""
         self.manual = False
         self._stack: list[list[Any]] = []
+        self.push = self._stack.append
+        """``push([phase, t, 0.0])`` is :meth:`enter` without a Python call: the hooks on every
+        step's path use it (the stack is the same list for the tracker's life)."""
         self._acc = _Acc()
         self._start = clock()
         self._stepped: set[int] = set()
