@@ -154,7 +154,10 @@ def test_fsdp_the_rank_that_makes_the_others_wait_is_named_with_why(tmp_path: Pa
     d = _load(out)
     found = [f for f in d["findings"] if f["id"] == "straggler"]
     if slow < 0:
-        assert found == []
+        # balanced: no rank makes the others wait as the slowed one does (20 ms a step); on a
+        # loaded host one window can show a chance straggler of a few ms (see the balanced
+        # DDP test above), never one of the slowed rank's size
+        assert not found or found[0]["evidence"]["others_wait_ms_per_step"] < 8, found
         return
     (f,) = found
     assert f["rank"] == 1 and f["evidence"]["share_of_wait_caused"] >= 0.75
