@@ -121,6 +121,9 @@ def test_a_tune_page_shows_every_trial_in_path_order_and_before_after() -> None:
     probes = doc["batch_search"]["probes"]
     fits = _trace(_chart(charts, "Probes"), "fits")
     assert fits["x"] == [p["batch"] for p in probes if not p["oom"]]
+    # a plan that changed the optimization says so on the page
+    doc["plan"]["notes"] = ["The optimization changed: effective batch 32 → 256"]
+    assert "Note: The optimization changed: effective batch 32 → 256" in render_html([doc])
 
 
 def test_a_trace_page_shows_each_rank_and_its_top_kernels() -> None:

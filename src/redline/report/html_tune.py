@@ -121,6 +121,8 @@ def batch_blocks(bs: dict[str, Any]) -> list[Block]:
 def tune_blocks(doc: dict[str, Any]) -> list[Block]:
     plan = doc["plan"]
     out = before_after_blocks(doc)
+    # what the plan changed beyond speed (a larger effective batch): said before the trials
+    out += [p(f"Note: {note}") for note in plan.get("notes") or []]
     out += path_blocks(plan.get("decisions") or [])
     if doc.get("batch_search"):
         out += batch_blocks(doc["batch_search"])
