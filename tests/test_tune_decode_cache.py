@@ -136,6 +136,8 @@ def test_vision_samples_through_the_cache_are_the_samples_without_it(tmp_path: P
         assert y == cy == (i % 4) % 10
         assert torch.equal(x, cx)
     assert cached.dataset.stats().hits >= 3  # served from the store, not decoded again
+    # the DataLoader's batched read maps each sample to its image, in one store round trip
+    assert [y for _, y in cached.__getitems__([0, 5, 11])] == [0, 1, 3]
 
 
 def test_a_split_whose_source_differs_in_length_needs_an_index(tmp_path: Path) -> None:

@@ -66,6 +66,14 @@ class Reindexed(Dataset[Any]):
     def __getitem__(self, i: int) -> Any:
         return self.dataset[self.index(int(i))]
 
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A batch in one read of the dataset's batched path where it has one (a
+        CachedDataset's: one store round trip), as the DataLoader asks for it."""
+        many = getattr(self.dataset, "__getitems__", None)
+        if many is None:
+            return [self[i] for i in indices]
+        return list(many([self.index(int(i)) for i in indices]))
+
 
 def cached_dataset(split: CacheSplit, length: int,
                    store: str | os.PathLike[str] | Store | None = None) -> Any:

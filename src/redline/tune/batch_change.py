@@ -25,7 +25,6 @@ too large to be stable makes it rise, or NaN).
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any
 import torch
 
 from redline.data.prefetcher import map_tensors
+from redline.tune.precision import restored
 from redline.tune.runtime import train_step
 
 MAX_GROWTH = 8
@@ -135,31 +135,21 @@ def check_batch_change(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     def on(b: Any) -> Any:
         return b if device is None else map_tensors(b, lambda t: t.to(device))
 
-    w0 = copy.deepcopy(model.state_dict())
-    o0 = copy.deepcopy(optimizer.state_dict())
-    lrs = [g["lr"] for g in optimizer.param_groups]
     n = len(batches) // ratio * ratio
     if n == 0:
         raise ValueError(f"need at least {ratio} batches, got {len(batches)}")
     heldout = on(heldout)
     start = _heldout(model, heldout, loss_fn)
-    try:
+    with restored(model, optimizer) as reset:
         for x in batches[:n]:
             train_step(model, optimizer, on(x), micro, loss_fn)
         before = _heldout(model, heldout, loss_fn)
-        model.load_state_dict(w0)
-        optimizer.load_state_dict(o0)
-        for g, lr in zip(optimizer.param_groups, lrs, strict=True):
-            g["lr"] = lr * lr_scale
+        reset()
+        for g in optimizer.param_groups:
+            g["lr"] = g["lr"] * lr_scale  # undone on exit: the optimizer's state holds its rates
         for k in range(0, n, ratio):
             train_step(model, optimizer, on(concat(batches[k:k + ratio])), to_micro, loss_fn)
         after = _heldout(model, heldout, loss_fn)
-    finally:
-        model.load_state_dict(w0)
-        optimizer.load_state_dict(o0)
-        for g, lr in zip(optimizer.param_groups, lrs, strict=True):
-            g["lr"] = lr
-        optimizer.zero_grad(set_to_none=True)
     samples = n * effective
     fell = start - before
     if not math.isfinite(after):

@@ -15,7 +15,7 @@ import contextlib
 import copy
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +141,26 @@ def _run(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Sequ
     return losses, norms, overflow
 
 
+@contextlib.contextmanager
+def restored(model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer) -> Iterator[Callable[[], None]]:
+    """The model's weights and the optimizer's state (its rates included) as they were on
+    entry, again on exit; the yielded function brings them back inside the block (to train a
+    second candidate from the same start). Gradients are cleared each time."""
+    w0 = copy.deepcopy(model.state_dict())
+    o0 = copy.deepcopy(optimizer.state_dict())
+
+    def reset() -> None:
+        model.load_state_dict(w0)
+        optimizer.load_state_dict(o0)
+        optimizer.zero_grad(set_to_none=True)
+
+    try:
+        yield reset
+    finally:
+        reset()
+
+
 def check_numerics(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                    batches: Sequence[Any], micro: int,
                    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], precision: str,
@@ -153,9 +173,7 @@ def check_numerics(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         NonFiniteLossError: fp32 itself produces a NaN/inf loss.
     """
     tol = tolerance or NumericsTolerance()
-    w0 = copy.deepcopy(model.state_dict())
-    o0 = copy.deepcopy(optimizer.state_dict())
-    try:
+    with restored(model, optimizer) as reset:
         ref = _run(model, optimizer, batches, micro, loss_fn, "fp32", device, seed)
         bad = [i for i, v in enumerate(ref[0]) if not math.isfinite(v)]
         if bad:
@@ -164,14 +182,8 @@ def check_numerics(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 f"{len(batches)}): this is not a precision problem. Check the data (NaN/inf "
                 "inputs, labels out of range), the learning rate and the loss function; "
                 "torch.autograd.set_detect_anomaly(True) names the op that produced it.")
-        model.load_state_dict(w0)
-        optimizer.load_state_dict(o0)
-        optimizer.zero_grad(set_to_none=True)
+        reset()
         cand = _run(model, optimizer, batches, micro, loss_fn, precision, device, seed)
-    finally:
-        model.load_state_dict(w0)
-        optimizer.load_state_dict(o0)
-        optimizer.zero_grad(set_to_none=True)
 
     def rel(a: float, b: float) -> float:
         if not math.isfinite(b):
