@@ -130,6 +130,23 @@ def test_live_snapshot_is_the_window_of_the_last_measured_steps() -> None:
     assert "redline/device_busy_share" not in metrics and "redline/mfu" not in metrics
 
 
+def test_live_snapshot_finds_its_window_behind_steps_that_are_not_measured() -> None:
+    # Steps excluded at the end (a FLOP count, a trace) push the measured ones further back
+    # than the first tail read: the window is still the last measured steps. The count of
+    # measured steps is the watch's own (37 closed as measured; the relabelling here comes
+    # after), read without a pass over every step.
+    with redline.Watch(WatchConfig(warmup_steps=3, count_flops=False)) as w:
+        _loop(40)
+        for s in w.steps[-30:]:
+            s.kind = "excluded"
+        measured = [s for s in w.steps if s.kind == "measured"]
+        snap = live_snapshot(w, window_steps=5)
+    assert snap is not None and snap.window_steps == 5
+    assert snap.step_time_mean_s == pytest.approx(sum(s.step_s for s in measured[-5:]) / 5)
+    assert snap.steps_measured == w.measured_count == 37
+    assert snap.steps_total == 40
+
+
 def test_live_snapshot_reads_device_time_only_of_completed_steps() -> None:
     class Timer:
         device_s: dict[int, float] = {}  # noqa: RUF012

@@ -267,6 +267,44 @@ def test_tracker_wgan_style_uneven_cycle() -> None:
     assert tr.steps[-1].end_s == t
 
 
+def _steps_of(events: list[tuple[int, float]]) -> list[tuple[float, float, float]]:
+    """(start, end, optimizer seconds) of each step a tracker makes of optimizer steps given
+    as (optimizer id, time), each timed 0.5 s through ``optimizer_done``."""
+    tr = StepTracker(lambda: 0.0)
+    for opt, t in events:
+        tr.push([OPTIMIZER, t - 0.5, 0.0])
+        tr.optimizer_done(opt, t)
+    tr.finish(events[-1][1] + 1)
+    return [(s.start_s, s.end_s, s.phase_s["optimizer"]) for s in tr.steps]
+
+
+def test_one_optimizer_steps_close_each_step_and_a_second_one_joins_the_next() -> None:
+    # A single optimizer: once its cycle is learnt, each of its steps ends a step (the fast
+    # path). A second optimizer stepping later (a GAN's generator added after a while) is
+    # part of the step the first one ends next, as on the general path.
+    alone = _steps_of([(1, float(t)) for t in range(1, 6)])
+    assert alone == [(0.0, 1.0, 0.5), (1.0, 2.0, 0.5), (2.0, 3.0, 0.5), (3.0, 4.0, 0.5),
+                     (4.0, 5.0, 0.5)]
+    joined = _steps_of([(1, 1.0), (1, 2.0), (1, 3.0), (2, 3.5), (1, 4.0), (2, 4.5), (1, 5.0)])
+    assert joined == [(0.0, 1.0, 0.5), (1.0, 2.0, 0.5), (2.0, 3.0, 0.5), (3.0, 4.0, 1.0),
+                      (4.0, 5.0, 1.0)]
+
+
+def test_a_phase_left_open_by_a_raise_is_dropped_and_the_stack_keeps_working() -> None:
+    tr = StepTracker(lambda: 0.0)
+    tr.push([FORWARD, 0.0, 0.0])
+    tr.push([BACKWARD, 1.0, 0.0])  # raised before its exit
+    assert tr.exit(FORWARD, 3.0) == 3.0  # the stale backward frame is dropped
+    assert tr.exit(FORWARD, 4.0) == 0.0  # no frame of that phase left: nothing to close
+    assert not tr.in_phase(FORWARD) and not tr.in_phase(BACKWARD)
+    tr.push([OPTIMIZER, 4.0, 0.0])
+    tr.optimizer_done(7, 5.0)
+    tr.finish(6.0)
+    (s,) = tr.steps
+    assert s.phase_s["forward"] == 3.0 and s.phase_s["optimizer"] == 1.0
+    assert s.phase_s["backward"] == 0.0
+
+
 def test_checkpoint_and_ema_copy_during_watch_stay_plain() -> None:
     """torch.save(model) and copy.deepcopy(model) inside the block: the saved model and the
     copy carry no redline code and compute with their own weights."""

@@ -4,6 +4,7 @@ host→device copies. Installed by :class:`redline.measure.hooks.Instrumentation
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -26,13 +27,14 @@ T = TypeVar("T")
 
 FETCHES_READ_IN_FULL = 64
 """The first 64 fetches of a watch have their CPU time and run delay read (a clock syscall and
-a /proc read before and after each); after them, one fetch in :data:`FETCH_READ_ONE_IN`, at
-random, weighted by that rate. The reads are four system calls a fetch, which cost more than
-their own µs (kernel entry and exit disturb the loop's caches; more so on virtual machines):
-on a step of a few hundred µs they were about a third of the watch's cost
-(``benchmarks/overhead.py``). A random choice (not every n-th) cannot fall in step with
-the workers' round-robin, and the weights keep the sums unbiased (Horvitz–Thompson); the
-fractions they feed (the fetch's CPU and run-delay share) need hundreds of fetches, not all."""
+a /proc read before and after each); after them, each fetch with probability one in
+:data:`FETCH_READ_ONE_IN`, independently, weighted by that rate. The reads are four system
+calls a fetch, which cost more than their own µs (kernel entry and exit disturb the loop's
+caches; more so on virtual machines): on a step of a few hundred µs they were about a third of
+the watch's cost (``benchmarks/overhead.py``). A random choice (not every n-th) cannot fall in
+step with the workers' round-robin, and the weights keep the sums unbiased (Horvitz–Thompson);
+the fractions they feed (the fetch's CPU and run-delay share) need hundreds of fetches, not
+all."""
 
 FETCH_READ_ONE_IN = 8
 
@@ -102,8 +104,22 @@ class DataHooks:
         delay = rd.read
         # its own generator: the user's random state is never advanced by the watch
         chance = random.Random(0).random
-        rate = 1.0 / FETCH_READ_ONE_IN
-        fetches = 0
+        log_skip = math.log(1.0 - 1.0 / FETCH_READ_ONE_IN)
+        full_left = FETCHES_READ_IN_FULL
+        weight = 1.0
+        countdown = 1
+        """Fetches until the next one read (1: this one)."""
+
+        def next_read() -> int:
+            # After the first fetches, each fetch is read with probability 1/FETCH_READ_ONE_IN,
+            # independently: the gap to the next read is geometric (drawn once per read, so a
+            # fetch not read costs one decrement, not a random draw).
+            nonlocal full_left, weight
+            if full_left > 1:
+                full_left -= 1
+                return 1
+            weight = float(FETCH_READ_ONE_IN)
+            return 1 + int(math.log(1.0 - chance()) / log_skip)
 
         def dl_iter(loader: DataLoader[Any]) -> Any:
             if threading.get_ident() != tid:
@@ -135,35 +151,41 @@ class DataHooks:
             return it
 
         get_ident, thread_time = threading.get_ident, time.thread_time
-        push, exit_, add_batch = tracker.push, tracker.exit, tracker.add_batch
+        push, exit_, fetched, Tensor = tracker.push, tracker.exit, tracker.fetched, torch.Tensor
         add_reading = tracker.add_fetch_reading
         on_data = self._on_data
 
         def dl_next(it: Any) -> Any:
-            nonlocal fetches
+            nonlocal countdown
             if get_ident() != tid:
                 return orig_next(it)
             if inst.before_fetch is not None:
                 inst.before_fetch()
             if on_data is not None:
                 on_data()
-            fetches += 1
-            weight = (1.0 if fetches <= FETCHES_READ_IN_FULL else
-                      FETCH_READ_ONE_IN if chance() < rate else 0.0)
-            if weight:
+            countdown -= 1
+            read = not countdown
+            if read:
                 c0 = thread_time()
                 r0 = delay()
             t0 = clock()
             push([DATA_WAIT, t0, 0.0])
             try:
                 batch = orig_next(it)
-            finally:
-                t1 = clock()
-                exit_(DATA_WAIT, t1)
-            if weight:
-                add_reading((thread_time() - c0) * weight, (delay() - r0) * weight,
-                            (t1 - t0) * weight)
-            add_batch(batch_samples(batch))
+            except BaseException:  # the end of the epoch (StopIteration), a dataset's error
+                exit_(DATA_WAIT, clock())
+                raise
+            t1 = clock()
+            # batch_samples' own fast path, inline for the usual batch (a tensor, or a tuple or
+            # list that starts with one): this runs at every fetch
+            kind = type(batch)
+            lead = batch[0] if (kind is tuple or kind is list) and batch else batch
+            fetched(t1, lead.shape[0] if type(lead) is Tensor and lead.dim()
+                    else batch_samples(batch))
+            if read:
+                w = weight
+                add_reading((thread_time() - c0) * w, (delay() - r0) * w, (t1 - t0) * w)
+                countdown = next_read()
             first = inst._iter_info.pop(id(it), None) if inst._iter_info else None
             if first is not None and first[0]() is it:
                 _, info, startup = first

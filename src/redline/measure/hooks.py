@@ -327,29 +327,33 @@ class Instrumentation:
             patch(stack, torch.autograd, name, self._timed_backward(getattr(torch.autograd, name)))
 
     def _timed_backward(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        tracker, clock, tid = self.tracker, self._clock, self._tid
+        tracker, clock, tid, get_ident = self.tracker, self._clock, self._tid, threading.get_ident
+        push, exit_, counts, on_work = tracker.push, tracker.exit, tracker.counts, self._on_work
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != tid:
+            if get_ident() != tid:
                 self._other_thread_step("backward")
                 return orig(*args, **kwargs)
             # A backward inside a forward (gradient penalty) or inside another backward is
             # part of that phase, not the end of a step.
-            nested = self._depth > 0 or self._backward_depth > 0
+            nested = self._depth or self._backward_depth
             self._backward_depth += 1
-            if self._on_work is not None:  # a batch fetched mid-step closed the segment
-                self._on_work()
-            tracker.push([BACKWARD, clock(), 0.0])
+            if on_work is not None:  # a batch fetched mid-step closed the segment
+                on_work()
+            push([BACKWARD, clock(), 0.0])
             try:
                 return orig(*args, **kwargs)
             finally:
                 t = clock()
                 self._backward_depth -= 1
-                tracker.exit(BACKWARD, t)
+                exit_(BACKWARD, t)
                 if not nested:
-                    if not tracker.optimizers_known and not self._gc_scanned:
-                        self._scan_for_optimizers()
-                    tracker.on_backward_end(t)
+                    if tracker.optimizers_known:  # the steady state: an optimizer ends steps
+                        counts["backward"] += 1
+                    else:
+                        if not self._gc_scanned:
+                            self._scan_for_optimizers()
+                        tracker.on_backward_end(t)
 
         return wrapper
 
@@ -389,8 +393,8 @@ class Instrumentation:
     def _install_optim(self, stack: ExitStack) -> None:
         tracker, clock, tid = self.tracker, self._clock, self._tid
 
-        get_ident, push, exit_ = threading.get_ident, tracker.push, tracker.exit
-        on_step, on_work = tracker.on_optimizer_step, self._on_work
+        get_ident, push = threading.get_ident, tracker.push
+        done, on_work = tracker.optimizer_done, self._on_work
 
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             if get_ident() == tid:
@@ -400,9 +404,7 @@ class Instrumentation:
 
         def post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             if get_ident() == tid:
-                t = clock()
-                exit_(OPTIMIZER, t)
-                on_step(id(opt), t)
+                done(id(opt), clock())
             else:
                 self._other_thread_step("optimizer")
 

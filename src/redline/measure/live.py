@@ -68,14 +68,19 @@ def live_snapshot(w: Recorder, window_steps: int = 50) -> LiveSnapshot | None:
     if window_steps < 1:
         raise ValueError(f"window_steps must be >= 1, got {window_steps}")
     recent: list[StepRecord] = []
-    measured = 0
-    steps = list(w.steps)  # one copy: another thread (a metrics scrape) may read it as it grows
+    steps = w.steps
+    # Only the tail is read (a scrape of a job a million steps long costs what one of a
+    # hundred does): a slice is one atomic copy while the training thread appends, and it is
+    # widened only where excluded or warm-up steps sit among the last ones.
     total = len(steps)
-    for s in reversed(steps):
-        if s.kind == "measured":
-            measured += 1
-            if len(recent) < window_steps:
-                recent.append(s)
+    span = window_steps + 8
+    while True:
+        tail = steps[-span:]
+        recent = [s for s in reversed(tail) if s.kind == "measured"][:window_steps]
+        if len(recent) == window_steps or len(tail) < span:
+            break
+        span *= 4
+    measured = w.measured_count
     if not recent:
         return None
     wall = sum(s.step_s for s in recent)

@@ -61,11 +61,16 @@ class Recorder:
         self._on_limit = on_limit
         self._stack: ExitStack | None = None
         self._state = "warmup"
+        self._steady = False
         self._measured = 0
         self._extras_pending = True
         """Whether FLOP counting or a trace may still be due (see _start_extras)."""
         self._discovered = False
         """The global module hooks have given way (Instrumentation.discovering is over)."""
+        self._steady = False
+        """Measuring, with the hooks settled and no FLOP count or trace due: a step's close
+        only counts it (see _on_close)."""
+        self._limit = self.config.max_steps
         self.tracker = StepTracker(time.perf_counter, self._on_close, self._on_reset)
         self.inst: Instrumentation | None = None
         self.flops = FlopWindow()
@@ -217,6 +222,12 @@ class Recorder:
         return self.tracker.steps
 
     @property
+    def measured_count(self) -> int:
+        """Measured steps so far (warm-up and excluded steps left out), without a pass over
+        the steps."""
+        return self._measured
+
+    @property
     def measured_steps(self) -> list[StepRecord]:
         return [s for s in self.tracker.steps if s.kind == "measured"]
 
@@ -269,6 +280,7 @@ class Recorder:
         if self.cuda_timer is not None:
             self.cuda_timer.reset()
         self._state = "warmup"
+        self._steady = False
         self._measured = 0
         self._extras_pending = True
         self.window_start = None
@@ -279,6 +291,13 @@ class Recorder:
         if self.cuda_timer is not None:
             self.cuda_timer.step_ends(rec.index)
         inst = self.inst
+        if self._steady and inst is not None:
+            # Measuring, hooks settled, nothing due: what every step of a long job needs.
+            inst.step_closed()
+            self._measured += 1
+            if self._limit is not None and self._measured >= self._limit:
+                self._stop_at_limit()
+            return
         if inst is not None:
             inst.step_closed()
         if exact and inst is not None and not self._discovered:
@@ -307,15 +326,20 @@ class Recorder:
         else:
             rec.kind = "measured"
             self._measured += 1
-            limit = self.config.max_steps
-            if (limit is not None and self._measured >= limit and self._on_limit is not None
-                    and self._stack is not None):
-                # Every step end and every fetch from here on calls it again: a step wrapped
-                # in a bare ``except:`` cannot swallow the stop for good.
-                if self.inst is not None:
-                    self.inst.data.before_fetch = self._on_limit
-                self._on_limit()
+            if self._limit is not None and self._measured >= self._limit:
+                self._stop_at_limit()
             if exact and self._extras_pending:
                 # no warm-up: FLOPs and trace at the first exact boundary; once nothing is due,
                 # nothing becomes due (until a reset), and the check leaves the step's path
                 self._extras_pending = self._start_extras()
+        self._steady = (self._state == "measuring" and self._discovered
+                        and not self._extras_pending)
+
+    def _stop_at_limit(self) -> None:
+        if self._on_limit is None or self._stack is None:
+            return
+        # Every step end and every fetch from here on calls it again: a step wrapped in a
+        # bare ``except:`` cannot swallow the stop for good.
+        if self.inst is not None:
+            self.inst.data.before_fetch = self._on_limit
+        self._on_limit()

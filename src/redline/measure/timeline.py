@@ -11,7 +11,7 @@ optimizer, one outermost forward+backward; or whatever the user marks with ``Wat
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 PHASES: tuple[str, ...] = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "comm")
@@ -22,6 +22,13 @@ FSDP's own run inside backward and forward; their waits are read from the flight
 # Phase ids: the hooks pass these ints (a list index is the cheapest accumulator in CPython;
 # this code runs several times per training step).
 DATA_WAIT, H2D_COPY, FORWARD, BACKWARD, OPTIMIZER, COMM = range(len(PHASES))
+
+_NO_PHASE = -1
+_FLOOR = 4
+"""Frames at the bottom of the phase stack that never leave it (phase ``_NO_PHASE``): a list
+that pop() empties frees its storage and the next append allocates it again (CPython's
+``list_resize`` shrinks a list below half its capacity), which is two reallocations per
+phase, several per step; above a floor of four frames the stack keeps its storage."""
 
 STEP_SOURCES: tuple[str, ...] = ("optimizer", "forward_backward", "manual")
 
@@ -78,16 +85,23 @@ class StepRecord:
         return max(0.0, self.step_s - sum(self.phases))
 
 
+_NO_PHASES = [0.0] * len(PHASES)
+
+
 @dataclass(slots=True)
 class _Acc:
     """Accumulators of the step in progress."""
 
-    phases: list[float] = field(default_factory=lambda: [0.0] * len(PHASES))
+    phases: list[float]
     data_cpu_s: float = 0.0
     samples: int | None = None
     batches: int = 0
     data_run_delay_s: float = 0.0
     data_read_s: float = 0.0
+
+    @staticmethod
+    def fresh() -> _Acc:
+        return _Acc(_NO_PHASES[:])
 
     def copy(self) -> _Acc:
         return _Acc(self.phases[:], self.data_cpu_s, self.samples, self.batches,
@@ -105,6 +119,11 @@ class _Acc:
             self.data_run_delay_s - other.data_run_delay_s,
             self.data_read_s - other.data_read_s,
         )
+
+    def record(self, index: int, start_s: float, end_s: float) -> StepRecord:
+        # positional: a keyword call of a 13-field class costs a dict per step
+        return StepRecord(index, start_s, end_s, self.phases, self.data_cpu_s, self.samples,
+                          self.batches, self.data_run_delay_s, self.data_read_s)
 
 
 class StepTracker:
@@ -138,14 +157,17 @@ class StepTracker:
         self.optimizers_known = False
         """True once any optimizer exists: backward no longer closes steps."""
         self.manual = False
-        self._stack: list[list[Any]] = []
+        self._stack: list[list[Any]] = [[_NO_PHASE, 0.0, 0.0] for _ in range(_FLOOR)]
         self.push = self._stack.append
         """``push([phase, t, 0.0])`` is :meth:`enter` without a Python call: the hooks on every
         step's path use it (the stack is the same list for the tracker's life)."""
-        self._acc = _Acc()
+        self._acc = _Acc.fresh()
         self._start = clock()
         self._stepped: set[int] = set()
         self._cycle: frozenset[int] | None = None
+        self._only: int | None = None
+        """The optimizer's id once the cycle is learnt to be that one optimizer (and no step
+        is marked by hand): its every step closes a step (on_optimizer_step's fast path)."""
         self._snap: _Acc | None = None
         self._snap_t = 0.0
         self._closed: list[tuple[StepRecord, bool]] = []
@@ -167,24 +189,42 @@ class StepTracker:
     def exit(self, phase: int, t: float) -> float:
         """Close the innermost frame of ``phase``; returns its inclusive duration."""
         stack = self._stack
-        # A phase can be left open when user code raised inside it (e.g. an optimizer step
-        # that failed before its post-hook): drop such stale frames instead of mis-nesting.
-        while stack and stack[-1][0] != phase:
-            stack.pop()
-        if not stack:
-            return 0.0
+        if stack[-1][0] != phase:
+            # A phase can be left open when user code raised inside it (e.g. an optimizer
+            # step that failed before its post-hook): drop such stale frames instead of
+            # mis-nesting.
+            while len(stack) > _FLOOR and stack[-1][0] != phase:
+                stack.pop()
+            if len(stack) == _FLOOR:
+                return 0.0
         _, start, child = stack.pop()
         dur: float = t - start
         self._acc.phases[phase] += dur - child
-        if stack:
-            stack[-1][2] += dur
+        stack[-1][2] += dur  # the parent's nested time (a floor frame's is never read)
         return dur
 
     def in_phase(self, phase: int) -> bool:
-        return any(f[0] == phase for f in self._stack)
+        return any(f[0] == phase for f in self._stack[_FLOOR:])
 
     def add_batch(self, samples: int | None) -> None:
         acc = self._acc
+        acc.batches += 1
+        self.counts["batches"] += 1
+        if samples is not None:
+            acc.samples = (acc.samples or 0) + samples
+
+    def fetched(self, t: float, samples: int | None) -> None:
+        """A fetch ended at ``t`` with a batch of ``samples``: :meth:`exit` of its data-wait
+        frame and :meth:`add_batch` in one call (it runs at every fetch)."""
+        stack = self._stack
+        acc = self._acc
+        if stack[-1][0] == DATA_WAIT:  # the fetch's own frame, as always but after a raise
+            _, start, child = stack.pop()
+            dur = t - start
+            acc.phases[DATA_WAIT] += dur - child
+            stack[-1][2] += dur
+        else:
+            self.exit(DATA_WAIT, t)
         acc.batches += 1
         self.counts["batches"] += 1
         if samples is not None:
@@ -205,11 +245,38 @@ class StepTracker:
             return
         self.source = "forward_backward"
         self._close(t, self._acc, exact=True)
-        self._acc = _Acc()
+        self._acc = _Acc.fresh()
         self._emit()
+
+    def optimizer_done(self, opt_id: int, t: float) -> None:
+        """:meth:`exit` of the optimizer's frame and :meth:`on_optimizer_step` (the optimizer's
+        post-hook, at every step: the exit is inline)."""
+        stack = self._stack
+        if stack[-1][0] == OPTIMIZER:
+            _, start, child = stack.pop()
+            dur = t - start
+            self._acc.phases[OPTIMIZER] += dur - child
+            stack[-1][2] += dur
+        else:
+            self.exit(OPTIMIZER, t)
+        self.on_optimizer_step(opt_id, t)
 
     def on_optimizer_step(self, opt_id: int, t: float) -> None:
         self.counts["optimizer_step"] += 1
+        if opt_id == self._only:
+            # The steady state of a loop with one optimizer: each of its steps ends a step.
+            # The general path below gives the same record; this one runs once per step
+            # of most jobs, in a few calls fewer.
+            acc, self._acc = self._acc, _Acc(_NO_PHASES[:])
+            rec = StepRecord(len(self.steps), self._start, t, acc.phases, acc.data_cpu_s,
+                             acc.samples, acc.batches, acc.data_run_delay_s, acc.data_read_s)
+            self._start = t
+            self.steps.append(rec)
+            if self._on_close is not None:
+                self._on_close(rec, True)
+            return
+        # Another optimizer (or none learnt yet): the general path from here on, for good.
+        self._only = None
         self.optimizers_known = True
         if self.manual:
             return
@@ -218,6 +285,8 @@ class StepTracker:
             # The cycle repeats: the previous step ended at the previous optimizer step.
             if self._cycle is None:
                 self._cycle = frozenset(self._stepped)
+                if len(self._cycle) == 1:
+                    self._only = opt_id
             rest = self._acc.minus(self._snap)
             self._close(self._snap_t, self._snap, exact=False)
             self._acc = rest
@@ -225,7 +294,7 @@ class StepTracker:
         self._stepped.add(opt_id)
         if self._cycle is not None and self._stepped >= self._cycle:
             self._close(t, self._acc, exact=True)
-            self._acc = _Acc()
+            self._acc = _Acc.fresh()
             self._stepped = set()
             self._snap = None
         else:  # the step may end here: keep what it held at this instant
@@ -239,6 +308,7 @@ class StepTracker:
         acc = self._acc
         if not self.manual:
             self.manual = True
+            self._only = None
             self._stepped = set()
             self._snap = None
             if self.steps:
@@ -260,7 +330,7 @@ class StepTracker:
                     self._on_reset()
         self.source = "manual"
         self._close(t, acc, exact=True)
-        self._acc = _Acc()
+        self._acc = _Acc.fresh()
         self._emit()
 
     def restart(self, t: float) -> None:
@@ -271,8 +341,8 @@ class StepTracker:
     def discard(self, t: float) -> None:
         """Drop what the step in progress holds and start it again at ``t``: the time since
         the last step boundary was not training (an evaluation, a checkpoint)."""
-        self._acc = _Acc()
-        self._stack.clear()
+        self._acc = _Acc.fresh()
+        del self._stack[_FLOOR:]
         self._start = t
 
     def finish(self, t: float) -> None:
@@ -281,21 +351,11 @@ class StepTracker:
             self._close(self._snap_t, self._snap, exact=False)
             self._snap = None
             self._stepped = set()
-        self._stack.clear()
+        del self._stack[_FLOOR:]
         self._emit()
 
     def _close(self, t: float, acc: _Acc, *, exact: bool) -> None:
-        rec = StepRecord(
-            index=len(self.steps),
-            start_s=self._start,
-            end_s=t,
-            phases=acc.phases,
-            data_cpu_s=acc.data_cpu_s,
-            samples=acc.samples,
-            batches=acc.batches,
-            data_run_delay_s=acc.data_run_delay_s,
-            data_read_s=acc.data_read_s,
-        )
+        rec = acc.record(len(self.steps), self._start, t)
         self._start = t
         self.steps.append(rec)
         self._closed.append((rec, exact))
