@@ -109,6 +109,10 @@ class Instrumentation:
         self._tid = threading.get_ident()
         self._clock = time.perf_counter
         self._depth = 0
+        """Outermost forwards in flight. Every enter has its exit (a try/finally around the
+        patched forward, hooks with ``always_call``; switch_to_roots starts again at 0), so
+        nothing resets it at step ends: a step can end inside a forward (a module whose
+        forward steps an optimizer)."""
         self._roots: weakref.WeakKeyDictionary[torch.nn.Module, None] = (
             weakref.WeakKeyDictionary()
         )
@@ -279,10 +283,6 @@ class Instrumentation:
             if param is not None:
                 assert self.precision.param_dtypes is not None
                 self.precision.param_dtypes[_short_dtype(param.dtype)] += 1
-
-    def step_closed(self) -> None:
-        """Called at each step end: no forward can be in flight then."""
-        self._depth = 0
 
     def _lean_root_timing(self) -> tuple[Callable[[], None], Callable[[], None]]:
         """Enter/exit of an outermost forward for the steady state, lookups bound once (they

@@ -290,16 +290,13 @@ class Recorder:
     def _on_close(self, rec: StepRecord, exact: bool) -> None:
         if self.cuda_timer is not None:
             self.cuda_timer.step_ends(rec.index)
-        inst = self.inst
-        if self._steady and inst is not None:
+        if self._steady:
             # Measuring, hooks settled, nothing due: what every step of a long job needs.
-            inst.step_closed()
             self._measured += 1
             if self._limit is not None and self._measured >= self._limit:
                 self._stop_at_limit()
             return
-        if inst is not None:
-            inst.step_closed()
+        inst = self.inst
         if exact and inst is not None and not self._discovered:
             if not inst.discovering:
                 self._discovered = True  # the global hooks never come back: stop asking

@@ -249,8 +249,10 @@ class StepTracker:
         self._emit()
 
     def optimizer_done(self, opt_id: int, t: float) -> None:
-        """:meth:`exit` of the optimizer's frame and :meth:`on_optimizer_step` (the optimizer's
-        post-hook, at every step: the exit is inline)."""
+        """:meth:`exit` of the optimizer's frame, then :meth:`on_optimizer_step`: the
+        optimizer's post-hook, at every step of most jobs, so the exit is inline and so is the
+        close of a step by a lone optimizer whose cycle is learnt (the general path gives the
+        same record, in a few calls more)."""
         stack = self._stack
         if stack[-1][0] == OPTIMIZER:
             _, start, child = stack.pop()
@@ -259,24 +261,23 @@ class StepTracker:
             stack[-1][2] += dur
         else:
             self.exit(OPTIMIZER, t)
-        self.on_optimizer_step(opt_id, t)
+        if opt_id != self._only:
+            self.on_optimizer_step(opt_id, t)
+            return
+        self.counts["optimizer_step"] += 1
+        acc, self._acc = self._acc, _Acc(_NO_PHASES[:])
+        rec = StepRecord(len(self.steps), self._start, t, acc.phases, acc.data_cpu_s,
+                         acc.samples, acc.batches, acc.data_run_delay_s, acc.data_read_s)
+        self._start = t
+        self.steps.append(rec)
+        if self._on_close is not None:
+            self._on_close(rec, True)
 
     def on_optimizer_step(self, opt_id: int, t: float) -> None:
         self.counts["optimizer_step"] += 1
-        if opt_id == self._only:
-            # The steady state of a loop with one optimizer: each of its steps ends a step.
-            # The general path below gives the same record; this one runs once per step
-            # of most jobs, in a few calls fewer.
-            acc, self._acc = self._acc, _Acc(_NO_PHASES[:])
-            rec = StepRecord(len(self.steps), self._start, t, acc.phases, acc.data_cpu_s,
-                             acc.samples, acc.batches, acc.data_run_delay_s, acc.data_read_s)
-            self._start = t
-            self.steps.append(rec)
-            if self._on_close is not None:
-                self._on_close(rec, True)
-            return
-        # Another optimizer (or none learnt yet): the general path from here on, for good.
-        self._only = None
+        if opt_id != self._only:
+            # Another optimizer (or none learnt yet): optimizer_done's fast path is over.
+            self._only = None
         self.optimizers_known = True
         if self.manual:
             return
