@@ -36,6 +36,36 @@ def test_plain_loop_with_dataloader() -> None:
     assert all(s.phase_s["forward"] > 0 and s.phase_s["backward"] > 0 for s in w.steps)
 
 
+def test_a_forward_that_steps_the_optimizer_itself_is_timed_at_every_step() -> None:
+    # A module whose forward runs a whole update (meta-learning inner loops, some RL code):
+    # the step ends inside the outermost forward, which must not lose count of its depth.
+    class SelfUpdating(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(8, 1)
+            self.opt = torch.optim.SGD(self.inner.parameters(), lr=0.1)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = nn.functional.mse_loss(self.inner(x), y)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            return loss.detach()
+
+    model = SelfUpdating()
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    with redline.watch(warmup_steps=2, count_flops=False) as w:
+        for _ in range(N):
+            model(x, y)
+    assert len(w.steps) == N
+    # Each step holds the end of one forward (its tail after the update). The forward in
+    # flight when the warm-up ended is lost with the per-module hooks removed then (step 2);
+    # every later one is timed (a depth reset at step ends used to stop forward timing for
+    # the rest of the run).
+    assert all(s.phase_s["forward"] > 0 for s in w.steps[3:])
+    assert all(s.phase_s["backward"] > 0 and s.phase_s["optimizer"] > 0 for s in w.steps)
+
+
 def test_no_dataloader_hand_sliced_tensors() -> None:
     x, y = torch.randn(N * 5, 8), torch.randn(N * 5, 1)
     model = nn.Linear(8, 1)
