@@ -61,7 +61,6 @@ class Recorder:
         self._on_limit = on_limit
         self._stack: ExitStack | None = None
         self._state = "warmup"
-        self._steady = False
         self._measured = 0
         self._extras_pending = True
         """Whether FLOP counting or a trace may still be due (see _start_extras)."""

@@ -218,7 +218,9 @@ class StepTracker:
         frame and :meth:`add_batch` in one call (it runs at every fetch)."""
         stack = self._stack
         acc = self._acc
-        if stack[-1][0] == DATA_WAIT:  # the fetch's own frame, as always but after a raise
+        # the fetch's own frame is on top, unless a phase inside the fetch raised and left
+        # its frame (exit drops it)
+        if stack[-1][0] == DATA_WAIT:
             _, start, child = stack.pop()
             dur = t - start
             acc.phases[DATA_WAIT] += dur - child
@@ -265,7 +267,7 @@ class StepTracker:
             self.on_optimizer_step(opt_id, t)
             return
         self.counts["optimizer_step"] += 1
-        acc, self._acc = self._acc, _Acc(_NO_PHASES[:])
+        acc, self._acc = self._acc, _Acc(_NO_PHASES[:])  # _Acc.fresh() and acc.record(), inline
         rec = StepRecord(len(self.steps), self._start, t, acc.phases, acc.data_cpu_s,
                          acc.samples, acc.batches, acc.data_run_delay_s, acc.data_read_s)
         self._start = t
