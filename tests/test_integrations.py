@@ -147,6 +147,42 @@ def test_live_snapshot_finds_its_window_behind_steps_that_are_not_measured() -> 
     assert snap.steps_total == 40
 
 
+def test_a_long_run_keeps_a_bounded_sample_with_exact_counts_and_says_so() -> None:
+    # A job that runs for days: past steps_kept records the watch keeps a uniform sample
+    # (memory bounded), the counts stay exact, live metrics still read every recent step, and
+    # the report says its statistics are over a sample.
+    with redline.Watch(WatchConfig(warmup_steps=2, count_flops=False, steps_kept=1000)) as w:
+        _loop(2600)
+        snap = live_snapshot(w, window_steps=5)
+        last = list(w.tracker.recent)[-5:]
+    assert w.tracker.stride == 4 and 500 <= len(w.steps) < 1000
+    assert all(s.index % 4 == 0 for s in w.steps)
+    assert snap is not None and snap.steps_total == 2600 and snap.steps_measured == 2598
+    assert snap.step_time_mean_s == pytest.approx(sum(s.step_s for s in last) / 5)
+    m = w.report(show=False).measurements
+    assert (m.timing.steps_total, m.timing.steps_warmup, m.timing.steps_measured) == (
+        2600, 2, 2598)
+    assert any("every 4th step, a uniform sample" in n for n in m.notes)
+    with pytest.raises(ValueError, match="steps_kept must be >= 1000"):
+        WatchConfig(steps_kept=10)
+
+
+def test_a_long_run_on_cuda_drops_the_device_times_of_the_steps_it_no_longer_keeps() -> None:
+    from redline.measure.cuda import CudaStepTimer
+
+    timer = CudaStepTimer()
+    timer.device_s = {i: 0.001 for i in range(2600)}  # as if every step's events were resolved
+    with redline.Watch(WatchConfig(warmup_steps=2, count_flops=False, steps_kept=1000)) as w:
+        w.cuda_timer = timer
+        _loop(2600)
+        w.cuda_timer = None  # a CPU run: no device memory to read at exit
+    # stride 2 from step 999 (nothing older than the last 1,024 steps yet), 4 from step 1998:
+    # the steps before 1998 - 1024 that are not multiples of 4 are forgotten
+    assert w.tracker.stride == 4
+    assert all(i % 4 == 0 or i > 974 for i in timer.device_s)
+    assert set(range(0, 975, 4)) | set(range(975, 2600)) == set(timer.device_s)
+
+
 def test_live_snapshot_reads_device_time_only_of_completed_steps() -> None:
     class Timer:
         device_s: dict[int, float] = {}  # noqa: RUF012

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -333,6 +334,21 @@ def test_a_phase_left_open_by_a_raise_is_dropped_and_the_stack_keeps_working() -
     (s,) = tr.steps
     assert s.phase_s["forward"] == 3.0 and s.phase_s["optimizer"] == 1.0
     assert s.phase_s["backward"] == 0.0
+
+
+def test_past_its_cap_the_tracker_keeps_a_uniform_sample_and_exact_counts() -> None:
+    tr = StepTracker(lambda: 0.0, keep=8)
+    for t in range(1, 51):
+        tr.push([OPTIMIZER, t - 0.5, 0.0])
+        tr.optimizer_done(1, float(t))
+    tr.finish(51.0)
+    assert tr.closed == 50 and tr.stride == 8
+    # every 8th step, each with its own times: a uniform sample of the run
+    assert [s.index for s in tr.steps] == [0, 8, 16, 24, 32, 40, 48]
+    assert all(s.end_s == s.index + 1 and s.phase_s["optimizer"] == 0.5 for s in tr.steps)
+    assert [s.index for s in tr.recent] == list(range(50))  # the last steps, every one
+    with pytest.raises(ValueError, match="keep must be >= 2"):
+        StepTracker(lambda: 0.0, keep=1)
 
 
 def test_checkpoint_and_ema_copy_during_watch_stay_plain() -> None:

@@ -66,7 +66,15 @@ class WatchConfig:
     Chrome-trace JSON file here when the report is built (rank 0 writes the job's, its ranks
     gathered through the job's store); None = no timeline. Opens in Perfetto UI."""
 
+    steps_kept: int | None = 100_000
+    """Step records kept for the report, at most (None: all). A record is ~370 bytes, so a job
+    that runs for days would grow without bound: past this many, the watch keeps every other
+    record and then every 2nd, 4th, ... step (a uniform sample; the report says so), while
+    step counts stay exact and live metrics read every one of the last 1,024 steps."""
+
     def __post_init__(self) -> None:
+        if self.steps_kept is not None and self.steps_kept < 1000:
+            raise ValueError(f"steps_kept must be >= 1000 or None, got {self.steps_kept}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be 0..65535 or None, got {self.metrics_port}")
         if self.trace_steps < 1:

@@ -95,6 +95,13 @@ class CudaStepTimer:
             self.device_window[idx] = (self._origin.elapsed_time(segments[0][0]) / 1e3,
                                        self._origin.elapsed_time(segments[-1][1]) / 1e3)
 
+    def forget(self, drop: Callable[[int], bool]) -> None:
+        """Drop the resolved times of the steps ``drop`` names (records the watch no longer
+        keeps), so a long job's timer stays bounded."""
+        for d in (self.device_s, self.device_window):
+            for i in [i for i in d if drop(i)]:
+                del d[i]
+
     def drop_open(self) -> None:
         """Forget the segments of the step in progress (its time so far is left out)."""
         self._segments = []

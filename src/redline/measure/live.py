@@ -64,22 +64,16 @@ class LiveSnapshot:
 
 
 def live_snapshot(w: Recorder, window_steps: int = 50) -> LiveSnapshot | None:
-    """The last ``window_steps`` measured steps of ``w``; None before the first one."""
+    """The last ``window_steps`` measured steps of ``w`` (at most those among the last
+    :data:`~redline.measure.timeline.RECENT_STEPS` steps); None before the first one."""
     if window_steps < 1:
         raise ValueError(f"window_steps must be >= 1, got {window_steps}")
-    recent: list[StepRecord] = []
-    steps = w.steps
-    # Only the tail is read (a scrape of a job a million steps long costs what one of a
-    # hundred does): a slice is one atomic copy while the training thread appends, and it is
-    # widened only where excluded or warm-up steps sit among the last ones.
-    total = len(steps)
-    span = window_steps + 8
-    while True:
-        tail = steps[-span:]
-        recent = [s for s in reversed(tail) if s.kind == "measured"][:window_steps]
-        if len(recent) == window_steps or len(tail) < span:
-            break
-        span *= 4
+    # The tracker's last steps, every one (the report's records may be a sample of a long
+    # run): a scrape of a job a million steps long costs what one of a hundred does. list()
+    # copies the deque in one step while the training thread appends to it.
+    total = w.tracker.closed
+    recent: list[StepRecord] = [s for s in reversed(list(w.tracker.recent))
+                                if s.kind == "measured"][:window_steps]
     measured = w.measured_count
     if not recent:
         return None

@@ -32,7 +32,7 @@ from redline.measure.hooks import Instrumentation
 from redline.measure.nvml import NvmlSampler, import_pynvml
 from redline.measure.profile import TraceCapture
 from redline.measure.ranks import ProgressBeacon, rank_info
-from redline.measure.timeline import StepRecord, StepTracker
+from redline.measure.timeline import RECENT_STEPS, StepRecord, StepTracker
 
 T = TypeVar("T")
 _RECORDERS = itertools.count()
@@ -70,7 +70,11 @@ class Recorder:
         """Measuring, with the hooks settled and no FLOP count or trace due: a step's close
         only counts it (see _on_close)."""
         self._limit = self.config.max_steps
-        self.tracker = StepTracker(time.perf_counter, self._on_close, self._on_reset)
+        self._warmup = 0
+        self._excluded = 0
+        self._stride = 1
+        self.tracker = StepTracker(time.perf_counter, self._on_close, self._on_reset,
+                                   keep=self.config.steps_kept)
         self.inst: Instrumentation | None = None
         self.flops = FlopWindow()
         self.capture: TraceCapture | None = None
@@ -170,7 +174,7 @@ class Recorder:
         if not self.rank.distributed:
             return
         try:
-            beacon = ProgressBeacon(self.rank, lambda: len(self.tracker.steps),
+            beacon = ProgressBeacon(self.rank, lambda: self.tracker.closed,
                                     self.progress_key)
         except Exception as e:  # no store to reach: the merged report will say so
             self._beacon_error = f"{type(e).__name__}: {e}"
@@ -227,6 +231,12 @@ class Recorder:
         return self._measured
 
     @property
+    def step_counts(self) -> tuple[int, int, int, int]:
+        """Steps closed so far: (all, warm-up, excluded, measured), exact whether or not every
+        record is kept (``WatchConfig.steps_kept``)."""
+        return self.tracker.closed, self._warmup, self._excluded, self._measured
+
+    @property
     def measured_steps(self) -> list[StepRecord]:
         return [s for s in self.tracker.steps if s.kind == "measured"]
 
@@ -280,7 +290,8 @@ class Recorder:
             self.cuda_timer.reset()
         self._state = "warmup"
         self._steady = False
-        self._measured = 0
+        self._measured = self._warmup = self._excluded = 0
+        self._stride = 1
         self._extras_pending = True
         self.window_start = None
         if self.config.warmup_steps == 0:
@@ -289,6 +300,10 @@ class Recorder:
     def _on_close(self, rec: StepRecord, exact: bool) -> None:
         if self.cuda_timer is not None:
             self.cuda_timer.step_ends(rec.index)
+            if self.tracker.stride != self._stride:  # the tracker thinned its records
+                self._stride = stride = self.tracker.stride
+                recent = rec.index - RECENT_STEPS
+                self.cuda_timer.forget(lambda i: i % stride != 0 and i <= recent)
         if self._steady:
             # Measuring, hooks settled, nothing due: what every step of a long job needs.
             self._measured += 1
@@ -306,15 +321,18 @@ class Recorder:
         state = self._state
         if state == "warmup":
             rec.kind = "warmup"
+            self._warmup += 1
             if exact and rec.index + 1 >= self.config.warmup_steps and not self._start_extras():
                 self._begin_window()
         elif state == "flops":
             rec.kind = "excluded"
+            self._excluded += 1
             self.flops.stop()
             if not self._start_extras():
                 self._resume()
         elif state == "tracing":
             rec.kind = "excluded"
+            self._excluded += 1
             assert self.capture is not None
             self.capture.step()
             if self.capture.done:

@@ -45,16 +45,16 @@ def device_info(dev: torch.device) -> DeviceInfo:
 
 
 def _timing(w: Recorder, steps: list[StepRecord]) -> StepTiming:
-    all_steps = w.steps
+    total_steps, warmup, excluded, measured = w.step_counts
     times = step_times(steps)
     samples = [s.samples for s in steps if s.samples is not None]
     total = sum(times)
     return StepTiming(
         step_source=w.tracker.source,
-        steps_total=len(all_steps),
-        steps_warmup=sum(1 for s in all_steps if s.kind == "warmup"),
-        steps_excluded=sum(1 for s in all_steps if s.kind == "excluded"),
-        steps_measured=sum(1 for s in all_steps if s.kind == "measured"),
+        steps_total=total_steps,
+        steps_warmup=warmup,
+        steps_excluded=excluded,
+        steps_measured=measured,
         step_time_p50_s=percentile(times, 50) if times else None,
         step_time_p95_s=percentile(times, 95) if times else None,
         step_time_mean_s=total / len(times) if times else None,
@@ -121,6 +121,14 @@ def build_measurements(w: Recorder) -> Measurements:
                 f"Only {len(steps)} step(s) ran, none after the {w.config.warmup_steps} warm-up "
                 "step(s): statistics below include warm-up steps and are less reliable."
             )
+    stride = w.tracker.stride
+    if stride > 1:
+        notes.append(
+            f"The run closed {w.tracker.closed:,} steps, more than the {w.config.steps_kept:,} "
+            f"step records a watch keeps (WatchConfig.steps_kept): step statistics, the "
+            f"breakdown and the timeline are over every {stride}th step, a uniform sample; "
+            "step counts are exact."
+        )
     dev = device_info(w.device)
     inst = w.inst
     assert inst is not None
@@ -239,10 +247,10 @@ def _device_metrics(w: Recorder, steps: list[StepRecord], dev: DeviceInfo) -> De
     h2d = None
     if dev.type != "cpu" and n:
         h2d = H2DMetrics(
-            copies_per_step=h.copies / max(1, len(w.steps)),
-            bytes_per_step=h.bytes / max(1, len(w.steps)),
+            copies_per_step=h.copies / max(1, w.tracker.closed),
+            bytes_per_step=h.bytes / max(1, w.tracker.closed),
             pageable_fraction=h.pageable_bytes / h.bytes if h.bytes else None,
-            host_s_per_step=h.host_s / max(1, len(w.steps)),
+            host_s_per_step=h.host_s / max(1, w.tracker.closed),
         )
     if dev.type != "cuda":
         return DeviceMetrics(None, None, None, None, None, None, None, None, h2d=h2d)
@@ -259,7 +267,7 @@ def _device_metrics(w: Recorder, steps: list[StepRecord], dev: DeviceInfo) -> De
         total_memory_bytes=mem.total_bytes if mem else None,
         nvml=w.nvml_summary,
         sync_calls=syncs.count if syncs else None,
-        sync_calls_per_step=syncs.count / max(1, len(w.steps)) if syncs else None,
+        sync_calls_per_step=syncs.count / max(1, w.tracker.closed) if syncs else None,
         sync_sites=[{"site": s, "count": c} for s, c in syncs.sites.most_common(5)]
         if syncs else [],
         h2d=h2d,
@@ -328,7 +336,7 @@ def recorded_trace(w: Recorder) -> tuple[TraceSummary | None, TraceAnalysis | No
     cap = w.capture
     if cap is None:
         return None, None
-    steps = sum(1 for s in w.steps if s.kind == "excluded") - (1 if w.flops.flops else 0)
+    steps = w.step_counts[2] - (1 if w.flops.flops else 0)
     if not cap.written:
         note = cap.error or (f"the run ended before the trace's {cap.steps_needed} steps "
                              "were recorded")

@@ -10,6 +10,7 @@ optimizer, one outermost forward+backward; or whatever the user marks with ``Wat
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,10 @@ _FLOOR = 4
 that pop() empties frees its storage and the next append allocates it again (CPython's
 ``list_resize`` shrinks a list below half its capacity), which is two reallocations per
 phase, several per step; above a floor of four frames the stack keeps its storage."""
+
+RECENT_STEPS = 1024
+"""Steps the tracker holds in order, every one of them, whatever it keeps for the report
+(:attr:`StepTracker.recent`): what live metrics read."""
 
 STEP_SOURCES: tuple[str, ...] = ("optimizer", "forward_backward", "manual")
 
@@ -140,6 +145,11 @@ class StepTracker:
             ``exact=True`` when it closed at the current instant (not retroactively).
         on_reset (Callable[[], None]): called when steps already closed are withdrawn (the loop
             began marking its own steps with ``Watch.step()``).
+        keep (int | None): step records kept at most (None: all). Once a run closes that
+            many, every other one is dropped and from then on only steps whose index is a
+            multiple of :attr:`stride` (doubled each time) are kept: a uniform sample of the
+            run, at a bounded memory, for a job that runs for days. Counts stay exact
+            (:attr:`closed`) and :attr:`recent` holds the last steps, every one.
     """
 
     def __init__(
@@ -147,11 +157,22 @@ class StepTracker:
         clock: Callable[[], float],
         on_close: Callable[[StepRecord, bool], None] | None = None,
         on_reset: Callable[[], None] | None = None,
+        keep: int | None = None,
     ) -> None:
+        if keep is not None and keep < 2:
+            raise ValueError(f"keep must be >= 2 step records or None, got {keep}")
         self._clock = clock
         self._on_close = on_close
         self._on_reset = on_reset
+        self._keep = keep
         self.steps: list[StepRecord] = []
+        """The kept step records, in order: every step, or every :attr:`stride`-th one."""
+        self.stride = 1
+        """Steps each kept record stands for (1 until the run closes ``keep`` steps)."""
+        self.closed = 0
+        """Steps closed so far, kept or not (the next step's index)."""
+        self.recent: deque[StepRecord] = deque(maxlen=RECENT_STEPS)
+        """The last :data:`RECENT_STEPS` closed steps, every one."""
         self.source: str | None = None
         """How steps are delimited: one of :data:`STEP_SOURCES`, or None before the first step."""
         self.optimizers_known = False
@@ -268,10 +289,15 @@ class StepTracker:
             return
         self.counts["optimizer_step"] += 1
         acc, self._acc = self._acc, _Acc(_NO_PHASES[:])  # _Acc.fresh() and acc.record(), inline
-        rec = StepRecord(len(self.steps), self._start, t, acc.phases, acc.data_cpu_s,
+        rec = StepRecord(self.closed, self._start, t, acc.phases, acc.data_cpu_s,
                          acc.samples, acc.batches, acc.data_run_delay_s, acc.data_read_s)
         self._start = t
-        self.steps.append(rec)
+        self.closed += 1  # _store(rec), inline
+        self.recent.append(rec)
+        if not rec.index % self.stride:
+            self.steps.append(rec)
+            if len(self.steps) == self._keep:
+                self._thin()
         if self._on_close is not None:
             self._on_close(rec, True)
 
@@ -317,18 +343,23 @@ class StepTracker:
             if self.steps:
                 # Steps cut automatically before the loop's first own mark were guesses: fold
                 # them into this first marked step, and let the owner restart its bookkeeping.
-                first = self.steps[0]
+                # (Past ``keep`` of them only a sample is left: each kept record stands for
+                # ``stride`` steps.)
+                first, w = self.steps[0], self.stride
                 for rec in self.steps:
                     for k, v in enumerate(rec.phases):
-                        acc.phases[k] += v
-                    acc.data_cpu_s += rec.data_cpu_s
-                    acc.data_run_delay_s += rec.data_run_delay_s
-                    acc.data_read_s += rec.data_read_s
-                    acc.batches += rec.batches
+                        acc.phases[k] += v * w
+                    acc.data_cpu_s += rec.data_cpu_s * w
+                    acc.data_run_delay_s += rec.data_run_delay_s * w
+                    acc.data_read_s += rec.data_read_s * w
+                    acc.batches += rec.batches * w
                     if rec.samples is not None:
-                        acc.samples = (acc.samples or 0) + rec.samples
+                        acc.samples = (acc.samples or 0) + rec.samples * w
                 self._start = first.start_s
                 self.steps.clear()
+                self.recent.clear()
+                self.closed = 0
+                self.stride = 1
                 if self._on_reset is not None:
                     self._on_reset()
         self.source = "manual"
@@ -357,10 +388,24 @@ class StepTracker:
         del self._stack[_FLOOR:]
         self._emit()
 
+    def _store(self, rec: StepRecord) -> None:
+        self.closed += 1
+        self.recent.append(rec)
+        if not rec.index % self.stride:
+            self.steps.append(rec)
+            if len(self.steps) == self._keep:  # never equal while keep is None
+                self._thin()
+
+    def _thin(self) -> None:
+        """Keep every other record: a uniform sample of twice the stride."""
+        self.stride *= 2
+        stride = self.stride
+        self.steps[:] = [s for s in self.steps if not s.index % stride]
+
     def _close(self, t: float, acc: _Acc, *, exact: bool) -> None:
-        rec = acc.record(len(self.steps), self._start, t)
+        rec = acc.record(self.closed, self._start, t)
         self._start = t
-        self.steps.append(rec)
+        self._store(rec)
         self._closed.append((rec, exact))
 
     def _emit(self) -> None:

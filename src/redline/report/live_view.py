@@ -52,7 +52,7 @@ def render(w: Recorder, window_steps: int = WINDOW_STEPS) -> Group:
     snap = live_snapshot(w, window_steps)
     head = Text("redline live · ", style="bold")
     if snap is None:
-        head.append(f"warm-up: {len(w.steps)} step(s) so far, nothing measured yet")
+        head.append(f"warm-up: {w.tracker.closed} step(s) so far, nothing measured yet")
         return Group(head)
     head.append(f"step {snap.steps_total} ({snap.steps_measured} measured) · "
                 f"{snap.step_time_mean_s * 1e3:.1f} ms/step")

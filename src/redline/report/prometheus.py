@@ -67,7 +67,7 @@ class WatchCollector:
         snap = live_snapshot(self._w, self._window)
         steps = CounterMetricFamily("redline_steps", "Training steps closed (warm-up included)",
                                     labels=names)
-        steps.add_metric(values, float(snap.steps_total if snap else len(self._w.steps)))
+        steps.add_metric(values, float(snap.steps_total if snap else self._w.tracker.closed))
         yield steps
         if snap is None:
             return  # warm-up: no measured step yet, nothing else is known

@@ -42,7 +42,7 @@ def summary(w: Recorder, report: Report) -> dict[str, Any]:
         "rank": info.rank, "local_rank": info.local_rank, "host": info.host,
         "status": report.status, "steps_measured": m.timing.steps_measured,
         "status_detail": _first_sentence(report.status_detail),
-        "last_step": len(w.steps) - 1 if w.steps else None,
+        "last_step": w.tracker.closed - 1 if w.tracker.closed else None,
         "step_time_mean_s": m.timing.step_time_mean_s, "phases": phases,
         "throughput_samples_per_s": m.timing.throughput_samples_per_s,
         "main_cpu_cores": m.host.main_cpu_cores,

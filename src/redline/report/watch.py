@@ -90,6 +90,7 @@ def watch(
     metrics_port: int | None = _DEFAULTS.metrics_port,
     metrics_address: str = _DEFAULTS.metrics_address,
     timeline_path: str | None = _DEFAULTS.timeline_path,
+    steps_kept: int | None = _DEFAULTS.steps_kept,
 ) -> Watch:
     """Measure the training loop run inside the ``with`` block. See :class:`WatchConfig` for
     each argument."""
@@ -97,5 +98,5 @@ def watch(
         warmup_steps=warmup_steps, max_steps=max_steps, count_flops=count_flops,
         device=device, sample_interval_s=sample_interval_s, detect_syncs=detect_syncs,
         metrics_port=metrics_port, metrics_address=metrics_address,
-        timeline_path=timeline_path,
+        timeline_path=timeline_path, steps_kept=steps_kept,
     ))
