@@ -145,7 +145,7 @@ def main() -> None:
             st0 = cached.stats()
             t = time.perf_counter()
             for i in range(n):
-                cached._get_det(i)
+                cached.get_deterministic(i)
             dt = time.perf_counter() - t
             best_c = max(best_c, (cached.stats().bytes_read - st0.bytes_read) / dt)
         data = tmp / f"c{args.rounds - 1}" / "data.mdb"

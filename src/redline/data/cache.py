@@ -335,7 +335,9 @@ class CachedDataset(Dataset[Any]):
             return
         self._add(written=written)
 
-    def _get_det(self, i: int) -> Any:
+    def get_deterministic(self, i: int) -> Any:
+        """Item ``i`` after the deterministic part only: read from the store, or computed and
+        stored (what filling the cache ahead of a run calls for every item)."""
         key = self._prefix + str(i).encode()
         blob = self.store.get(key)
         if blob is None:  # the general path computes, queues the write and counts the miss
@@ -344,7 +346,7 @@ class CachedDataset(Dataset[Any]):
         return decode(blob)
 
     def __getitem__(self, i: int) -> Any:
-        value = self._get_det(int(i))
+        value = self.get_deterministic(int(i))
         return self.random(value) if self.random is not None else value
 
     def __getitems__(self, indices: list[int]) -> list[Any]:

@@ -100,7 +100,7 @@ class _Fill(Dataset[int]):
         return len(self.cached)
 
     def __getitem__(self, k: int) -> int:
-        self.cached._get_det(int(k))  # computes and stores the deterministic part once
+        self.cached.get_deterministic(int(k))  # computes and stores the deterministic part once
         return 0
 
 

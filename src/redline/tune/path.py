@@ -53,7 +53,13 @@ from redline.tune.precision import (
 )
 from redline.tune.runtime import TunedLoop, plan_dataset, train_step
 from redline.tune.setup import Factory, SetupError
-from redline.tune.trial import TrialMetrics, endless, fresh, probe_batch, state_tensors
+from redline.tune.trial import (
+    TrialMetrics,
+    first_batches,
+    fresh,
+    probe_batch,
+    state_tensors,
+)
 
 SIXTEEN_BIT = ("bf16", "fp16")
 """The 16-bit precisions (activations about half the bytes of fp32 ones)."""
@@ -129,9 +135,8 @@ class TunePath:
         check fails here), or None. Raises NonFiniteLossError when fp32 itself gives NaN/inf:
         a remembered plan is no reason to train on a broken loss."""
         s = fresh(self.factory)
-        it = endless(rebuild_factory(s.loader, batch_size=self.effective)(LoaderSettings()))
-        batches = [map_tensors(next(it), lambda t: t.to(self.device))
-                   for _ in range(self.cfg.numerics_steps)]
+        batches = [map_tensors(b, lambda t: t.to(self.device))
+                   for b in first_batches(s.loader, self.effective, self.cfg.numerics_steps)]
         chk = worst_check(self.agree.run(
             lambda: check_numerics(s.model, s.optimizer, batches, plan.micro_batch, s.loss_fn,
                                    plan.precision, self.device, self.cfg.tolerance),
@@ -292,9 +297,8 @@ class TunePath:
                 Knob.BATCH_CHANGE, False, f"the largest micro-batch that fits is {search.batch}:"
                 f" no multiple of the effective batch {eff} above it fits in memory"))
             return plan
-        it = endless(rebuild_factory(s.loader, batch_size=eff)(LoaderSettings()))
         # on the host, moved one step at a time: up to 8 × 8 + 1 effective batches
-        batches = [next(it) for _ in range(GUARD_STEPS * ratio + 1)]
+        batches = first_batches(s.loader, eff, GUARD_STEPS * ratio + 1)
         refused: list[str] = []
         while True:  # the largest ratio the guard passes, halving from what memory allows
             to, scale = ratio * eff, rule.scale(ratio)
@@ -346,9 +350,8 @@ class TunePath:
                 plan.decisions.append(Decision(Knob.PRECISION, False, why, value=prec))
                 continue
             s = fresh(self.factory)
-            it = endless(rebuild_factory(s.loader, batch_size=self.effective)(LoaderSettings()))
-            batches = [map_tensors(next(it), lambda t: t.to(self.device))
-                       for _ in range(self.cfg.numerics_steps)]
+            batches = [map_tensors(b, lambda t: t.to(self.device)) for b in
+                       first_batches(s.loader, self.effective, self.cfg.numerics_steps)]
             chk = worst_check(self.agree.run(functools.partial(
                 check_numerics, s.model, s.optimizer, batches, plan.micro_batch, s.loss_fn,
                 prec, self.device, self.cfg.tolerance), f"numerics {prec}"))
@@ -422,8 +425,7 @@ class TunePath:
         if self.device.type != "cuda":
             return plan
         s = fresh(self.factory)
-        it = endless(rebuild_factory(s.loader, batch_size=plan.micro_batch)(LoaderSettings()))
-        batches = [next(it) for _ in range(SHAPE_BATCHES)]
+        batches = first_batches(s.loader, plan.micro_batch, SHAPE_BATCHES)
         on_device = map_tensors(batches[0], lambda t: t.to(self.device))
         why = graph_refusal(batches, graph_blockers(s.model, on_device, s.loss_fn))
         if why is not None:

@@ -85,6 +85,13 @@ def endless(loader: Any) -> Any:
                              "with fewer samples than one effective batch)")
 
 
+def first_batches(loader: DataLoader[Any], batch_size: int, n: int) -> list[Any]:
+    """The first ``n`` batches of ``batch_size`` from a worker-less copy of the user's loader
+    (its dataset, sampler and collate; again from the start when it runs out), on the host."""
+    plain = rebuild_factory(loader, batch_size=batch_size)(LoaderSettings())
+    return list(itertools.islice(endless(plain), n))
+
+
 def counted_peak(factory: Factory, plan: TunePlan) -> int:
     """Peak live bytes of one steady-state step, counted by the simulated budget (no limit)."""
     s = fresh(factory)
@@ -160,12 +167,11 @@ def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup
     source: Any = loop.loader
     if step_only:
         # From a worker-less copy of the loader: no worker processes competing for the CPUs.
-        plain = rebuild_factory(s.loader, batch_size=plan.effective_batch)(LoaderSettings())
         # Kept on the host (pinned for CUDA) and copied per step: 4 effective batches resident
         # on the device could exceed the memory the batch finder planned for.
         pin = device.type == "cuda"
         host = [map_tensors(b, lambda t: t.pin_memory() if pin else t)
-                for b in itertools.islice(endless(plain), STEP_ONLY_BATCHES)]
+                for b in first_batches(s.loader, plan.effective_batch, STEP_ONLY_BATCHES)]
         source = (map_tensors(b, lambda t: t.to(device, non_blocking=True))
                   for b in itertools.cycle(host))
     measured, restart = (steps, False) if step_only else measured_window(
