@@ -112,3 +112,33 @@ def test_output_survives_an_ascii_terminal(tmp_path: Path) -> None:
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "Where GPU time goes" in p.stdout and "Traceback" not in p.stderr
+
+
+def _shifted(events: list[dict[str, object]], origin: int, as_float: bool
+             ) -> list[dict[str, object]]:
+    out = []
+    for e in events:
+        e = dict(e)
+        ts = int(e["ts"]) + origin  # type: ignore[call-overload]
+        e["ts"] = float(ts) if as_float else ts
+        out.append(e)
+    return out
+
+
+def test_timestamps_near_1e18_give_the_same_figures_as_small_ones(tmp_path: Path) -> None:
+    """Integer timestamps ~1e18 µs (a nanosecond clock written as µs) are exact in the file;
+    a float holds them only to 128 µs, so times are kept relative to the first one."""
+    small = analyze_paths([write_trace(tmp_path / "small.json.gz")]).ranks[0]
+    big = analyze_paths([write_trace(tmp_path / "big.json.gz",
+                                     _shifted(synthetic_events(), 10**18, False))]).ranks[0]
+    assert big.temporal == small.temporal
+    assert big.kernel_types_us == small.kernel_types_us
+
+
+def test_float_timestamps_near_1e18_are_said_to_have_lost_their_digits(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = write_trace(tmp_path / "f.json", _shifted(synthetic_events(), 10**18, True), gz=False)
+    assert main(["trace", str(src)]) == 0
+    out = capsys.readouterr()
+    assert "resolve only 128 µs there" in out.out + out.err
+    assert "Traceback" not in out.err

@@ -149,4 +149,6 @@ def comm_comp_overlap_pct(device: list[Event]) -> float | None:
     if not comm:
         return None
     comp = merge([(e.ts, e.end) for e in device if kernel_type(e) == COMPUTATION])
-    return 100.0 * intersection(comm, comp) / total(comm)
+    span = total(comm)
+    # zero-length communication kernels only (durations below the trace's resolution)
+    return 100.0 * intersection(comm, comp) / span if span > 0 else None

@@ -219,6 +219,9 @@ def _rank_of(path: Path, doc: dict[str, Any]) -> int:
 
 
 _INF = math.inf
+_EXACT_FLOAT_US = float(2**53)
+"""Floats beyond 2**53 (µs) are 2 µs or more apart: a time written as one there has lost its
+µs digits."""
 
 
 def _left_out(counts: dict[str, list[Any]], why: str, e: Any) -> None:
@@ -263,6 +266,13 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
     events: list[Event] = []
     left_out: dict[str, list[Any]] = {}
     floaty = False
+    origin: int | None = None
+    """The first kept event's start, whole µs: every time is kept relative to it. Epoch-based
+    timestamps (~1.7e15 µs, or ~1e18 from a nanosecond clock read as µs) leave a float too few
+    digits for sub-µs differences, so the subtraction is done on the exact integer first."""
+    coarse_ulp_us = 0.0
+    """The largest spacing between representable times among timestamps the file wrote as
+    floats beyond 2**53 µs: finer differences were lost when the file was parsed."""
     for i, e in enumerate(raw_events):
         try:
             cat = e.get("cat")
@@ -287,11 +297,25 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
         except (TypeError, ValueError) as err:
             raise TraceError(f"{p}: traceEvents[{i}] ({e.get('name')!r}) has a non-numeric "
                              f"ts/dur: {ts!r}/{dur!r}") from err
+        except OverflowError:  # an integer too large for a float (beyond ~1.8e308)
+            ts_f = dur_f = _INF
         if not (0.0 <= dur_f < _INF and -_INF < ts_f < _INF):  # NaN fails both comparisons
             _left_out(left_out, "negative duration" if dur_f < 0 else
                       "NaN or infinite start or duration", e)
             continue
-        end_f = ts_f + dur_f
+        if origin is None:
+            origin = ts if type(ts) is int else math.floor(ts_f)
+        if not -_EXACT_FLOAT_US < ts_f < _EXACT_FLOAT_US and type(ts) is int:
+            ts_f = float(ts - origin)  # exact: the difference of two integers
+            end_f = ts_f + dur_f
+        else:
+            if not -_EXACT_FLOAT_US < ts_f < _EXACT_FLOAT_US:
+                coarse_ulp_us = max(coarse_ulp_us, math.ulp(ts_f))
+            # the end as HTA computes it (absolute, then rounded), then moved: subtracting is
+            # exact while the two are within a factor of two (Sterbenz's lemma), as the times
+            # of one trace are
+            end_f = ts_f + dur_f - origin
+            ts_f -= origin
         if not floaty and isinstance(ts, float) and not ts.is_integer():
             floaty = True
         args = e.get("args") or {}
@@ -307,6 +331,11 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
             corr if type(corr) is int else _as_int(corr),
             nbytes if type(nbytes) is int else _as_int(nbytes),
         ))
+    if coarse_ulp_us:
+        warnings.warn(f"{p.name}: timestamps near {origin:.3g} µs are written as floating-point "
+                      f"numbers, which resolve only {coarse_ulp_us:g} µs there: shorter "
+                      "durations and gaps are not resolved. Write integer (or relative) "
+                      "timestamps to keep their precision.", stacklevel=2)
     if hta_compat and floaty:
         # HTA rounds when the ts column is float, i.e. when the file has fractional timestamps.
         for ev in events:
