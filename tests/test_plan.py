@@ -164,15 +164,15 @@ def test_config_json_counts_llama_style_and_gpt2_style_models(tmp_path: Path) ->
 def test_bad_input_names_the_value_and_the_options(tmp_path: Path) -> None:
     with pytest.raises(PlanInputError, match=r"unknown GPU 'tpu-v5'; known: NVIDIA H200 SXM"):
         cluster(8, "tpu-v5")
-    with pytest.raises(PlanInputError, match=r"--gpus 12 is not a whole number of nodes of "
-                                             r"--gpus-per-node 8"):
+    with pytest.raises(PlanInputError, match=r"`gpus` 12 is not a whole number of nodes of "
+                                             r"`gpus_per_node` 8"):
         cluster(12, "H100")
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps({"hidden_size": 1024}))
     with pytest.raises(PlanInputError, match=r"lacks layers \(num_hidden_layers"):
         from_config_json(bad)
     with pytest.raises(PlanInputError, match="divides the global batch"):
-        search(from_numbers(params=1e9), Training(7), cluster(8, "H100"))
+        search(from_numbers(params=1e9), Training(7, 1024), cluster(8, "H100"))
     with pytest.raises(PlanInputError, match="hidden size 1000 is not divisible by 16 heads"):
         from_numbers(params=1e9, hidden=1000, heads=16)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 
@@ -39,6 +40,8 @@ def positive_float(flag: str) -> Callable[[str], float]:
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag} must be a number, got {text!r}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{flag} must be a finite number > 0, got {text}")
         if not v > 0:
             raise argparse.ArgumentTypeError(f"{flag} must be > 0, got {text}")
         return v
@@ -56,6 +59,9 @@ def count(flag: str) -> Callable[[str], int]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag} must be a number (e.g. 7e9, 7B), got "
                                              f"{text!r}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{flag} must be a finite number (e.g. 7e9, 7B), "
+                                             f"got {text}")
         if v < 1:
             raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {text}")
         return round(v)

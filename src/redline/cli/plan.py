@@ -4,10 +4,28 @@ the CLI)."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any
 
 from redline.cli.args import count, positive_float
+
+FLAGS = {
+    "params": "--params", "layers": "--layers", "hidden": "--hidden", "heads": "--heads",
+    "seq": "--seq", "vocab": "--vocab", "ffn_hidden": "--ffn-hidden", "path": "--config",
+    "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "gpu": "--gpu",
+    "memory_gb": "--gpu-memory-gb", "peak_tflops": "--peak-tflops",
+    "intra_node_gbps": "--intra-node-gbps", "inter_node_gbps": "--inter-node-gbps",
+    "price_per_gpu_hour": "--price-per-gpu-hour", "global_batch": "--global-batch",
+    "precision": "--precision", "optimizer": "--optimizer", "mfu": "--mfu", "steps": "--steps",
+}
+"""The planner's field names (as its functions take them) → this command's flags."""
+
+
+def flag_words(message: str) -> str:
+    """A library message with its `field` names as this command's flags (a field without a
+    flag loses only its backquotes)."""
+    return re.sub(r"`([a-z_]+)`", lambda m: FLAGS.get(m[1], m[1]), message)
 
 
 def add_parser(sub: Any) -> None:
@@ -69,14 +87,16 @@ def run(args: argparse.Namespace) -> int:
 
     from redline.core.errors import RedlineError
     from redline.core.files import write_text_atomic
-    from redline.plan.hardware import PlanInputError, cluster
+    from redline.plan.hardware import cluster
+    from redline.plan.hf_config import from_config_json
+    from redline.plan.limits import PlanInputError
     from redline.plan.memory import Training
-    from redline.plan.search import search
-    from redline.plan.spec import from_config_json, from_numbers
+    from redline.plan.search import project, search
+    from redline.plan.spec import from_numbers
     from redline.report.plan_render import render, to_dict
 
     def fail(msg: str, code: int = 2) -> int:
-        print(f"redline plan: error: {msg}", file=sys.stderr)
+        print(f"redline plan: error: {flag_words(msg)}", file=sys.stderr)
         return code
 
     numbers = any(getattr(args, k) is not None for k in
@@ -117,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
                      inter_node_gbps=args.inter_node_gbps,
                      price_per_gpu_hour=args.price_per_gpu_hour)
         res = search(spec, tr, cl, args.mfu, measured=measured)
+        if args.steps is not None and res.best is not None:
+            project(res, res.best, args.steps)  # the steps checked before anything prints
     except RedlineError as e:
         return fail(str(e))
     render(res, steps=args.steps, top=args.top, script=args.script or "train.py")

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from redline.plan.activations import MeasuredActivations, activation_bytes
 from redline.plan.emit import deepspeed_config, pytorch_snippet, torchrun_command
-from redline.plan.hardware import GPU_KINDS, Cluster, GpuKind, PlanInputError, cluster, gpu_kind
+from redline.plan.hardware import GPU_KINDS, Cluster, GpuKind, cluster, gpu_kind
+from redline.plan.hf_config import from_config_json
+from redline.plan.limits import PlanInputError
 from redline.plan.memory import Layout, Memory, Term, Training, memory, model_states
 from redline.plan.search import Candidate, JobProjection, PlanResult, project, search
-from redline.plan.spec import ModelSpec, from_config_json, from_module, from_numbers
+from redline.plan.spec import ModelSpec, from_module, from_numbers
 from redline.plan.timing import DEFAULT_MFU, Timing, step_time
 
 __all__ = [

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from redline.plan.hardware import PlanInputError
+from redline.plan.limits import PlanInputError
 
 if TYPE_CHECKING:
     import torch
@@ -107,7 +107,7 @@ def activation_bytes(model: torch.nn.Module, make_batch: Callable[[int], Any],
     except (NotImplementedError, RuntimeError) as e:
         raise PlanInputError(f"the model's forward does not run on the meta device "
                              f"({type(e).__name__}: {str(e)[:300]}); give its shape "
-                             "(--layers, --hidden, --heads, --seq) for the formula instead") \
+                             "(`layers`, `hidden`, `heads`, `seq`) for the formula instead") \
             from None
     slope = (a2 - a1) / (b2 - b1)
     return MeasuredActivations(slope, a1 - slope * b1, (b1, b2),

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from redline.plan.activations import MeasuredActivations, activation_bytes
-from redline.plan.hardware import PlanInputError
+from redline.plan.limits import PlanInputError
 from redline.plan.spec import ModelSpec, from_module
 from redline.tune.setup import Factory, SetupError, call_factory
 
@@ -24,7 +24,7 @@ def from_factory(factory: Factory, precision: str = "bf16",
     except SetupError as e:
         raise PlanInputError(f"{e} (it ran on the meta device: a factory that needs real "
                              "tensors, e.g. loading weights, cannot be planned this way; give "
-                             "--params and the shape instead)") from None
+                             "`params` and the shape instead)") from None
     spec = from_module(s.model)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     ds = s.loader.dataset

@@ -8,11 +8,12 @@ overrides with what the cluster measures (nccl-tests ``busbw``). Peak FLOP/s com
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
-from redline.core.errors import RedlineError
 from redline.measure.peaks import find_device
+from redline.plan.limits import PlanInputError, positive, whole
 
 GB = 1e9
 
@@ -20,10 +21,6 @@ BUS_EFFICIENCY = 0.8
 """Collectives reach about 80 % of a link's rate as bus bandwidth: A100 NVLink all-reduce 235
 of 300 GB/s, AWS EFA "effective 340 Gbps" of 400 for all-reduce (both as collected by Stas
 Bekman's ml-engineering; nccl-tests PERFORMANCE.md defines busbw)."""
-
-
-class PlanInputError(RedlineError, ValueError):
-    """A planning input that cannot be used; the message names the value and the options."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +89,7 @@ def gpu_kind(name: str) -> GpuKind:
             return k
     raise PlanInputError(
         f"unknown GPU {name!r}; known: {', '.join(k.name for k in GPU_KINDS)} (or give "
-        "--gpu-memory-gb, --peak-tflops and the link bandwidths for another)")
+        "`memory_gb`, `peak_tflops` and the link bandwidths for another)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,19 +113,21 @@ class Cluster:
     """Share of a link's rate that collectives reach as bus bandwidth (nccl-tests' busbw)."""
 
     def __post_init__(self) -> None:
-        if self.gpus < 1:
-            raise PlanInputError(f"--gpus must be >= 1, got {self.gpus}")
-        if self.gpus_per_node < 1:
-            raise PlanInputError(f"--gpus-per-node must be >= 1, got {self.gpus_per_node}")
+        whole("gpus", self.gpus, what="GPUs of the job")
+        whole("gpus_per_node", self.gpus_per_node, what="GPUs per node")
         if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
             raise PlanInputError(
-                f"--gpus {self.gpus} is not a whole number of nodes of --gpus-per-node "
+                f"`gpus` {self.gpus} is not a whole number of nodes of `gpus_per_node` "
                 f"{self.gpus_per_node}; give a multiple of it, or fewer GPUs than one node")
-        for n, v in (("memory", self.memory_bytes), ("peak FLOP/s", self.peak_flops),
-                     ("intra-node bandwidth", self.intra_node_bytes_per_s),
-                     ("inter-node bandwidth", self.inter_node_bytes_per_s)):
-            if not v > 0:
-                raise PlanInputError(f"the GPU's {n} must be > 0, got {v}")
+        for n, v in (("memory_bytes", self.memory_bytes), ("peak_flops", self.peak_flops),
+                     ("intra_node_bytes_per_s", self.intra_node_bytes_per_s),
+                     ("inter_node_bytes_per_s", self.inter_node_bytes_per_s),
+                     ("pcie_bytes_per_s", self.pcie_bytes_per_s)):
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise PlanInputError(f"`{n}` must be a finite number > 0, got {v}")
+        if not 0 < self.bus_efficiency <= 1:
+            raise PlanInputError(f"`bus_efficiency` must be in (0, 1], got "
+                                 f"{self.bus_efficiency}")
 
     @property
     def nodes(self) -> int:
@@ -141,16 +140,28 @@ def cluster(gpus: int, gpu: str = "H100", *, gpus_per_node: int = 8,
             inter_node_gbps: float | None = None,
             price_per_gpu_hour: float | None = None) -> Cluster:
     """A cluster of ``gpus`` GPUs of a known kind, any number overridden (bandwidths in GB/s
-    per GPU and direction)."""
+    per GPU and direction). Every number must be finite, > 0 and within its limit
+    (:data:`redline.plan.limits.LIMITS`)."""
+    whole("gpus", gpus, what="GPUs of the job")
+    whole("gpus_per_node", gpus_per_node, what="GPUs per node")
+    for field, v, what in (("memory_gb", memory_gb, "GB of memory per GPU"),
+                           ("peak_tflops", peak_tflops, "dense peak TFLOP/s per GPU"),
+                           ("intra_node_gbps", intra_node_gbps,
+                            "GB/s per GPU and direction within a node"),
+                           ("inter_node_gbps", inter_node_gbps,
+                            "GB/s per GPU and direction across nodes"),
+                           ("price_per_gpu_hour", price_per_gpu_hour, "price per GPU-hour")):
+        if v is not None:
+            positive(field, v, what=what)
     kind = gpu_kind(gpu)
     peak = find_device(kind.name)
     table = peak.peak_tflops.get(precision) if peak is not None else None
     if peak_tflops is None and table is None:
-        raise PlanInputError(f"no peak {precision} FLOP/s known for {kind.name}; pass "
-                             "--peak-tflops")
+        raise PlanInputError(f"no peak {precision} FLOP/s known for {kind.name}; give "
+                             "`peak_tflops`")
     tflops = peak_tflops if peak_tflops is not None else table
     assert tflops is not None
-    src = ("--peak-tflops" if peak_tflops is not None else
+    src = ("given peak TFLOP/s" if peak_tflops is not None else
            f"{kind.name} {precision}: {peak.source if peak else ''}")
     return Cluster(
         gpus=gpus, gpus_per_node=min(gpus_per_node, gpus) if gpus < gpus_per_node else

@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from redline.plan.activations import MeasuredActivations
-from redline.plan.hardware import PlanInputError
+from redline.plan.limits import PlanInputError, whole
 from redline.plan.spec import ModelSpec
 
 RECOMPUTE = ("none", "selective", "full")
@@ -52,13 +52,14 @@ class Training:
     """Attention through FlashAttention / SDPA: no s² activations stored."""
 
     def __post_init__(self) -> None:
-        if self.global_batch < 1:
-            raise PlanInputError(f"--global-batch must be >= 1, got {self.global_batch}")
+        whole("global_batch", self.global_batch, what="sequences per optimizer step")
+        if self.seq is not None:
+            whole("seq", self.seq, what="tokens per sequence")
         if self.precision not in PRECISIONS:
-            raise PlanInputError(f"--precision must be one of {', '.join(PRECISIONS)}, got "
+            raise PlanInputError(f"`precision` must be one of {', '.join(PRECISIONS)}, got "
                                  f"{self.precision!r}")
         if self.optimizer not in OPTIMIZERS:
-            raise PlanInputError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got "
+            raise PlanInputError(f"`optimizer` must be one of {', '.join(OPTIMIZERS)}, got "
                                  f"{self.optimizer!r}")
 
 
@@ -167,7 +168,7 @@ def model_states(spec: ModelSpec, tr: Training, lay: Layout) -> Memory:
         mem.terms.append(Term("optimizer state", opt, f"{k}·{mp_txt}{t} ({k_why})"))
     if lay.zero >= 3 and n > 1 and not (spec.largest_layer_params or spec.layers):
         mem.terms.append(Term("gathered groups", 0, "unknown: one block's size is not known "
-                              "(give --layers, a config or a model); not counted"))
+                              "(give the layers, a config or a model); not counted"))
     elif lay.zero >= 3 and n > 1:
         # FSDP2 unshards one group for compute and prefetches the next (the fully_shard
         # docstring's forward/backward prefetch): two blocks' 16-bit parameters, unsharded.
@@ -232,7 +233,7 @@ def memory(spec: ModelSpec, tr: Training, lay: Layout, microbatches: int,
     if not spec.transformer:
         mem.activations_known = False
         mem.terms.append(Term("activations", 0, "unknown: give the model (counted on the meta "
-                              "device) or its shape (--layers, --hidden, --heads, --seq)"))
+                              "device) or its shape (layers, hidden, heads, seq)"))
         return mem
     assert spec.layers
     per_layer, f = activations_per_layer(spec, tr, lay)

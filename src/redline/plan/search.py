@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass, field
 
 from redline.plan.activations import MeasuredActivations
-from redline.plan.hardware import Cluster, PlanInputError
+from redline.plan.hardware import Cluster
+from redline.plan.limits import MAX_LAYOUTS, PlanInputError, positive, whole
 from redline.plan.memory import Layout, Memory, Training, memory
 from redline.plan.spec import ModelSpec
 from redline.plan.timing import DEFAULT_MFU, Timing, step_time
@@ -52,6 +53,9 @@ class PlanResult:
     evaluated: int = 0
     measured: MeasuredActivations | None = None
     """Activations counted from the model, when they were."""
+    thinned: str | None = None
+    """What the search left out to stay within :data:`redline.plan.limits.MAX_LAYOUTS`
+    layouts (None: every layout was evaluated)."""
 
     @property
     def best(self) -> Candidate | None:
@@ -62,7 +66,21 @@ class PlanResult:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Every divisor of ``n``, ascending, in O(√n)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def _ladder(values: list[int], ratio: float) -> list[int]:
+    """The first value, each next one at least ``ratio`` times the last kept, and the last:
+    a geometric subset of an ascending list."""
+    if len(values) <= 2:
+        return values
+    kept = [values[0]]
+    for v in values[1:-1]:
+        if v >= kept[-1] * ratio:
+            kept.append(v)
+    return [*kept, values[-1]]
 
 
 def _recompute_options(spec: ModelSpec, tr: Training) -> list[str]:
@@ -109,36 +127,33 @@ def search(spec: ModelSpec, tr: Training, cl: Cluster, mfu: float = DEFAULT_MFU,
            measured: MeasuredActivations | None = None) -> PlanResult:
     """Rank the layouts of ``cl`` for ``spec`` trained as ``tr`` (activations ``measured``
     from the model where given, else from the transformer formula)."""
-    if not 0 < mfu <= 1:
-        raise PlanInputError(f"--mfu must be in (0, 1], got {mfu}")
+    positive("mfu", mfu, what="model FLOPs utilization, a fraction of the peak")
+    if not (isinstance(headroom, int | float) and 0 <= headroom < 1):
+        raise PlanInputError(f"`headroom` (share of memory left free) must be in [0, 1), got "
+                             f"{headroom}")
+    if measured is None and (tr.seq or spec.seq) is None:
+        raise PlanInputError(
+            "the sequence length is not known and the activations were not counted from the "
+            "model: the memory per GPU and the FLOPs per sample would be guesses (one token "
+            "per sample); give `seq`, the tokens per training sequence")
     usable = int(cl.memory_bytes * (1 - headroom))
     res = PlanResult(spec, tr, cl, mfu, usable, measured=measured)
     every: list[Candidate] = []
-    tps = [t for t in _divisors(cl.gpus) if t <= cl.gpus_per_node
-           and (spec.heads is None or spec.heads % t == 0)]
-    if spec.hidden is None:
-        tps = [1]
-    for tp in tps:
-        for pp in _divisors(cl.gpus // tp):
-            if pp > 1 and (spec.layers is None or spec.layers % pp or not spec.hidden):
-                continue
-            dp = cl.gpus // (tp * pp)
-            if tr.global_batch % dp:
-                continue
-            per_dp = tr.global_batch // dp
-            micros = [b for b in _divisors(per_dp) if b <= MAX_MICRO_BATCH]
-            for zero in (range(4) if dp > 1 else (0,)):
-                for rc in _recompute_options(spec, tr):
-                    for off in ((False, True) if zero >= 1 else (False,)):
-                        for b in micros:
-                            m = per_dp // b
-                            for v in _interleavings(spec, pp, m):
-                                lay = Layout(dp, tp, pp, zero, rc, off, b,
-                                             virtual_stages=v)
-                                mem = memory(spec, tr, lay, m, measured)
-                                t = step_time(spec, tr, cl, lay, mfu)
-                                over = max(0, mem.total_bytes - usable)
-                                every.append(Candidate(lay, mem, t, over == 0, over))
+    groups, res.thinned = _degrees(spec, tr, cl)
+    rcs = _recompute_options(spec, tr)
+    for tp, pp, dp, micros in groups:
+        per_dp = tr.global_batch // dp
+        for zero in (range(4) if dp > 1 else (0,)):
+            for rc in rcs:
+                for off in ((False, True) if zero >= 1 else (False,)):
+                    for b in micros:
+                        m = per_dp // b
+                        for v in _interleavings(spec, pp, m):
+                            lay = Layout(dp, tp, pp, zero, rc, off, b, virtual_stages=v)
+                            mem = memory(spec, tr, lay, m, measured)
+                            t = step_time(spec, tr, cl, lay, mfu)
+                            over = max(0, mem.total_bytes - usable)
+                            every.append(Candidate(lay, mem, t, over == 0, over))
     res.evaluated = len(every)
     if not every:
         raise PlanInputError(
@@ -150,6 +165,65 @@ def search(spec: ModelSpec, tr: Training, cl: Cluster, mfu: float = DEFAULT_MFU,
     res.rejected = _alternatives(res, every)
     res.why = why(res, res.ranked[0]) if fits else _why_none(res, every)
     return res
+
+
+_Group = tuple[int, int, int, list[int]]
+"""(TP, PP, DP, the micro-batch sizes to try)."""
+
+
+def _degrees(spec: ModelSpec, tr: Training, cl: Cluster) -> tuple[list[_Group], str | None]:
+    """The parallel degrees and micro-batch sizes to evaluate, and what was thinned to keep
+    the layouts within :data:`MAX_LAYOUTS` (None: nothing). Thinning keeps a geometric
+    ladder — first the micro-batch sizes, then the pipeline degrees, the ratio doubling until
+    the count fits — so every scale stays represented and the search stays well under a
+    second."""
+    tps = [t for t in _divisors(cl.gpus) if t <= cl.gpus_per_node
+           and (spec.heads is None or spec.heads % t == 0)
+           and (spec.kv_heads is None or spec.kv_heads % t == 0)]
+    if spec.hidden is None:
+        tps = [1]
+    full: list[tuple[int, list[int]]] = []
+    for tp in tps:
+        pps = [pp for pp in _divisors(cl.gpus // tp)
+               if pp == 1 or (spec.layers and spec.hidden and spec.layers % pp == 0)]
+        full.append((tp, pps))
+    rcs = len(_recompute_options(spec, tr))
+
+    def build(pp_ratio: float, b_ratio: float) -> tuple[list[_Group], int]:
+        groups: list[_Group] = []
+        n = 0
+        for tp, pps in full:
+            for pp in _ladder(pps, pp_ratio) if pp_ratio > 1 else pps:
+                dp = cl.gpus // (tp * pp)
+                if tr.global_batch % dp:
+                    continue
+                per_dp = tr.global_batch // dp
+                micros = [b for b in _divisors(per_dp) if b <= MAX_MICRO_BATCH]
+                if b_ratio > 1:
+                    micros = _ladder(micros, b_ratio)
+                groups.append((tp, pp, dp, micros))
+                n += (7 if dp > 1 else 1) * rcs * sum(
+                    len(_interleavings(spec, pp, per_dp // b)) for b in micros)
+        return groups, n
+
+    groups, n = build(1, 1)
+    if n <= MAX_LAYOUTS:
+        return groups, None
+    whole_count = n
+    pp_ratio, b_ratio = 1.0, 2.0
+    while True:
+        groups, n = build(pp_ratio, b_ratio)
+        if n <= MAX_LAYOUTS or (pp_ratio > 1e6 and b_ratio > 1e6):
+            break
+        if pp_ratio == 1.0 and b_ratio == 2.0:
+            pp_ratio = 2.0
+        else:
+            pp_ratio, b_ratio = pp_ratio * 2, b_ratio * 2
+    return groups, (f"{whole_count:,} layouts in all: evaluated {n:,}, with micro-batch sizes "
+                    f"at least {b_ratio:g}× apart" + (f" and pipeline degrees at least "
+                                                      f"{pp_ratio:g}× apart" if pp_ratio > 1
+                                                      else "")
+                    + f" (at most {MAX_LAYOUTS:,} layouts per search)")
 
 
 def _family(lay: Layout) -> str:
@@ -276,6 +350,8 @@ class JobProjection:
 
 
 def project(res: PlanResult, c: Candidate, steps: int) -> JobProjection:
+    """The job of ``steps`` optimizer steps at ``c``'s predicted step time."""
+    whole("steps", steps, what="optimizer steps of the job")
     cl = res.cluster
     t = c.timing.step_s * steps
     hours = t / 3600

@@ -1,19 +1,25 @@
 """The model a plan is made for: its parameter count and, for transformer formulas, its shape.
 
-Three sources: plain numbers; a Hugging Face-style ``config.json`` (the keys GPT-2, Llama,
-Mistral, BERT and T5-style configs use); or the model itself, built on the meta device so a
-70B model costs no memory (:func:`from_module`). Where the parameter count is not given it is
-the GPT formula ``12·L·h²·(1 + 13/(12h) + (V + s)/(12·L·h))`` (Narayanan et al., SC21, §5.1).
+Three sources: plain numbers (:func:`from_numbers`, a given count checked against the shape);
+a Hugging Face-style ``config.json`` (:mod:`redline.plan.hf_config`); or the model itself,
+built on the meta device so a 70B model costs no memory (:func:`from_module`). Where the
+parameter count is not given it is the GPT formula ``12·L·h²·(1 + 13/(12h) + (V + s)/(12·L·h))``
+(Narayanan et al., SC21, §5.1).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from redline.plan.hardware import PlanInputError
+from redline.plan.limits import PlanInputError, whole
+
+_FIELD_WORDS = {
+    "layers": "transformer layers", "hidden": "hidden size", "heads": "attention heads",
+    "seq": "tokens per sequence", "vocab": "vocabulary size", "ffn_hidden": "MLP inner width",
+    "largest_layer_params": "parameters of the largest block", "kv_heads": "key/value heads",
+    "head_dim": "width of one attention head",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,18 +41,29 @@ class ModelSpec:
     source: str = "numbers"
     params_formula: str | None = None
     """How ``params`` was obtained when it was not given or counted."""
+    kv_heads: int | None = None
+    """Key/value heads of grouped-query attention (None: one per attention head). They must
+    divide ``heads``, and tensor parallelism must divide them."""
+    head_dim: int | None = None
+    """Width of one attention head when the config states it (T5's ``d_kv``, ``head_dim``);
+    None: ``hidden ÷ heads``, which must then divide."""
 
     def __post_init__(self) -> None:
-        if self.params < 1:
-            raise PlanInputError(f"the parameter count must be >= 1, got {self.params}")
-        for n in ("layers", "hidden", "heads", "seq", "vocab", "ffn_hidden",
-                  "largest_layer_params"):
+        whole("params", self.params, what="trainable parameters")
+        for n, what in _FIELD_WORDS.items():
             v = getattr(self, n)
-            if v is not None and v < 1:
-                raise PlanInputError(f"--{n.replace('_', '-')} must be >= 1, got {v}")
-        if self.hidden and self.heads and self.hidden % self.heads:
-            raise PlanInputError(f"hidden size {self.hidden} is not divisible by {self.heads} "
-                                 "heads")
+            if v is not None:
+                whole(n, v, what=what)
+        if self.hidden and self.heads and self.head_dim is None and self.hidden % self.heads:
+            raise PlanInputError(
+                f"hidden size {self.hidden} is not divisible by {self.heads} heads (`hidden`, "
+                "`heads`): each head gets hidden ÷ heads dimensions; give a head count that "
+                "divides the hidden size")
+        if self.heads and self.kv_heads and self.heads % self.kv_heads:
+            raise PlanInputError(
+                f"{self.kv_heads} key/value heads do not divide {self.heads} attention heads "
+                "(`kv_heads`, `heads`): grouped-query attention shares each key/value head "
+                "among the same number of query heads; give a divisor of the heads")
 
     @property
     def transformer(self) -> bool:
@@ -70,76 +87,85 @@ def gpt_params(layers: int, hidden: int, vocab: int, seq: int) -> int:
 def from_numbers(*, params: float | None = None, layers: int | None = None,
                  hidden: int | None = None, heads: int | None = None, seq: int | None = None,
                  vocab: int | None = None, ffn_hidden: int | None = None) -> ModelSpec:
-    """A spec from numbers; without ``params``, the GPT formula from the shape."""
+    """A spec from numbers; without ``params``, the GPT formula from the shape.
+
+    Args:
+        params: trainable parameters; checked against the shape where ``layers`` and
+            ``hidden`` are given (:func:`shape_range`).
+        layers, hidden, heads, seq, vocab, ffn_hidden: the transformer's shape, where known.
+
+    Returns:
+        The spec.
+
+    Raises:
+        PlanInputError: a value not finite, not whole, out of its limit, or ``params``
+            outside what the shape can hold.
+    """
     formula = None
+    for n, v in (("layers", layers), ("hidden", hidden), ("heads", heads), ("seq", seq),
+                 ("vocab", vocab), ("ffn_hidden", ffn_hidden)):
+        if v is not None:
+            whole(n, v, what=_FIELD_WORDS[n])
     if params is None:
-        missing = [n for n, v in (("--layers", layers), ("--hidden", hidden),
-                                  ("--vocab", vocab), ("--seq", seq)) if v is None]
+        missing = [f"`{n}`" for n, v in (("layers", layers), ("hidden", hidden),
+                                         ("vocab", vocab), ("seq", seq)) if v is None]
         if missing:
-            raise PlanInputError("give --params, or the shape to count them from (missing "
+            raise PlanInputError("give `params`, or the shape to count them from (missing "
                                  f"{', '.join(missing)})")
         assert layers and hidden and vocab and seq
-        params = gpt_params(layers, hidden, vocab, seq)
+        count = gpt_params(layers, hidden, vocab, seq)
         formula = "12·L·h²·(1 + 13/(12h) + (V + s)/(12·L·h)) (Narayanan et al., SC21)"
-    return ModelSpec(int(params), layers, hidden, heads, seq, vocab, ffn_hidden,
+    else:
+        count = whole("params", params, what="trainable parameters")
+        if layers and hidden:
+            _check_against_shape(count, layers, hidden, vocab, seq, ffn_hidden)
+    return ModelSpec(count, layers, hidden, heads, seq, vocab, ffn_hidden,
                      source="numbers", params_formula=formula)
 
 
-_KEYS = {
-    "hidden": ("hidden_size", "n_embd", "d_model", "dim"),
-    "layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
-    "heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
-    "vocab": ("vocab_size",),
-    "seq": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
-    "ffn_hidden": ("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
-}
+SHAPE_MARGIN = 0.10
+"""Slack on both ends of :func:`shape_range` (norms, biases, odd embeddings)."""
 
 
-def from_config_json(path: str | os.PathLike[str], seq: int | None = None) -> ModelSpec:
-    """A spec from a Hugging Face-style config.json (read only; nothing is downloaded). The
-    parameter count: Llama-style (gated MLP) or GPT-style blocks from the shape, embeddings
-    included (untied unless ``tie_word_embeddings``)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg: Any = json.load(f)
-    except FileNotFoundError:
-        raise PlanInputError(f"no config at {str(path)!r}: give a local config.json") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PlanInputError(f"{path} is not a JSON config ({e})") from None
-    if not isinstance(cfg, dict):
-        raise PlanInputError(f"{path} holds a JSON {type(cfg).__name__}, expected an object")
-    got: dict[str, int | None] = {}
-    for field, keys in _KEYS.items():
-        v = next((cfg[k] for k in keys if isinstance(cfg.get(k), int)), None)
-        got[field] = v
-    missing = [f"{f} ({' / '.join(_KEYS[f])})" for f in ("hidden", "layers", "heads", "vocab")
-               if got[f] is None]
-    if missing:
-        raise PlanInputError(f"{path} lacks {'; '.join(missing)}: expected a transformer "
-                             "config with these keys, or give the numbers (--params, --layers, "
-                             "--hidden, --heads, --vocab)")
-    h, n_layers, v = got["hidden"], got["layers"], got["vocab"]
-    assert h and n_layers and v
-    s = seq or got["seq"]
-    gated = "llama" in str(cfg.get("model_type", "")).lower() or \
-        cfg.get("hidden_act") == "silu" or "mistral" in str(cfg.get("model_type", "")).lower()
-    ffn = got["ffn_hidden"] or 4 * h
-    assert got["heads"]
-    kv = cfg.get("num_key_value_heads")
-    kv_heads = kv if isinstance(kv, int) and kv > 0 else got["heads"]
-    head_dim = h // got["heads"]
-    attn = h * h * 2 + 2 * h * head_dim * kv_heads  # q, o; k, v (grouped-query attention)
-    mlp = (3 if gated else 2) * h * ffn
-    block = attn + mlp + 4 * h  # norms (and biases, roughly)
-    tied = bool(cfg.get("tie_word_embeddings", not gated))
-    # Learned position embeddings (GPT-2, OPT, BERT); rotary ones (Llama, Mistral) have none.
-    positions = (got["seq"] or 0) * h if not gated and "rope_theta" not in cfg else 0
-    params = n_layers * block + v * h * (1 if tied else 2) + positions
-    formula = (f"L·(attention {attn:,} + {'gated ' if gated else ''}MLP {mlp:,} + norms) + "
-               f"embeddings V·h{'' if tied else ' ×2 (untied output)'}"
-               f"{' + positions s·h' if positions else ''} from {os.path.basename(path)}")
-    return ModelSpec(params, n_layers, h, got["heads"], s, v, ffn, largest_layer_params=block,
-                     source=f"config {path}", params_formula=formula)
+def shape_range(layers: int, hidden: int, vocab: int | None = None, seq: int | None = None,
+                ffn_hidden: int | None = None) -> tuple[int, int]:
+    """The fewest and the most parameters a dense transformer of this shape can have.
+
+    Attention holds 2h² (query and output; grouped-query attention with one key/value head
+    adds almost nothing) to 4h² (multi-head); the MLP 2·h·f (two matrices) to 3·h·f (gated,
+    SwiGLU), its width f from ``ffn_hidden`` or, unknown, 2h to 8h (Gemma's gated 8h is the
+    widest published). Embeddings add V·h (tied) to 2·V·h (untied) and s·h (learned
+    positions). Each end moves by :data:`SHAPE_MARGIN`.
+
+    Returns:
+        (lowest, highest) parameter counts.
+    """
+    f_lo, f_hi = (ffn_hidden, ffn_hidden) if ffn_hidden else (2 * hidden, 8 * hidden)
+    lo = layers * (2 * hidden**2 + 2 * hidden * f_lo) + (vocab or 0) * hidden
+    hi = (layers * (4 * hidden**2 + 3 * hidden * f_hi + 13 * hidden)
+          + 2 * (vocab or 0) * hidden + (seq or 0) * hidden)
+    if not vocab:
+        # Without the vocabulary the embeddings are unknown: allow an embedding as large as
+        # the largest vocabulary published (about 256,000 tokens), untied.
+        hi += 2 * 256_000 * hidden
+    return round(lo * (1 - SHAPE_MARGIN)), round(hi * (1 + SHAPE_MARGIN))
+
+
+def _check_against_shape(params: int, layers: int, hidden: int, vocab: int | None,
+                         seq: int | None, ffn_hidden: int | None) -> None:
+    lo, hi = shape_range(layers, hidden, vocab, seq, ffn_hidden)
+    if lo <= params <= hi:
+        return
+    shape = ", ".join(f"`{n}` {v:,}" for n, v in (("layers", layers), ("hidden", hidden),
+                                                  ("vocab", vocab), ("seq", seq),
+                                                  ("ffn_hidden", ffn_hidden)) if v)
+    gpt = (f"; the GPT formula counts {gpt_params(layers, hidden, vocab, seq):,} for it"
+           if vocab and seq else "")
+    raise PlanInputError(
+        f"`params` {params:,} contradicts the shape ({shape}): a dense transformer of that "
+        f"shape has {lo:,} to {hi:,} parameters{gpt}. Give the count that matches the shape, "
+        "or leave `params` out to count it from the shape (a mixture-of-experts model is not "
+        "planned from numbers: give it as code)")
 
 
 def from_module(model: Any, seq: int | None = None) -> ModelSpec:

@@ -71,7 +71,8 @@ def to_dict(res: PlanResult, steps: int | None = None, top: int = 10,
         "training": dataclasses.asdict(res.training),
         "cluster": dataclasses.asdict(res.cluster),
         "mfu_assumed": res.mfu, "usable_bytes_per_gpu": res.usable_bytes,
-        "layouts_evaluated": res.evaluated, "feasible": len(res.ranked),
+        "layouts_evaluated": res.evaluated, "layouts_thinned": res.thinned,
+        "feasible": len(res.ranked),
         "chosen": chosen,
         "candidates": [candidate_dict(res, c, steps) for c in res.ranked[:top]],
         "rejected": [{"family": f, "why": w} for f, w in res.rejected],
@@ -90,6 +91,8 @@ def render(res: PlanResult, console: Console | None = None, steps: int | None = 
         f"{tr.global_batch} × {tr.seq or sp.seq or 1} tokens, {tr.precision}, {tr.optimizer}; "
         f"MFU assumed {res.mfu:.0%}; {res.evaluated:,} layouts evaluated, {len(res.ranked):,} "
         "fit"))
+    if res.thinned:
+        con.print(Text(f"search thinned: {res.thinned}"))
     act = (res.measured.source if res.measured else
            "Korthikanti et al. formula" if sp.transformer else "unknown (not counted)")
     con.print(Text(f"activations: {act}"))
