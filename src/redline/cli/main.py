@@ -207,6 +207,7 @@ def _trace(args: argparse.Namespace) -> int:
     try:
         refuse_overwriting_inputs({"--json": args.json, "--html": args.html},
                                   {"a trace to analyse": trace_files(args.paths)})
+        _check_outputs({"--json": args.json})
         _check_html(args.html)
     except (OutputPathError, TraceError, RedlineError) as e:
         return _fail("trace", str(e), 2)
@@ -242,6 +243,7 @@ def _tune(args: argparse.Namespace) -> int:
     try:
         refuse_overwriting_inputs({"--plan": args.plan, "--json": args.json, "--html": args.html},
                                   {"the script to tune": [args.script]})
+        _check_outputs({"--plan": args.plan, "--json": args.json})
         _check_html(args.html)
         factory = load_factory(args.script, args.factory)
         cfg = TuneConfig(steps_per_trial=args.steps, rounds=args.rounds,
@@ -289,6 +291,7 @@ def _demo(args: argparse.Namespace) -> int:
                      f"data path is what the simulation shows); got --workload {args.workload}",
                      2)
     try:
+        _check_outputs({"--json": args.json})
         _check_html(args.html)
     except RedlineError as e:
         return _fail("demo", str(e), 2)
@@ -312,16 +315,26 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _check_html(path: str | None) -> None:
-    """Before the work: plotly is there and PATH's folder can take the page."""
+    """Before the work: plotly is there and PATH can take the page."""
     if path is None:
         return
-    from redline.core.files import folder_problem
     from redline.report.html import HtmlReportError, check_available
 
     check_available()
-    problem = folder_problem(path)
-    if problem is not None:
-        raise HtmlReportError(f"--html {path!r}: {problem}")
+    _check_outputs({"--html": path}, HtmlReportError)
+
+
+def _check_outputs(outputs: dict[str, str | None],
+                   error: type[RedlineError] | None = None) -> None:
+    """Before the work: each output (flag → path) can be written at its end (not a directory,
+    in an existing writable folder); raises ``error`` (default OutputPathError) saying which
+    flag, which path and what to do."""
+    from redline.core.files import OutputPathError, output_problem
+
+    for flag, path in outputs.items():
+        problem = None if path is None else output_problem(flag, path)
+        if problem is not None:
+            raise (error or OutputPathError)(problem)
 
 
 def _write_html(path: str | None, docs: list[dict[str, object]], sources: list[str]) -> None:

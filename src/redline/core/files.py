@@ -19,7 +19,8 @@ from redline.core.errors import RedlineError
 
 
 class OutputPathError(RedlineError, ValueError):
-    """An output path that would replace one of the command's inputs."""
+    """An output path that would replace one of the command's inputs, or could not be written
+    (a directory, a missing or read-only folder)."""
 
 
 def _umask() -> int:
@@ -45,6 +46,31 @@ def folder_problem(path: str | os.PathLike[str]) -> str | None:
         return f"directory {str(parent)!r} does not exist"
     if not os.access(parent, os.W_OK):
         return f"directory {str(parent)!r} is not writable"
+    return None
+
+
+_EXAMPLE_NAMES = {"html": "report.html", "plan": "redline-plan.json",
+                  "timeline": "timeline.json"}
+"""A file name to suggest inside a directory given as an output, by option."""
+
+
+def output_problem(flag: str, path: str | os.PathLike[str]) -> str | None:
+    """Why the output ``flag PATH`` could not be written at the end of a run, with what to do,
+    or None. Checked before any work, so that a long run never ends in a report it cannot
+    write: ``path`` is an existing directory, or its folder is missing, not a folder, or not
+    writable."""
+    p = Path(path)
+    if p.is_dir():
+        example = p / _EXAMPLE_NAMES.get(flag.lstrip("-").replace("_path", ""), "report.json")
+        return (f"{flag} {str(path)!r} is an existing directory; give the path of a file, "
+                f"e.g. {str(example)!r}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        return (f"{flag} {str(path)!r}: {str(parent)!r} is a file, not a directory; give a "
+                "path in an existing directory")
+    problem = folder_problem(path)
+    if problem is not None:
+        return f"{flag} {str(path)!r}: {problem}; create it or give another path"
     return None
 
 

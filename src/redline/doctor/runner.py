@@ -23,7 +23,7 @@ from typing import Any
 from rich.console import Console
 
 from redline.core.errors import RedlineError
-from redline.core.files import OutputPathError, folder_problem, refuse_overwriting_inputs
+from redline.core.files import OutputPathError, output_problem, refuse_overwriting_inputs
 from redline.core.report import Report
 from redline.data.advise import tune_starved_loader
 from redline.doctor.launch import rank_command, run_launcher
@@ -200,9 +200,9 @@ def check_json_path(path: str | None, target: Target | None = None,
     written afterwards, or would replace the script."""
     if path is None:
         return
-    problem = folder_problem(path)
+    problem = output_problem(flag, path)
     if problem is not None:
-        raise DoctorError(f"{flag} {path!r}: {problem}")
+        raise DoctorError(problem)
     script = script_file(target) if target is not None else None
     if script is not None:
         try:

@@ -1,0 +1,89 @@
+"""`redline doctor`'s exit paths: a report of what was measured on every one, or a sentence
+why not (docs/reliability.md, "A report on every exit path")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from redline.cli.main import main
+
+HERE = Path(__file__).parent
+SCRIPTS = HERE / "scripts"
+pytestmark = pytest.mark.slow
+
+
+def doctor(*args: str, cwd: Path = SCRIPTS, timeout: float = 120
+           ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "redline.cli.main", "doctor", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "120"})
+
+
+def _script(tmp: Path, body: str, name: str = "train.py") -> Path:
+    p = tmp / name
+    p.write_text(body)
+    return p
+
+
+LOOP = """
+import torch
+from torch import nn
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def step():
+    nn.functional.mse_loss(model(torch.randn(2, 4)), torch.randn(2, 1)).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+# -- outputs are checked before the run ------------------------------------------------------
+@pytest.mark.parametrize("flag", ["--json", "--html", "--timeline"])
+def test_an_output_naming_a_folder_fails_before_the_script_runs(
+        tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    ran = tmp_path / "ran"
+    script = _script(tmp_path, f"open({str(ran)!r}, 'w').close()\n")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    assert main(["doctor", flag, str(folder), "--", "python", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {str(folder)!r} is an existing directory; give the path of a file" in err
+    assert not ran.exists()
+
+
+def test_an_output_in_a_read_only_or_file_parent_fails_before_the_script_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    ran = tmp_path / "ran"
+    script = _script(tmp_path, f"open({str(ran)!r}, 'w').close()\n")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: (
+        False if Path(p) == locked and mode & os.W_OK else real_access(p, mode, **kw)))
+    assert main(["doctor", "--json", str(locked / "r.json"), "--", "python",
+                 str(script)]) == 2
+    assert f"directory {str(locked)!r} is not writable; create it or give another path" \
+        in capsys.readouterr().err
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert main(["doctor", "--html", str(afile / "r.html"), "--", "python", str(script)]) == 2
+    assert f"{str(afile)!r} is a file, not a directory" in capsys.readouterr().err
+    assert not ran.exists()
+
+
+@pytest.mark.parametrize("flag", ["--plan", "--json"])
+def test_tune_checks_its_outputs_before_tuning(tmp_path: Path, flag: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    t0 = time.monotonic()
+    assert main(["tune", str(SCRIPTS / "tune_tiny.py"), flag, str(folder)]) == 2
+    assert f"{flag} {str(folder)!r} is an existing directory" in capsys.readouterr().err
+    assert time.monotonic() - t0 < 30  # refused before the first trial
