@@ -132,6 +132,7 @@ def test_each_rule_reports_only_its_own_id() -> None:
                               host={"data_fetch_cpu_fraction": 0.2,
                                     "data_fetch_run_delay_fraction": 0.7,
                                     "other_processes_cpu_cores": 1.5}))
+    cases.append(measurements(phases={"evaluation": 0.3, "forward": 0.2}))
     fired = set()
     for m in cases:
         for fid, rule in RULES.items():

@@ -16,6 +16,7 @@ CATALOGUE: tuple[str, ...] = (
     "sync_every_microbatch", "thread_oversubscription", "shm_too_small",
     "copy_on_access_dataset", "worker_respawn", "unused_parameter_search", "small_ddp_buckets",
     "gradient_bucket_copies", "ddp_static_graph", "fetch_wait", "cpu_contention",
+    "evaluation_in_loop",
 )
 """Stable finding ids (docs/report.md lists what each means); a report may add more."""
 

@@ -262,6 +262,22 @@ class FsdpStats:
     backend has no reduce-scatter (gloo); the loop's own all-reduces count too."""
 
 
+@dataclass(slots=True, kw_only=True)
+class EvaluationMetrics:
+    """How often the measured steps held an evaluation (the 'evaluation' phase: outermost
+    forwards of a model not frozen, with gradients disabled or in eval mode, with no backward
+    after them in the step)."""
+
+    steps_with_evaluation: int
+    """Measured steps in which some evaluation ran."""
+    period_steps: int | None
+    """k where evaluation ran every k-th step: the gap between consecutive evaluating steps,
+    where at least 3 of them ran and that gap makes ≥ 3/4 of the gaps (1: every step); None
+    where it ran fewer times or irregularly."""
+    mean_s_per_evaluating_step: float
+    """Mean evaluation seconds in the steps that held one (the cost of one evaluation)."""
+
+
 @dataclass(slots=True)
 class Measurements:
     """Everything measured, before diagnosis."""
@@ -285,6 +301,8 @@ class Measurements:
     """Set when the loop trains a DistributedDataParallel model (multi-process jobs)."""
     fsdp: FsdpStats | None = None
     """Set when the loop trains an FSDP2 (``fully_shard``) model (multi-process jobs)."""
+    evaluation: EvaluationMetrics | None = None
+    """Set when evaluation ran inside the measured steps."""
 
     def fraction(self, phase: str) -> float:
         for p in self.breakdown:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from redline.core.findings import Finding, rank
 from redline.core.measurements import Measurements
 from redline.core.report import RanksReport
-from redline.diagnose import data, ddp, device, host, ranks, trace_rules
+from redline.diagnose import data, ddp, device, evaluation, host, ranks, trace_rules
 from redline.trace.analyze import RankAnalysis, TraceAnalysis
 
 Rule = Callable[[Measurements], list[Finding]]
@@ -32,6 +32,7 @@ RULES: dict[str, Rule] = {
     "shm_too_small": host.shm_too_small,
     "copy_on_access_dataset": host.copy_on_access_dataset,
     "worker_respawn": host.worker_respawn,
+    "evaluation_in_loop": evaluation.evaluation_in_loop,
     "host_sync": device.host_sync,
     "small_batch": device.small_batch,
     "no_mixed_precision": device.no_mixed_precision,

@@ -50,6 +50,11 @@ for effective use of the GPU (DCGM user guide, profiling metrics, ``DCGM_FI_PROF
 WORKER_RESPAWN_MIN_FRACTION = 0.01
 """Worker start-up ≥ 1 % of the measured wall time is worth ``persistent_workers=True``."""
 
+EVALUATION_MIN_FRACTION = 0.05
+"""Evaluation inside the training loop ≥ 5 % of the measured step time → evaluation_in_loop:
+the materiality of the data-wait rule (the TensorBoard profiler plugin's 5 % rule), applied to
+another share of the step that is not training."""
+
 MIN_COMPUTE_FRACTION = 0.3
 """Precision findings need the device to compute ≥ 30 % of the step; below that, faster math
 changes little (Amdahl) and the data or host findings come first (the path's order)."""

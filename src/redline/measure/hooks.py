@@ -33,12 +33,25 @@ from redline.measure.loader import LoaderInfo
 from redline.measure.patching import COMPILE_HOOK_WARNING, compiling, patch
 from redline.measure.timeline import (
     BACKWARD,
+    EVALUATION,
     FORWARD,
     OPTIMIZER,
     StepTracker,
 )
 
 T = TypeVar("T")
+
+_EVAL_GRAD = -2
+"""Kind of an outermost forward in eval mode with gradients enabled: timed as evaluation until
+a backward follows it in the same step (then it was training; timeline.StepTracker)."""
+
+
+def _frozen(module: torch.nn.Module) -> bool:
+    """A module with parameters none of which requires a gradient (a frozen encoder, a
+    teacher): its forwards are part of training however they run, never an evaluation. Read
+    once, when the module is first seen as an outermost one."""
+    params = list(module.parameters())
+    return bool(params) and not any(p.requires_grad for p in params)
 
 
 @dataclass(slots=True)
@@ -55,16 +68,18 @@ class _TimedForward:
     module (``torch.save(model)``) stores the plain forward, and ``copy.deepcopy(model)`` (an
     EMA copy) gets its own plain forward, bound to the copy."""
 
-    __slots__ = ("_enter", "_exit", "_tid", "orig")
+    __slots__ = ("_enter", "_exit", "_frozen", "_module", "_tid", "orig")
 
-    def __init__(self, orig: Callable[..., Any], enter: Callable[[], None],
-                 exit_: Callable[[], None], tid: int) -> None:
+    def __init__(self, orig: Callable[..., Any], enter: Callable[[torch.nn.Module, bool], None],
+                 exit_: Callable[[], None], tid: int, module: torch.nn.Module,
+                 frozen: bool) -> None:
         self.orig, self._enter, self._exit, self._tid = orig, enter, exit_, tid
+        self._module, self._frozen = module, frozen
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if compiling() or threading.get_ident() != self._tid:
             return self.orig(*args, **kwargs)
-        self._enter()
+        self._enter(self._module, self._frozen)
         try:
             return self.orig(*args, **kwargs)
         finally:
@@ -113,9 +128,15 @@ class Instrumentation:
         patched forward, hooks with ``always_call``; switch_to_roots starts again at 0), so
         nothing resets it at step ends: a step can end inside a forward (a module whose
         forward steps an optimizer)."""
-        self._roots: weakref.WeakKeyDictionary[torch.nn.Module, None] = (
+        self._roots: weakref.WeakKeyDictionary[torch.nn.Module, bool] = (
             weakref.WeakKeyDictionary()
         )
+        """The outermost modules seen, each with whether it is frozen (:func:`_frozen`)."""
+        self._root_kind = FORWARD
+        """FORWARD, EVALUATION or _EVAL_GRAD: how the outermost forward in flight is timed."""
+        self._eval_grad_pending = False
+        """A forward in eval mode with gradients was timed as evaluation since the last
+        training forward or backward (the next backward makes it training)."""
         self._global_handles: list[Any] = []
         self._compiled_seen = False
         """A torch.compile'd module ran during discovery: the global hooks stay (see
@@ -168,13 +189,18 @@ class Instrumentation:
         if not self._compiled_seen:
             compiled = _optimized_module_type()
             self._compiled_seen = compiled is not None and isinstance(module, compiled)
-        if self._depth == 0 and module not in self._roots:
-            self._roots[module] = None
-            param = next(module.parameters(), None)
-            if param is not None:
-                assert self.precision.param_dtypes is not None
-                self.precision.param_dtypes[_short_dtype(param.dtype)] += 1
-        self._enter_root()
+        frozen = False
+        if self._depth == 0:
+            seen = self._roots.get(module)
+            if seen is None:
+                frozen = self._roots[module] = _frozen(module)
+                param = next(module.parameters(), None)
+                if param is not None:
+                    assert self.precision.param_dtypes is not None
+                    self.precision.param_dtypes[_short_dtype(param.dtype)] += 1
+            else:
+                frozen = seen
+        self._enter_root(module, frozen)
 
     def _post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         if not compiling() and threading.get_ident() == self._tid:
@@ -238,19 +264,21 @@ class Instrumentation:
         self._depth = 0
         enter_root, exit_root = self._enter_root, self._exit_root
         tid, get_ident = self._tid, threading.get_ident
-        for m in list(self._roots.keys()):
+        for m, frozen in list(self._roots.items()):
             # A module with hooks of its own runs them outside ``forward`` (FSDP's root waits
             # for its parameters' all-gather in a pre-forward hook): time around its hooks,
             # first in and last out, instead of patching ``forward``.
             if not (m._forward_pre_hooks or m._forward_hooks):
                 try:
                     patch(self._stack, m, "forward",
-                          _TimedForward(m.forward, enter_root, exit_root, tid), raw=True)
+                          _TimedForward(m.forward, enter_root, exit_root, tid, m, frozen),
+                          raw=True)
                     continue
                 except (AttributeError, TypeError, RuntimeError):  # TorchScript and the like
                     pass
             self._stack.callback(m.register_forward_pre_hook(
-                lambda _m, _a: enter_root() if get_ident() == tid and not compiling() else None,
+                lambda _m, _a, fz=frozen: (enter_root(_m, fz) if get_ident() == tid
+                                           and not compiling() else None),
                 prepend=True).remove)
             self._stack.callback(m.register_forward_hook(
                 lambda _m, _a, _o: exit_root() if get_ident() == tid and not compiling() else None,
@@ -275,29 +303,49 @@ class Instrumentation:
             if id(m) in inner:
                 continue
             orig = vars(m)["_compiled_call_impl"]
+            frozen = _frozen(m)
             patch(self._stack, m, "_compiled_call_impl",
-                  _TimedForward(orig, self._enter_root, self._exit_root, self._tid), raw=True)
-            self._roots[m] = None
+                  _TimedForward(orig, self._enter_root, self._exit_root, self._tid, m, frozen),
+                  raw=True)
+            self._roots[m] = frozen
             self._compiled_seen = True
             param = next(m.parameters(), None)
             if param is not None:
                 assert self.precision.param_dtypes is not None
                 self.precision.param_dtypes[_short_dtype(param.dtype)] += 1
 
-    def _lean_root_timing(self) -> tuple[Callable[[], None], Callable[[], None]]:
+    def _lean_root_timing(
+        self,
+    ) -> tuple[Callable[[torch.nn.Module, bool], None], Callable[[], None]]:
         """Enter/exit of an outermost forward for the steady state, lookups bound once (they
-        run on every outermost forward, and each µs here is a µs per step)."""
+        run on every outermost forward, and each µs here is a µs per step).
+
+        An outermost forward of a module that is not frozen is evaluation when gradients are
+        disabled (``torch.no_grad``/``inference_mode``) or the module is in eval mode; one in
+        eval mode with gradients becomes training again if a backward follows it in the same
+        step (docs/report.md, "Definitions"). The test is one C call and one attribute read
+        per outermost forward."""
         clock = self._clock
         tracker, counts, prec = self.tracker, self.tracker.counts, self.precision
         autocast_on, dev, on_work = torch.is_autocast_enabled, self.device_type, self._on_work
         push, exit_ = tracker.push, tracker.exit
+        grad_on = torch.is_grad_enabled
         autocast = prec.autocast
         assert autocast is not None
 
-        def enter_root() -> None:
+        def enter_root(module: torch.nn.Module, frozen: bool) -> None:
             self._depth += 1
             if self._depth == 1:
-                push([FORWARD, clock(), 0.0])
+                if frozen or (module.training and grad_on()):
+                    self._root_kind = FORWARD
+                    if self._eval_grad_pending:
+                        self._eval_grad_pending = False
+                        tracker.training_forward_began()
+                    push([FORWARD, clock(), 0.0])
+                else:
+                    self._root_kind = _EVAL_GRAD if grad_on() else EVALUATION
+                    counts["evaluation"] += 1
+                    push([EVALUATION, clock(), 0.0])
                 counts["forward"] += 1
                 prec.forwards += 1
                 if autocast_on(dev):
@@ -308,7 +356,12 @@ class Instrumentation:
         def exit_root() -> None:
             self._depth -= 1
             if self._depth == 0:
-                exit_(FORWARD, clock())
+                kind = self._root_kind
+                if kind == _EVAL_GRAD:
+                    tracker.exit_eval_grad(clock())
+                    self._eval_grad_pending = True
+                else:
+                    exit_(kind, clock())
 
         return enter_root, exit_root
 
@@ -338,6 +391,9 @@ class Instrumentation:
             # part of that phase, not the end of a step.
             nested = self._depth or self._backward_depth
             self._backward_depth += 1
+            if self._eval_grad_pending and not nested:
+                self._eval_grad_pending = False
+                tracker.backward_began()
             if on_work is not None:  # a batch fetched mid-step closed the segment
                 on_work()
             push([BACKWARD, clock(), 0.0])

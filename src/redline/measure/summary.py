@@ -25,6 +25,7 @@ from redline.core.measurements import (
 )
 from redline.core.report import TraceSummary
 from redline.measure.ddp import ddp_stats, fsdp_stats
+from redline.measure.evaluation import evaluation_metrics
 from redline.measure.mfu import mfu_for
 from redline.measure.stats import percentile, span_fraction, step_times
 from redline.measure.system import cpu_budget, cpu_flags, shm_info
@@ -228,6 +229,7 @@ def build_measurements(w: Recorder) -> Measurements:
         sources=_sources(w), notes=notes,
         ddp=ddp_stats(inst.roots, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
         fsdp=fsdp_stats(inst.roots, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
+        evaluation=evaluation_metrics(steps),
     )
 
 
@@ -314,6 +316,8 @@ def _sources(w: Recorder) -> dict[str, str]:
         "backward": "host time inside torch.autograd.backward / grad",
         "optimizer": "host time inside Optimizer.step (global optimizer hooks)",
         "comm": "host time inside torch.distributed collectives the loop calls itself",
+        "evaluation": "host time inside outermost nn.Module calls of a model not frozen, with "
+                      "gradients disabled or in eval mode and no backward after them in the step",
         "cpu": "psutil /proc readings every "
                f"{w.config.sample_interval_s:g} s; an exiting worker may lose one interval",
         "mfu": "torch.utils.flop_counter.FlopCounterMode over one step ÷ mean step time "

@@ -15,14 +15,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-PHASES: tuple[str, ...] = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "comm")
+PHASES: tuple[str, ...] = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "comm",
+                           "evaluation")
 """Timed phases, in the order the systematic path treats them. Time in none of them is 'other'.
 'comm' is the host blocked in ``torch.distributed`` collectives the loop calls itself (DDP's and
-FSDP's own run inside backward and forward; their waits are read from the flight recorder)."""
+FSDP's own run inside backward and forward; their waits are read from the flight recorder).
+'evaluation' is an outermost forward of a trained model that runs with gradients disabled, or
+in eval mode with no backward after it in the same step (docs/report.md, "Definitions"). New
+phases are appended: a phase's id is its index, and StepRecord.phases is indexed by it."""
 
 # Phase ids: the hooks pass these ints (a list index is the cheapest accumulator in CPython;
 # this code runs several times per training step).
-DATA_WAIT, H2D_COPY, FORWARD, BACKWARD, OPTIMIZER, COMM = range(len(PHASES))
+DATA_WAIT, H2D_COPY, FORWARD, BACKWARD, OPTIMIZER, COMM, EVALUATION = range(len(PHASES))
 
 _NO_PHASE = -1
 _FLOOR = 4
@@ -103,6 +107,9 @@ class _Acc:
     batches: int = 0
     data_run_delay_s: float = 0.0
     data_read_s: float = 0.0
+    eval_grad_s: float = 0.0
+    """Of ``phases[EVALUATION]``, the seconds of forwards in eval mode with gradients enabled:
+    training after all if a backward follows in this step (:meth:`StepTracker.backward_began`)."""
 
     @staticmethod
     def fresh() -> _Acc:
@@ -110,7 +117,7 @@ class _Acc:
 
     def copy(self) -> _Acc:
         return _Acc(self.phases[:], self.data_cpu_s, self.samples, self.batches,
-                    self.data_run_delay_s, self.data_read_s)
+                    self.data_run_delay_s, self.data_read_s, self.eval_grad_s)
 
     def minus(self, other: _Acc) -> _Acc:
         samples = None
@@ -123,6 +130,7 @@ class _Acc:
             self.batches - other.batches,
             self.data_run_delay_s - other.data_run_delay_s,
             self.data_read_s - other.data_read_s,
+            self.eval_grad_s - other.eval_grad_s,
         )
 
     def record(self, index: int, start_s: float, end_s: float) -> StepRecord:
@@ -198,6 +206,7 @@ class StepTracker:
             "optimizer_step": 0,
             "batches": 0,
             "manual_step": 0,
+            "evaluation": 0,
         }
         """How often each event was seen (for the 'never stepped' message)."""
 
@@ -223,6 +232,30 @@ class StepTracker:
         self._acc.phases[phase] += dur - child
         stack[-1][2] += dur  # the parent's nested time (a floor frame's is never read)
         return dur
+
+    def exit_eval_grad(self, t: float) -> None:
+        """:meth:`exit` of an 'evaluation' frame whose forward ran in eval mode with gradients
+        enabled: its exclusive seconds are also held aside, in case a backward follows."""
+        acc = self._acc
+        before = acc.phases[EVALUATION]
+        self.exit(EVALUATION, t)
+        acc.eval_grad_s += acc.phases[EVALUATION] - before
+
+    def training_forward_began(self) -> None:
+        """An outermost forward in training mode with gradients began: the forwards in eval
+        mode with gradients before it stay evaluation (this forward is the one the step's
+        backward will follow)."""
+        self._acc.eval_grad_s = 0.0
+
+    def backward_began(self) -> None:
+        """An outermost backward began: the step's forwards in eval mode with gradients enabled
+        were training forwards (a forward followed by a backward in the same step is training,
+        whatever the module's ``training`` flag)."""
+        acc = self._acc
+        moved = min(acc.eval_grad_s, acc.phases[EVALUATION])
+        acc.phases[EVALUATION] -= moved
+        acc.phases[FORWARD] += moved
+        acc.eval_grad_s = 0.0
 
     def in_phase(self, phase: int) -> bool:
         return any(f[0] == phase for f in self._stack[_FLOOR:])

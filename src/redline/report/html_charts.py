@@ -14,7 +14,7 @@ from typing import Any
 
 PHASE_COLOURS = {
     "data_wait": "#d62728", "h2d_copy": "#ff7f0e", "forward": "#1f77b4", "backward": "#2ca02c",
-    "optimizer": "#9467bd", "comm": "#8c564b", "other": "#c7c7c7",
+    "optimizer": "#9467bd", "comm": "#8c564b", "evaluation": "#17becf", "other": "#c7c7c7",
 }
 """One colour per phase on every chart (the data wait red: what the report is usually about)."""
 

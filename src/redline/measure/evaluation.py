@@ -1,0 +1,36 @@
+"""How often evaluation ran inside the measured steps (the 'evaluation' phase of
+:mod:`redline.measure.timeline`), for the ``evaluation_in_loop`` finding."""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import pairwise
+
+from redline.core.measurements import EvaluationMetrics
+from redline.measure.timeline import EVALUATION, StepRecord
+
+PERIOD_MIN_EVALUATIONS = 3
+"""Evaluations needed before a period is stated: two gaps that agree, not one."""
+
+PERIOD_MIN_AGREEMENT = 0.75
+"""Share of the gaps the most common one must make to be called the period (an evaluation
+that ran late once, or the last one cut by the end of the run, leaves it standing)."""
+
+
+def evaluation_metrics(steps: list[StepRecord]) -> EvaluationMetrics | None:
+    """The measured steps' evaluations: how many steps held one, every how many steps, and
+    what one cost; None where no step held any."""
+    at = [s for s in steps if s.phases[EVALUATION] > 0.0]
+    if not at:
+        return None
+    period: int | None = None
+    if len(at) >= PERIOD_MIN_EVALUATIONS:
+        gaps = Counter(b.index - a.index for a, b in pairwise(at))
+        gap, n = gaps.most_common(1)[0]
+        if n >= PERIOD_MIN_AGREEMENT * sum(gaps.values()):
+            period = gap
+    return EvaluationMetrics(
+        steps_with_evaluation=len(at),
+        period_steps=period,
+        mean_s_per_evaluating_step=sum(s.phases[EVALUATION] for s in at) / len(at),
+    )

@@ -1,0 +1,149 @@
+"""Evaluation inside the training loop is its own phase: forwards with gradients disabled or in
+eval mode with no backward after them, and the evaluation_in_loop finding over it."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+import redline
+from redline.diagnose import diagnose
+from redline.measure.timeline import EVALUATION, FORWARD
+
+STEPS = 40
+PERIOD = 10
+EVAL_BATCHES = 6
+EVAL_SLEEP_S = 0.03
+"""Each validation forward also sleeps this long: a lower bound of the evaluation time that a
+loaded machine cannot shrink, and that would show in 'forward' were it counted there."""
+
+
+class _Net(nn.Module):
+    def __init__(self, slow_eval: bool = False) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+        self.slow_eval = slow_eval
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.slow_eval and not (self.training and torch.is_grad_enabled()):
+            time.sleep(EVAL_SLEEP_S)
+        out: torch.Tensor = self.body(x)
+        return out
+
+
+def _mlp(slow_eval: bool = False) -> nn.Module:
+    return _Net(slow_eval)
+
+
+def _run(evaluate: str | None, train_mode: bool = True) -> tuple[redline.Watch,
+                                                                 list[tuple[float, float]]]:
+    """A loop of STEPS steps that validates every PERIOD steps over EVAL_BATCHES batches:
+    ``evaluate`` 'no_grad' (model.eval() + torch.no_grad()), 'eval_only' (model.eval(),
+    gradients on), or None (never). ``train_mode=False`` trains with the model left in eval
+    mode. Returns the watch and each validation block's (start, end) on the host clock."""
+    torch.manual_seed(0)
+    model = _mlp(slow_eval=train_mode)
+    if not train_mode:
+        model.eval()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 256), torch.randn(64, 1)
+    vx = torch.randn(64, 256)
+    blocks: list[tuple[float, float]] = []
+    with redline.watch(warmup_steps=3, count_flops=False) as w:
+        for i in range(STEPS):
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if evaluate is not None and i % PERIOD == PERIOD - 1:
+                t0 = time.perf_counter()
+                model.eval()
+                if evaluate == "no_grad":
+                    with torch.no_grad():
+                        for _ in range(EVAL_BATCHES):
+                            model(vx)
+                else:
+                    for _ in range(EVAL_BATCHES):
+                        model(vx).sum().item()
+                if train_mode:
+                    model.train()
+                blocks.append((t0, time.perf_counter()))
+    return w, blocks
+
+
+def _in_measured(w: redline.Watch, blocks: list[tuple[float, float]]) -> float:
+    """Seconds of the validation blocks that fall inside measured steps."""
+    return sum(max(0.0, min(b, s.end_s) - max(a, s.start_s))
+               for s in w.measured_steps for a, b in blocks)
+
+
+def test_validation_every_10_steps_is_evaluation_not_training_forward() -> None:
+    for how in ("no_grad", "eval_only"):
+        w, blocks = _run(how)
+        steps = w.measured_steps
+        ev_s = sum(s.phases[EVALUATION] for s in steps)
+        timed = _in_measured(w, blocks)
+        assert timed > 0
+        # the validation block is its forwards (plus model.eval()/train() and .item())
+        assert 0.7 * timed <= ev_s <= timed * 1.001, (how, ev_s, timed)
+        at = [s for s in steps if s.phases[EVALUATION] > 0]
+        assert len(at) == 3
+        # the sleeps alone are a lower bound of the evaluation; counted as training forward,
+        # they would make the forward of those steps at least as long
+        assert all(s.phases[EVALUATION] >= EVAL_BATCHES * EVAL_SLEEP_S for s in at)
+        fwd = sum(s.phases[FORWARD] for s in at)
+        assert fwd < 0.5 * sum(s.phases[EVALUATION] for s in at), (how, fwd)
+        m = w.report(show=False).measurements
+        assert m.evaluation is not None and m.evaluation.period_steps == PERIOD
+        assert m.evaluation.steps_with_evaluation == 3
+        assert m.counts["evaluation"] == EVAL_BATCHES * STEPS // PERIOD
+        total = sum(s.step_s for s in steps)
+        found = [f for f in diagnose(m) if f.id == "evaluation_in_loop"]
+        assert len(found) == 1, (how, m.fraction("evaluation"), timed / total)
+        f = found[0]
+        share = f.evidence["evaluation_fraction"]
+        assert isinstance(share, float)
+        assert abs(share - timed / total) <= 0.3 * timed / total, (how, share, timed / total)
+        assert f.evidence["period_steps"] == PERIOD
+        assert f"every {PERIOD} steps" in f.title
+        assert f.ceiling_speedup is not None
+        assert abs(f.ceiling_speedup - 1 / (1 - share)) < 1e-3
+        assert "less often" in f.fix
+
+
+def test_a_loop_that_never_evaluates_has_no_evaluation() -> None:
+    w, _ = _run(None)
+    assert all(s.phases[EVALUATION] == 0.0 for s in w.steps)
+    m = w.report(show=False).measurements
+    assert m.evaluation is None and m.fraction("evaluation") == 0.0
+    assert "evaluation_in_loop" not in {f.id for f in diagnose(m)}
+
+
+def test_a_model_left_in_eval_mode_that_trains_is_training_forward() -> None:
+    """A forward followed by a backward in the same step is training, whatever the module's
+    ``training`` flag: a model left in eval mode (gradients on) trains in 'forward'."""
+    w, _ = _run(None, train_mode=False)
+    assert all(s.phases[EVALUATION] == 0.0 for s in w.steps)
+    assert all(s.phases[FORWARD] > 0.0 for s in w.steps)
+    m = w.report(show=False).measurements
+    assert "evaluation_in_loop" not in {f.id for f in diagnose(m)}
+
+
+def test_a_frozen_model_under_no_grad_is_part_of_training() -> None:
+    """A teacher / frozen encoder run under no_grad in every step is training's own work."""
+    torch.manual_seed(0)
+    teacher, student = _mlp().requires_grad_(False).eval(), _mlp()
+    opt = torch.optim.SGD(student.parameters(), lr=1e-3)
+    x = torch.randn(32, 256)
+    with redline.watch(warmup_steps=2, count_flops=False) as w:
+        for _ in range(12):
+            with torch.no_grad():
+                target = teacher(x)
+            loss = nn.functional.mse_loss(student(x), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert all(s.phases[EVALUATION] == 0.0 for s in w.steps)
+    assert w.tracker.counts["evaluation"] == 0
