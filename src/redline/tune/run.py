@@ -21,7 +21,7 @@ from redline.tune.path import SIXTEEN_BIT, TunePath, baseline_plan
 from redline.tune.plan import PlanStore, TunePlan
 from redline.tune.precision import NumericsCheck
 from redline.tune.result import TuneResult, merge_trials, project
-from redline.tune.setup import Factory
+from redline.tune.setup import Factory, dataset_failure
 from redline.tune.trial import TrialMetrics
 
 
@@ -82,10 +82,22 @@ def tune(factory: Factory, config: TuneConfig | None = None,
     :func:`trial_measure`); the before/after comparison is always measured for real.
 
     Raises:
-        SetupError: the factory raised or returned something unusable.
+        SetupError: the factory raised or returned something unusable, or reading a sample
+            of its dataset raised (the sample and the error named).
         BatchDoesNotFitError: the model does not fit at micro-batch 1.
         NonFiniteLossError: the loss is NaN/inf in fp32 already.
     """
+    try:
+        return _tune(factory, config, log, measure_fn)
+    except Exception as e:
+        failure = dataset_failure(e)
+        if failure is not None:
+            raise failure from e
+        raise
+
+
+def _tune(factory: Factory, config: TuneConfig | None, log: Callable[[str], None],
+          measure_fn: MeasureFn | None) -> TuneResult:
     cfg = config or TuneConfig()
     t0 = time.perf_counter()
     agree = Agreement.for_job()

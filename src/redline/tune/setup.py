@@ -17,11 +17,14 @@ compared from the same initial weights and data.
         )
 
 The script is loaded with ``__name__ == "__redline_tune__"``, so a ``if __name__ ==
-"__main__":`` training block does not run; the user's files are only read, never written.
+"__main__":`` training block does not run; the user's files are only read, never written. A
+script that would run work on import (a training loop, a call, a ``with`` block outside any
+function and outside that block) is refused before any of it runs (:func:`unguarded_line`).
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import runpy
 import sys
@@ -115,6 +118,48 @@ class TrainSetup:
 Factory = Callable[[], TrainSetup]
 
 
+def _frames(e: BaseException) -> list[Any]:
+    out = []
+    tb = e.__traceback__
+    while tb is not None:
+        out.append(tb.tb_frame)
+        tb = tb.tb_next
+    return out
+
+
+def dataset_failure(e: BaseException) -> SetupError | None:
+    """Where ``e`` was raised reading a sample of a torch Dataset (in this process, or in a
+    DataLoader worker, which re-raises it here), the error saying which sample and what it
+    raised; None for any other error (and for redline's own)."""
+    if isinstance(e, RedlineError) or not isinstance(e, Exception):
+        return None
+    from torch.utils.data import Dataset
+
+    reads = [f for f in _frames(e) if f.f_code.co_name == "__getitem__"
+             and isinstance(f.f_locals.get("self"), Dataset)]
+    what = f"{type(e).__name__}: {e}"
+    if reads:
+        f = reads[-1]  # the innermost: the user's dataset under wrappers (Subset, a cache)
+        names = f.f_code.co_varnames
+        index = f.f_locals.get(names[1]) if f.f_code.co_argcount > 1 else None
+        where = f"{type(f.f_locals['self']).__name__}[{index!r}]"
+        line = f" ({f.f_code.co_filename}:{f.f_lineno})"
+    else:
+        text = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+        if not text.startswith("Caught ") or "DataLoader worker" not in text:
+            return None
+        # torch re-raises a worker's error with its traceback as text: the index is not in it
+        lines = [x for x in text.splitlines() if x.strip()]
+        at = [x.strip() for x in lines if x.strip().startswith("File ")]
+        where = "a sample (read in a DataLoader worker, which does not say its index)"
+        line = f" ({at[-1]})" if at else ""
+        what = lines[-1].strip() if lines else what
+    return SetupError(
+        f"reading {where} raised {what}{line}. redline reads the samples the way your loop "
+        "does; fix the dataset (run the script alone to see the full traceback), or leave "
+        "the failing samples out of the dataset the factory returns")
+
+
 def call_factory(factory: Factory, what: str = "the factory") -> TrainSetup:
     """Call ``factory`` and check what it returned; any error becomes a :class:`SetupError`
     that names the factory and the original error."""
@@ -133,12 +178,130 @@ def call_factory(factory: Factory, what: str = "the factory") -> TrainSetup:
     return setup
 
 
+SAFE_CALLS = frozenset({
+    "torch.device", "torch.manual_seed", "torch.set_float32_matmul_precision",
+    "torch.cuda.is_available", "torch.backends.mps.is_available", "random.seed",
+    "np.random.seed", "numpy.random.seed", "logging.getLogger", "getLogger", "TypeVar",
+    "typing.TypeVar", "NewType", "typing.NewType", "namedtuple", "collections.namedtuple",
+    "field", "dataclasses.field", "partial", "functools.partial", "Path", "pathlib.Path",
+    "os.getenv", "os.environ.get", "os.environ.setdefault", "os.path.join", "os.path.dirname",
+    "os.path.abspath", "os.path.expanduser", "sys.path.insert", "sys.path.append",
+    "warnings.filterwarnings", "warnings.simplefilter", "int", "float", "str", "bool", "len",
+    "range", "tuple", "list", "dict", "set", "frozenset", "object", "getattr", "isinstance",
+})
+"""Calls a script may make outside any function: they set things up (a device, a seed, a
+logger, a path) and neither train nor write. Any other call there is taken as work."""
+
+_PATH_METHODS = frozenset({"resolve", "absolute", "expanduser", "joinpath", "with_name",
+                           "with_suffix"})
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def _calls_only_safe(node: ast.AST) -> bool:
+    """Whether every call ``node`` makes when evaluated is in :data:`SAFE_CALLS` (a lambda's
+    body runs later, when called: not looked into)."""
+    if isinstance(node, ast.Lambda):
+        return True
+    if isinstance(node, ast.Call):
+        f = node.func
+        ok = (_dotted(f) in SAFE_CALLS if not isinstance(f, ast.Attribute)
+              or not isinstance(f.value, ast.Call) else f.attr in _PATH_METHODS)
+        if not ok:
+            return False
+    return all(_calls_only_safe(c) for c in ast.iter_child_nodes(node))
+
+
+def _main_guard(node: ast.If) -> bool:
+    t = node.test
+    if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq)):
+        return False
+    sides = {ast.unparse(t.left), ast.unparse(t.comparators[0])}
+    return sides in ({"__name__", "'__main__'"}, {"__name__", '"__main__"'})
+
+
+def _at_import_is_setup(node: ast.stmt) -> bool:
+    """Whether a top-level statement only defines or sets up (runs no training, no I/O)."""
+    if isinstance(node, (ast.Import, ast.ImportFrom, ast.Pass, ast.Global, ast.Nonlocal)):
+        return True
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        # decorators and defaults run at import; the body does not
+        return all(_calls_only_safe(d) for d in node.decorator_list) and (
+            isinstance(node, ast.ClassDef)
+            or all(_calls_only_safe(d) for d in (*node.args.defaults, *node.args.kw_defaults)
+                   if d is not None))
+    if isinstance(node, ast.If):
+        return _main_guard(node) or (_calls_only_safe(node.test) and all(
+            _at_import_is_setup(s) for s in (*node.body, *node.orelse)))
+    if isinstance(node, ast.Try):
+        return all(_at_import_is_setup(s) for s in (
+            *node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers
+                                                         for s in h.body)))
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Assert,
+                         ast.Delete)):
+        return _calls_only_safe(node)
+    return False  # a loop, a with block, a match, a raise...
+
+
+def unguarded_line(source: str, filename: str = "<script>") -> tuple[int, str] | None:
+    """The first top-level statement of ``source`` that would do work when the script is
+    imported — anything but imports, definitions, assignments and calls of
+    :data:`SAFE_CALLS`, docstrings and ``if __name__ == "__main__":`` — as (line, its first
+    line of text); None when the script only defines and sets up.
+
+    Raises:
+        SyntaxError: ``source`` is not valid Python.
+    """
+    tree = ast.parse(source, filename)
+    lines = source.splitlines()
+    for node in tree.body:
+        if not _at_import_is_setup(node):
+            line = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+            return line, lines[line - 1].strip()
+    return None
+
+
+def check_script_guard(script: str) -> None:
+    """Refuse, before any of it runs, a script whose import would run work (training,
+    writing files): redline imports it to call its factory."""
+    try:
+        with open(script, encoding="utf-8") as f:
+            source = f.read()
+        found = unguarded_line(source, script)
+    except (OSError, UnicodeDecodeError) as e:
+        raise SetupError(f"cannot read {script}: {e}") from None
+    except SyntaxError as e:
+        raise SetupError(f"{script} is not valid Python: line {e.lineno}: {e.msg}") from None
+    if found is not None:
+        line, text = found
+        raise SetupError(
+            f"{script}:{line} runs when the script is imported: `{text}` is outside any "
+            "function and outside `if __name__ == \"__main__\":`. redline imports the script "
+            "to call its factory, so this line would run (training, overwriting your files) "
+            "before anything is measured; nothing was run. Put the training under "
+            "`if __name__ == \"__main__\":` (and build what the factory needs inside the "
+            "factory), then run the command again.")
+
+
 def load_factory(script: str, name: str = "redline_setup") -> Factory:
     """The factory function ``name`` of the script at ``script`` (run as a module whose
-    ``__name__`` is ``"__redline_tune__"``: its ``__main__`` block does not run)."""
+    ``__name__`` is ``"__redline_tune__"``: its ``__main__`` block does not run).
+
+    Raises:
+        SetupError: no such script, a script that would run work when imported (checked
+            before it is: :func:`unguarded_line`), an import that fails, or no factory.
+    """
     if not os.path.isfile(script):
         raise SetupError(f"no such script: {script!r} (expected a Python file that defines "
                          f"{name}() returning a redline.tune.TrainSetup)")
+    check_script_guard(script)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
         ns = runpy.run_path(script, run_name="__redline_tune__")
