@@ -338,7 +338,8 @@ class TunePath:
                 + f"; the same samples take {steps:,} steps instead of {self.run_steps:,}. "
                 "Validate before adopting it: train it to your usual end and compare the "
                 "validation loss and metrics with your baseline's; build learning-rate "
-                "schedulers after apply_plan (they read the rates it sets).")
+                "schedulers after apply_plan (they read the rates it sets), or pass those "
+                "built before: apply_plan(..., schedulers=[scheduler]).")
         return kept
 
     def precision(self, plan: TunePlan) -> tuple[TunePlan, list[NumericsCheck]]:

@@ -6,8 +6,9 @@
         loss = tuned.step(batch)         # micro-batches, autocast/scaler, optimizer step
 
 ``tuned.model`` / ``tuned.optimizer`` are what to save in checkpoints (the compiled or
-channels-last model shares its parameters with ``model``; a fused optimizer is rebuilt over the
-same parameters before any step, so there is no state to carry).
+channels-last model shares its parameters with ``model``; ``tuned.optimizer`` is ``optimizer``
+itself, switched in place to a fused or foreach implementation before any step, so a learning
+rate scheduler built on it keeps driving it).
 """
 
 from __future__ import annotations
@@ -28,20 +29,32 @@ from redline.measure.ranks import rank_info
 from redline.tune.accumulate import accumulate
 from redline.tune.ddp import rewrap
 from redline.tune.kernels import cudnn_benchmark
-from redline.tune.plan import PlanMismatchError, TunePlan, check_plan, plan_key
+from redline.tune.plan import PlanError, PlanMismatchError, TunePlan, check_plan, plan_key
 from redline.tune.precision import autocast_for, make_scaler, tf32
 
 
 def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str | None) -> torch.optim.Optimizer:
-    """The same optimizer (class, param groups, hyper-parameters) with ``fused=True`` or
-    ``foreach=True``. Only before the first step: there is no state to carry over."""
+    """``optimizer`` switched, in place, to its ``fused=True`` or ``foreach=True``
+    implementation (returned: the same object). Kept the same object so that what refers to
+    it — a learning-rate scheduler, a GradScaler, the loop's own checkpoint code — goes on
+    driving the optimizer that steps. Only before the first step: there is no state to carry.
+
+    Raises:
+        PlanError: the optimizer already holds state, or its class has no such
+            implementation (or refuses it for these parameters: a probe built over the same
+            parameter groups says why).
+    """
     if impl is None:
         return optimizer
     if optimizer.state:
-        raise ValueError("the optimizer has already stepped: rebuild it before training")
+        raise PlanError(
+            f"the plan switches the optimizer to its {impl} implementation and this "
+            f"{type(optimizer).__name__} has already stepped (it holds state, kept per "
+            "implementation): call apply_plan before the first optimizer step")
     accepted = inspect.signature(type(optimizer).__init__).parameters
-    if impl not in accepted:
-        raise ValueError(f"{type(optimizer).__name__} has no {impl!r} implementation")
+    if impl not in accepted or impl not in optimizer.defaults:
+        raise PlanError(f"{type(optimizer).__name__} has no {impl!r} implementation: set "
+                        "optimizer_impl to null in the plan")
     groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")}
               for g in optimizer.param_groups]
     # defaults may hold entries the constructor does not take (AdamW's decoupled_weight_decay)
@@ -50,7 +63,55 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str | None) -> tor
     defaults[impl] = True
     if impl == "fused":
         defaults["foreach"] = None
-    return type(optimizer)(groups, **defaults)
+    try:
+        # the constructor validates the implementation for these parameters; its flags are
+        # then what the step reads (each group's "fused"/"foreach" and a few attributes)
+        probe = type(optimizer)(groups, **defaults)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise PlanError(f"{type(optimizer).__name__} refuses {impl}=True here ({e}): set "
+                        "optimizer_impl to null in the plan") from None
+    for g, pg in zip(optimizer.param_groups, probe.param_groups, strict=True):
+        g["fused"], g["foreach"] = pg.get("fused"), pg.get("foreach")
+    optimizer.defaults.update({k: probe.defaults.get(k) for k in ("fused", "foreach")})
+    for k, v in vars(probe).items():
+        if isinstance(v, bool) and k.startswith("_"):  # _step_supports_amp_scaling, ...
+            setattr(optimizer, k, v)
+    return optimizer
+
+
+def _schedulers_to_scale(plan: TunePlan, optimizer: torch.optim.Optimizer,
+                         schedulers: Iterable[Any]) -> list[Any]:
+    """The schedulers whose base rates the plan's ``lr_scale`` scales; refuses one built on
+    another optimizer, and, where the plan scales the rate, a scheduler already built on
+    ``optimizer`` (every torch scheduler sets its groups' ``initial_lr``) and not passed."""
+    passed = list(schedulers)
+    for sch in passed:
+        if getattr(sch, "optimizer", None) is not optimizer:
+            raise PlanMismatchError(
+                f"the scheduler {type(sch).__name__} passed to apply_plan was built on another "
+                "optimizer: pass the schedulers of the optimizer given to apply_plan")
+    if plan.lr_scale != 1.0 and not passed and any("initial_lr" in g
+                                                   for g in optimizer.param_groups):
+        raise PlanMismatchError(
+            f"the plan scales the learning rate × {plan.lr_scale:.4g} (its effective batch is "
+            f"{plan.effective_batch}) and a learning-rate scheduler was already built on this "
+            "optimizer: its base rates are the unscaled ones, so its next step would undo the "
+            "scale. Pass it, apply_plan(..., schedulers=[your_scheduler]), to have its base "
+            "rates scaled too, or build it after apply_plan")
+    return passed
+
+
+def _scale_schedulers(plan: TunePlan, optimizer: torch.optim.Optimizer,
+                      schedulers: list[Any]) -> None:
+    """Scale the passed schedulers' base rates, and set every group's ``initial_lr`` — where a
+    scheduler built later reads its base rate — to the scaled rate."""
+    if plan.lr_scale == 1.0:
+        return
+    for g in optimizer.param_groups:
+        g["initial_lr"] = g.get("initial_lr", g["lr"]) * plan.lr_scale
+    for sch in schedulers:
+        if hasattr(sch, "base_lrs"):
+            sch.base_lrs = [b * plan.lr_scale for b in sch.base_lrs]
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, micro: int,
@@ -188,13 +249,26 @@ class TunedLoop:
 def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                loader: DataLoader[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
                device: str | torch.device = "cpu", check: bool = True,
-               cache_split: CacheSplit | None = None) -> TunedLoop:
+               cache_split: CacheSplit | None = None,
+               schedulers: Iterable[Any] = ()) -> TunedLoop:
     """Apply ``plan`` to a plain loop's pieces (see the module docstring). A plan that keeps
     the decode cache needs the dataset's ``cache_split`` (the one the tuned setup declared).
 
+    The optimizer stays the one given (a fused or foreach implementation is switched in
+    place), so a learning-rate scheduler built on it before or after goes on driving the
+    optimizer the loop steps. Where the plan scales the learning rate (a larger effective
+    batch), pass the schedulers already built on ``optimizer`` as ``schedulers``: their base
+    rates are scaled too (a scheduler built after apply_plan reads the scaled rate itself).
+    During the plan's warm-up (``lr_warmup_steps``) the plan sets the rate; after it, the
+    schedulers do.
+
     Raises:
         PlanMismatchError: the plan was made for another model, device or input shapes, or for
-            a loader of another batch size (the effective batch would change).
+            a loader of another batch size (the effective batch would change); a scheduler
+            of another optimizer; a scheduler built before, not passed, on a plan that scales
+            the rate.
+        PlanError: the optimizer has already stepped, or cannot take the plan's
+            implementation.
     """
     dev = torch.device(device)
     if check and plan.source_batch_size is not None and loader.batch_size != plan.source_batch_size:
@@ -212,4 +286,7 @@ def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Op
         check_plan(plan, plan_key(model, dev, plan.key.precision, first,
                                   rank_info().world_size))
 
-    return TunedLoop(plan, model, optimizer, loader, loss_fn, dev, cache_split)
+    to_scale = _schedulers_to_scale(plan, optimizer, schedulers)
+    tuned = TunedLoop(plan, model, optimizer, loader, loss_fn, dev, cache_split)
+    _scale_schedulers(plan, tuned.optimizer, to_scale)
+    return tuned
