@@ -95,12 +95,19 @@ def _no_sync(model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
 
 
 def _scalar(loss: Any, loss_fn: Any) -> torch.Tensor:
-    """The loss, if it is what accumulation needs: a scalar tensor (the batch's mean loss)."""
+    """The loss, if it is what accumulation needs: a scalar tensor (the batch's mean loss)
+    that backward can run from."""
+    name = getattr(loss_fn, "__qualname__", type(loss_fn).__qualname__)
     if isinstance(loss, torch.Tensor) and loss.dim() == 0:
-        return loss
+        if loss.requires_grad or not torch.is_grad_enabled():
+            return loss
+        raise SetupError(
+            f"loss_fn ({name}) returned a loss that does not require grad, so there is no "
+            "backward to run: it was detached (.detach(), .item(), torch.tensor(loss)), "
+            "computed under torch.no_grad(), or no trainable parameter of the model reaches it "
+            "(all frozen). Return the loss as computed from the model's output.")
     got = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else
            f"a {type(loss).__qualname__}")
-    name = getattr(loss_fn, "__qualname__", type(loss_fn).__qualname__)
     raise SetupError(
         f"loss_fn ({name}) returned {got}; expected a scalar tensor, the batch's mean loss "
         "(e.g. F.cross_entropy(logits, labels), whose reduction is 'mean'; for a per-sample "
