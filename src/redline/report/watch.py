@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from redline.core.errors import RedlineError
 from redline.core.report import Report
 from redline.measure.config import WatchConfig
 from redline.measure.ranks import GATHER_TIMEOUT_S
@@ -22,6 +23,10 @@ from redline.report.perfetto import rank_timeline, write_timeline
 from redline.report.prometheus import MetricsServer
 from redline.report.ranks import exchange
 from redline.report.terminal import print_report
+
+
+class WatchUsageError(RedlineError, RuntimeError):
+    """A watch used out of order (its report asked for before it was entered and left)."""
 
 
 class Watch(Recorder):
@@ -54,8 +59,14 @@ class Watch(Recorder):
         In a multi-process job (``RANK``/``WORLD_SIZE`` set, as by ``torchrun``) every rank
         calls it: rank 0 gathers the others' summaries through the job's store and returns
         (and prints) the merged report; the other ranks return their own and print nothing."""
+        if not self._entered:
+            raise WatchUsageError(
+                "report() was called on a watch that was never entered: there is nothing "
+                "measured to report. Run the training loop inside it — `with redline.watch() "
+                "as w: ...` (or w.__enter__() and w.close()) — then call w.report()")
         if self._stack is not None:
-            raise RuntimeError("report() is available after the `with redline.watch()` block")
+            raise WatchUsageError("report() is available after the `with redline.watch()` "
+                                  "block (or w.close()): the watch is still measuring")
         rep = build_report(self, command=command, status=status, status_detail=status_detail)
         others: dict[int, dict[str, Any]] = {}
         if self.rank.distributed:
