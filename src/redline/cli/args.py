@@ -21,6 +21,22 @@ def int_at_least(flag: str, minimum: int, meaning: str) -> Callable[[str], int]:
     return parse
 
 
+def port(flag: str) -> Callable[[str], int]:
+    """An argparse type: a TCP port, 0..65535 (0 = any free port), checked before anything
+    runs."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be an integer, got {text!r}") from None
+        if not 0 <= v <= 65535:
+            raise argparse.ArgumentTypeError(
+                f"{flag} must be 0..65535 (a TCP port; 0 = any free one), got {v}")
+        return v
+
+    return parse
+
+
 def non_negative_float(flag: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from redline._version import __version__
-from redline.cli.args import int_at_least, non_negative_float
+from redline.cli.args import int_at_least, non_negative_float, port
 from redline.core.errors import RedlineError
 from redline.measure.config import WatchConfig
 from redline.tune.config import TuneConfig
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"also record a short torch.profiler trace ({_WATCH.trace_steps} steps, "
                    "excluded from the statistics) into DIR (default ./redline-trace), analyse "
                    "it and add its findings")
-    d.add_argument("--metrics-port", type=int_at_least("--metrics-port", 0, "a TCP port"),
+    d.add_argument("--metrics-port", type=port("--metrics-port"),
                    metavar="PORT", default=None,
                    help="serve live Prometheus metrics (redline_*) on PORT while the script "
                    "runs (each rank of a job: PORT + LOCAL_RANK); needs redline[metrics]")
