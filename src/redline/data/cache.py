@@ -22,12 +22,10 @@ cache.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import multiprocessing as mp
 import multiprocessing.util as mp_util
 import os
 import pickle
-import re
 import warnings
 import weakref
 from collections.abc import Callable
@@ -38,7 +36,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from redline.data.fingerprint import transform_fingerprint
+from redline.data import store_place
+from redline.data.fingerprint import dataset_fingerprint, transform_fingerprint
 from redline.data.stores import LmdbStore, Store, StoreFull
 
 FLUSH_EVERY = 64
@@ -50,7 +49,9 @@ costs a commit each: on the fill epoch that is most of the cache's own overhead)
 computed samples per process wait in memory; a process that dies loses them, which a cache
 may (they are computed again)."""
 
-DEFAULT_DIR = "/dev/shm/redline-cache" if os.path.isdir("/dev/shm") else "redline-cache"
+DEFAULT_DIR = os.path.join(store_place.SHM_DIR, store_place.DEFAULT_NAME)
+"""The default store's folder where /dev/shm has room (:func:`store_place.default_placement`
+chooses, at each CachedDataset made without ``store``)."""
 
 _WITH_PENDING: weakref.WeakSet[CachedDataset] = weakref.WeakSet()
 """Datasets of this process with computed samples not yet written."""
@@ -63,6 +64,16 @@ def _write_before_fork() -> None:
     for ds in list(_WITH_PENDING):
         with contextlib.suppress(Exception):
             ds._write_pending()
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """Warn once per process per sentence (a train and a val dataset share one store)."""
+    if message not in _SAID:
+        _SAID.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,49 +89,6 @@ class CacheStats:
     def hit_rate(self) -> float | None:
         n = self.hits + self.misses
         return self.hits / n if n else None
-
-
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def _stable_repr(obj: Any) -> str:
-    """repr() without memory addresses: fingerprints must agree across processes and ranks."""
-    return _ADDRESS.sub("", repr(obj))
-
-
-def _describe(v: Any) -> str:
-    if v is None or isinstance(v, bool | int | float | str | bytes | os.PathLike):
-        return repr(v)[:256]
-    if isinstance(v, list | tuple):
-        return f"{type(v).__name__}[{len(v)}]{_stable_repr(v[:3])[:256]}{_stable_repr(v[-3:])[:256]}"
-    if isinstance(v, dict):
-        return f"dict[{len(v)}]{_stable_repr(list(v)[:3])[:256]}"
-    shape, dtype = getattr(v, "shape", None), getattr(v, "dtype", None)
-    if shape is not None and dtype is not None:  # numpy array / tensor: shape, dtype, a sample
-        flat = v.reshape(-1)
-        n = int(flat.shape[0])
-        sample = flat[:: max(1, n // 64)][:64]
-        return f"{type(v).__name__}{tuple(shape)}{dtype}{_stable_repr(sample.tolist())}"
-    return type(v).__qualname__
-
-
-def dataset_fingerprint(dataset: Any) -> str:
-    """Type, length, and the dataset's ``fingerprint`` attribute if it has one, else a stable
-    description of its attributes (values of scalars, sizes and samples of containers)."""
-    h = hashlib.sha256()
-    h.update(type(dataset).__qualname__.encode())
-    h.update(str(len(dataset)).encode())
-    own = getattr(dataset, "fingerprint", None)
-    if own is not None:
-        h.update(str(own).encode())
-    else:
-        try:
-            attrs = sorted(vars(dataset).items())
-        except TypeError:
-            attrs = []
-        for k, v in attrs:
-            h.update(f"{k}={_describe(v)};".encode())
-    return h.hexdigest()[:16]
 
 
 _TENSOR = b"T1"
@@ -178,8 +146,12 @@ class CachedDataset(Dataset[Any]):
         dataset: any map-style dataset.
         deterministic: the transform whose output is cached (must not be random).
         random: the transform applied on every access, after the cache (may be None).
-        store: a folder for the node-local LMDB store (default ``/dev/shm/redline-cache``),
-            or a :class:`~redline.data.stores.RedisStore` to share samples across nodes.
+        store: a folder for the node-local LMDB store, or a
+            :class:`~redline.data.stores.RedisStore` to share samples across nodes. Default:
+            ``/dev/shm/redline-cache`` where half of /dev/shm's free space holds 256 MiB (or
+            ``max_bytes``), removed when the last process using it exits; else
+            ``~/.cache/redline/redline-cache``, on disk, kept (said once). See
+            :mod:`redline.data.store_place`.
         max_bytes: size bound of the LMDB store (its map size); when full, nothing is
             evicted (see the module docstring) and further samples pass through uncached.
         fingerprint: override the automatic dataset+transform fingerprint (e.g. a version
@@ -188,7 +160,7 @@ class CachedDataset(Dataset[Any]):
 
     def __init__(self, dataset: Any, deterministic: Callable[[Any], Any],
                  random: Callable[[Any], Any] | None = None, *,
-                 store: str | os.PathLike[str] | Store = DEFAULT_DIR,
+                 store: str | os.PathLike[str] | Store | None = None,
                  max_bytes: int = 8 * 2**30, fingerprint: str | None = None,
                  path: str | os.PathLike[str] | None = None) -> None:
         if max_bytes < 2**20:
@@ -198,19 +170,31 @@ class CachedDataset(Dataset[Any]):
         self.random = random
         if path is not None:  # the folder of the LMDB store, under its older name
             store = path
-        self.store: Store = (LmdbStore(store, max_bytes) if isinstance(store, str | os.PathLike)
-                             else store)
+        if store is None:
+            place = store_place.default_placement(max_bytes)
+            if place.note is not None:
+                _say_once(f"redline cache: {place.note}")
+            store = LmdbStore(place.path, max_bytes, ephemeral=place.ephemeral)
+        elif isinstance(store, str | os.PathLike):
+            store = LmdbStore(store, max_bytes)
+        self.store: Store = store
+        capped = getattr(store, "capped_note", None)
+        if capped is not None:
+            _say_once(f"redline cache: {capped}")
         self.path = getattr(self.store, "path", None)
         self.max_bytes = int(max_bytes)
         if fingerprint is None:
+            data, unseen_data = dataset_fingerprint(dataset)
             code, unseen = transform_fingerprint(deterministic)
-            fingerprint = f"{dataset_fingerprint(dataset)}-{code}"
+            fingerprint = f"{data}-{code}"
+            unseen = unseen_data + unseen
             if unseen:
                 warnings.warn(
-                    "redline cache: the fingerprint of the deterministic transform cannot see "
-                    f"{'; '.join(unseen[:5])}{' …' if len(unseen) > 5 else ''}. If any of "
-                    "them changes, the cache would serve samples made before: pass "
-                    "CachedDataset(..., fingerprint='…'), a string that changes with them.",
+                    "redline cache: the fingerprint of the dataset and its deterministic "
+                    f"transform cannot see {'; '.join(unseen[:5])}"
+                    f"{' …' if len(unseen) > 5 else ''}. If any of them changes, the cache "
+                    "would serve samples made before: pass CachedDataset(..., "
+                    "fingerprint='…'), a string that changes with them.",
                     RuntimeWarning, stacklevel=2)
         self.fingerprint = fingerprint
         self._prefix = self.fingerprint.encode() + b":"
@@ -330,7 +314,7 @@ class CachedDataset(Dataset[Any]):
         try:
             written = self.store.put_many(puts)
         except StoreFull as e:
-            self._add(uncached=len(puts))
+            self._add(written=e.written, uncached=len(puts) - e.stored)
             self._stop_writing(f"{e} (fill-once policy: nothing is evicted)")
             return
         self._add(written=written)

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
-from redline.data.cache import DEFAULT_DIR, CachedDataset
+from redline.data.cache import CachedDataset
 from redline.data.stores import Store
 
 
@@ -79,9 +79,8 @@ def cached_dataset(split: CacheSplit, length: int,
                    store: str | os.PathLike[str] | Store | None = None) -> Any:
     """The training dataset served through a cache of the deterministic part: ``length``
     samples (the loader's dataset's length), the store at ``store`` (default: CachedDataset's,
-    ``/dev/shm/redline-cache``)."""
-    cached = CachedDataset(split.source, split.deterministic, split.random,
-                           store=store if store is not None else DEFAULT_DIR)
+    :func:`redline.data.store_place.default_placement`)."""
+    cached = CachedDataset(split.source, split.deterministic, split.random, store=store)
     if split.index is None:
         if len(cached) != length:
             raise ValueError(

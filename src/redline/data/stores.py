@@ -16,10 +16,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from redline.core.errors import RedlineError
+from redline.data import store_place
 
 
 class StoreFull(RedlineError):
     """The store reached its size bound (or the disk/memory behind it is full)."""
+
+    def __init__(self, message: str, *, stored: int = 0, written: int = 0) -> None:
+        super().__init__(message)
+        self.stored = stored
+        """Items of the call stored before it was full."""
+        self.written = written
+        """Bytes of the call written before it was full."""
 
 
 class Store(Protocol):
@@ -67,13 +75,28 @@ class LmdbStore:
     DataLoader worker and rank on the node. LMDB serialises writers with its own lock, and a
     transaction that was not committed (a worker killed mid-write) is never visible.
 
+    Its size is bounded by ``max_bytes`` and by :data:`~redline.data.store_place.SAFE_FRACTION`
+    of what its filesystem has free (:func:`~redline.data.store_place.budget`, read once, here):
+    it never fills ``/dev/shm`` under the DataLoader workers. An ``ephemeral`` store (one redline
+    makes in memory) is removed by the last process that uses it
+    (:mod:`redline.data.store_place`).
+
     A path this process cannot write to is opened read-only (a store filled earlier is read,
     nothing is written); a path that cannot be opened at all acts as an empty store that
     refuses writes. Either is said once, by the dataset, and training goes on."""
 
-    def __init__(self, path: str | os.PathLike[str], max_bytes: int) -> None:
+    def __init__(self, path: str | os.PathLike[str], max_bytes: int, *, ephemeral: bool = False,
+                 free: store_place.FreeBytes | None = None) -> None:
         self.path = Path(path)
-        self.max_bytes = int(max_bytes)
+        if ephemeral or store_place.is_ephemeral(self.path):
+            # Held from here, by the process that makes the dataset: it stays while this
+            # process lives even if only its DataLoader workers read (a leftover is emptied).
+            store_place.lease(self.path)
+        self.requested_bytes = int(max_bytes)
+        """``max_bytes`` as asked for."""
+        self.max_bytes = store_place.budget(self.path, max_bytes, free)
+        """The map size: ``max_bytes`` or the filesystem's safe share, whichever is smaller."""
+        self.ephemeral = ephemeral
         self._env: Any = None
         self._txn: Any = None
         self._pid = -1
@@ -81,9 +104,20 @@ class LmdbStore:
         self.read_only_reason: str | None = None
         """Why nothing can be written here, once that is known (None: writable so far)."""
 
+    @property
+    def capped_note(self) -> str | None:
+        """A sentence where the free space, not ``max_bytes``, bounds the store."""
+        if self.max_bytes >= self.requested_bytes:
+            return None
+        return (f"{self.path} holds at most {self.max_bytes / 2**20:,.1f} MiB "
+                f"({store_place.SAFE_FRACTION:.0%} of what its filesystem has free), not "
+                f"max_bytes={self.requested_bytes / 2**20:,.0f} MiB; past it, samples pass "
+                "through uncached")
+
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "max_bytes": self.max_bytes, "_env": None, "_txn": None,
-                "_pid": -1, "_gen": -1, "read_only_reason": None}  # handles stay in-process
+        state = self.__dict__.copy()  # handles stay in-process
+        state.update(_env=None, _txn=None, _pid=-1, _gen=-1, read_only_reason=None)
+        return state
 
     def _open(self) -> Any:
         """The environment, opened on first use in this process (None when it cannot be)."""
@@ -101,15 +135,21 @@ class LmdbStore:
         return env
 
     def _open_env(self, lmdb: Any) -> Any:
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            # sync off: a cache needs integrity (kept by LMDB), not durability across power
-            # loss; an fsync per sample would cost more than the decode it saves.
-            return lmdb.open(str(self.path), map_size=self.max_bytes, subdir=True,
-                             readahead=False, max_readers=512, lock=True, sync=False,
-                             metasync=False)
-        except (lmdb.Error, OSError) as e:
-            why = f"{self.path} is not writable ({type(e).__name__}: {e})"
+        if self.ephemeral or store_place.is_ephemeral(self.path):
+            store_place.lease(self.path)  # removed by its last user; a dead run's emptied
+        if self.max_bytes < 2**20:
+            why = (f"{self.path} has too little free space "
+                   f"({store_place.free_bytes(str(self.path)) / 2**20:,.1f} MiB)")
+        else:
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                # sync off: a cache needs integrity (kept by LMDB), not durability across
+                # power loss; an fsync per sample would cost more than the decode it saves.
+                return lmdb.open(str(self.path), map_size=self.max_bytes, subdir=True,
+                                 readahead=False, max_readers=512, lock=True, sync=False,
+                                 metasync=False)
+            except (lmdb.Error, OSError) as e:
+                why = f"{self.path} is not writable ({type(e).__name__}: {e})"
         if not (self.path / "data.mdb").is_file():
             self.read_only_reason = f"{why}, and holds no store to read"
             return None
@@ -123,6 +163,15 @@ class LmdbStore:
             return None
         self.read_only_reason = f"{why}: the samples stored there are read, none is added"
         return env
+
+    def close(self) -> None:
+        """Close this process's handle on the store (it reopens on the next read)."""
+        key = (os.getpid(), str(self.path.resolve()))
+        env = _ENVS.pop(key, None)
+        if env is not None:
+            with contextlib.suppress(Exception):
+                env.close()
+        self._env, self._txn, self._pid = None, None, -1
 
     def get(self, key: bytes) -> bytes | memoryview | None:
         """One key: the per-sample path of a DataLoader, kept short. The value may be a
@@ -142,12 +191,12 @@ class LmdbStore:
             # One read transaction kept between reads (a snapshot, renewed on a miss):
             # fill-once never frees pages, so a long reader costs no growth. Values come back
             # as views into the map (no copy); the decoder makes the one copy a tensor needs.
-            self._txn = env.begin(buffers=True)
+            self._txn = _begin(env, buffers=True)
         out: list[bytes | memoryview | None] = [self._txn.get(k) for k in keys]
         if any(v is None for v in out):  # maybe stored since the snapshot: look again, fresh
             out = [None if v is None else bytes(v) for v in out]  # views die with the snapshot
             self._txn.abort()
-            self._txn = env.begin(buffers=True)
+            self._txn = _begin(env, buffers=True)
             out = [v if v is not None else self._txn.get(k) for k, v in zip(keys, out, strict=True)]
         return out
 
@@ -157,17 +206,47 @@ class LmdbStore:
         env = self._open()
         if self.read_only_reason is not None:
             raise StoreFull(self.read_only_reason)
+        try:
+            return self._put(env, items)
+        except lmdb.MapFullError:
+            pass
+        # The batch does not fit whole: store what fits, one item a transaction, so a small
+        # store is filled rather than left empty by one batch larger than its room.
+        written = 0
+        for stored, item in enumerate(items):
+            try:
+                written += self._put(env, [item])
+            except lmdb.MapFullError as e:
+                raise StoreFull(f"reached its bound of {self.max_bytes:,} bytes", stored=stored,
+                                written=written) from e
+        return written
+
+    def _put(self, env: Any, items: list[tuple[bytes, bytes]]) -> int:
+        import lmdb
+
         written = 0
         try:
-            with env.begin(write=True) as txn:
+            with _begin(env, write=True) as txn:
                 for k, v in items:
                     if txn.put(k, v, overwrite=False):  # another worker may have stored it
                         written += len(v)
-        except lmdb.MapFullError as e:
-            raise StoreFull(f"reached max_bytes={self.max_bytes:,}") from e
+        except lmdb.MapFullError:
+            raise
         except (lmdb.Error, OSError) as e:
             raise StoreFull(f"write failed ({type(e).__name__}: {e})") from e
         return written
+
+
+def _begin(env: Any, **kw: Any) -> Any:
+    """A transaction; where another process grew the map past this one's (a rank that read
+    more free space), this one adopts its size first (``mdb_env_set_mapsize(0)``)."""
+    import lmdb
+
+    try:
+        return env.begin(**kw)
+    except lmdb.MapResizedError:
+        env.set_mapsize(0)
+        return env.begin(**kw)
 
 
 class RedisStore:

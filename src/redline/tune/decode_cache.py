@@ -9,18 +9,23 @@ charging a whole separate pass errs on the side of not keeping the cache.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 
-from redline.data.cache import DEFAULT_DIR
+from redline.data import store_place
 
 
 def trial_store() -> str:
-    """A fresh folder for the trials' cache, beside CachedDataset's default (in /dev/shm where
-    there is one: memory-backed, as the default store); removed by :func:`remove_store`."""
-    parent = os.path.dirname(DEFAULT_DIR) or None
-    return tempfile.mkdtemp(prefix="redline-tune-cache-", dir=parent)
+    """A fresh folder for the trials' cache, where CachedDataset's default would go (in
+    /dev/shm where it has room: memory-backed, as the default store; else on disk); removed by
+    :func:`remove_store`, or, in memory, by the next run if this one is killed first."""
+    place = store_place.default_placement(8 * 2**30)
+    parent = place.path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    path = tempfile.mkdtemp(prefix="redline-tune-cache-", dir=parent)
+    if place.ephemeral:
+        store_place.mark_ephemeral(path)
+    return path
 
 
 def remove_store(path: str | None) -> None:
