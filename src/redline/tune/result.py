@@ -50,9 +50,20 @@ class TuneResult:
         return a / b if a and b else None
 
 
-def project(m: TrialMetrics, run_steps: int, price: float | None, devices: int = 1) -> Projection:
-    """Job time, cost and energy of ``run_steps`` optimizer steps at ``m``'s speed."""
-    t = m.step_time_s * run_steps if m.step_time_s else None
+def project(m: TrialMetrics, run_steps: int, price: float | None, devices: int = 1,
+            samples_per_step: int | None = None) -> Projection:
+    """Job time, cost and energy of ``run_steps`` optimizer steps at ``m``'s speed.
+
+    The job's time is its samples at the measured throughput (``samples_per_step`` per
+    optimizer step over the whole job: every rank's): the one speed the before/after table
+    compares, so "× faster" is the throughput's ratio, not a second figure from another
+    statistic (the median step, which leaves out what slow steps cost a whole job). Without
+    ``samples_per_step``, or where throughput is unknown, the median step time × the steps.
+    """
+    if samples_per_step is not None and m.throughput_samples_per_s:
+        t: float | None = run_steps * samples_per_step / m.throughput_samples_per_s
+    else:
+        t = m.step_time_s * run_steps if m.step_time_s else None
     cost = t / 3600 * price * devices if t is not None and price is not None else None
     e = m.energy_j_per_step * run_steps / 3.6e6 if m.energy_j_per_step is not None else None
     return Projection(run_steps, t, cost, e)

@@ -179,9 +179,10 @@ def _tune(factory: Factory, config: TuneConfig | None, log: Callable[[str], None
             path_str = str(store.put(plan))
         n = agree.world_size
         return TuneResult(plan, before, after,
-                          project(before, p.run_steps, cfg.price_per_device_hour, devices=n),
+                          project(before, p.run_steps, cfg.price_per_device_hour, devices=n,
+                                  samples_per_step=p.effective * n),
                           project(after, p.steps_for(plan), cfg.price_per_device_hour,
-                                  devices=n),
+                                  devices=n, samples_per_step=plan.effective_batch * n),
 
                           p.run_steps_source, cfg.price_per_device_hour, search, checks, sites,
                           str(store.path(p.key)) if reused is not None else None, path_str,
