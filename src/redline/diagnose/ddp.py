@@ -14,6 +14,11 @@ from redline.diagnose.thresholds import (
 _MIB = 2**20
 
 
+def _size(n: int) -> str:
+    """A bucket cap as the user sets it: MiB, or KiB below one (``bucket_cap_mb=0.01``)."""
+    return f"{n / _MIB:.1f} MiB" if n >= _MIB else f"{n / 1024:.0f} KiB"
+
+
 def sync_every_microbatch(m: Measurements) -> list[Finding]:
     """Gradient accumulation without ``no_sync()`` (DDP) or
     ``set_requires_gradient_sync(False)`` (FSDP2): every micro-batch's backward reduces the
@@ -120,7 +125,7 @@ def small_ddp_buckets(m: Measurements) -> list[Finding]:
     n = len(d.bucket_sizes_bytes)
     return [Finding(
         "small_ddp_buckets", "low",
-        f"{n} gradient buckets of at most {d.bucket_cap_bytes / _MIB:.1f} MiB for "
+        f"{n} gradient buckets of at most {_size(d.bucket_cap_bytes)} for "
         f"{d.parameter_bytes / _MIB:,.0f} MiB of parameters: {n} all-reduces per step",
         {"buckets": n, "bucket_cap_mib": round(d.bucket_cap_bytes / _MIB, 2),
          "parameter_mib": round(d.parameter_bytes / _MIB, 1)},

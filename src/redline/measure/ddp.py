@@ -4,10 +4,18 @@ DDP keeps runtime logging data (``DistributedDataParallel._get_ddp_logging_data`
 prototype API sampled by DDP itself: the first iterations, then one in 100): its settings,
 bucket sizes, and the mean communication and overlap time of a backward pass. Read here with
 the flight recorder's count of all-reduces, they show the knobs that cost a job collectives.
+
+The instrumentation keeps a strong reference to such a model from the first forward it sees
+until the watch closes, and :func:`snapshot` reads it then: the report is built after the
+block, when a script whose training ran inside ``main()`` has dropped its last reference and
+the model (known to the hooks only weakly, so that redline never keeps a user's model alive)
+may be gone.
 """
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,19 +24,69 @@ from redline.core.measurements import DdpStats, FsdpStats
 from redline.measure.collectives import Arrival
 
 
-def ddp_stats(roots: list[Any], arrivals: list[Arrival], measured_steps: int,
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelSnapshot:
+    """What the loop's DDP or FSDP2 model said about itself when the watch closed."""
+
+    ddp_logging: dict[str, Any] | None = None
+    """DDP's logging data (``_get_ddp_logging_data``); None: no DDP model, or that prototype
+    API is absent or failed in this torch."""
+    static_graph: bool = False
+    """The DDP model was built with ``static_graph=True``."""
+    fsdp_groups: int | None = None
+    """``fully_shard`` groups under the first FSDP2 model; None: no FSDP2 model."""
+
+
+def _unwrapped(module: Any) -> Any:
+    """The module a ``torch.compile`` wrapper holds (``OptimizedModule._orig_mod``), else it."""
+    inner = getattr(module, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) else module
+
+
+def _fsdp_type() -> type | None:
+    """FSDP2's module class, None while ``torch.distributed.fsdp`` is not imported (then no
+    module can be sharded yet, and importing it here would cost time on every watch)."""
+    mod = sys.modules.get("torch.distributed.fsdp")
+    t = getattr(mod, "FSDPModule", None) if mod is not None else None
+    return t if isinstance(t, type) else None
+
+
+def is_parallel(module: Any) -> bool:
+    """A DDP or FSDP2 model (possibly inside a ``torch.compile`` wrapper)."""
+    m = _unwrapped(module)
+    fsdp = _fsdp_type()
+    return isinstance(m, torch.nn.parallel.DistributedDataParallel) or (
+        fsdp is not None and isinstance(m, fsdp))
+
+
+def snapshot(roots: list[Any]) -> ParallelSnapshot:
+    """Read the first DDP and the first FSDP2 model among ``roots`` (the loop's outermost
+    modules), while they are alive."""
+    mods = [_unwrapped(m) for m in roots]
+    ddp = next((m for m in mods if isinstance(m, torch.nn.parallel.DistributedDataParallel)),
+               None)
+    logging: dict[str, Any] | None = None
+    if ddp is not None:
+        try:
+            logging = dict(ddp._get_ddp_logging_data())
+        except Exception:  # a prototype API: absent or changed in this torch
+            logging = None
+    fsdp_t = _fsdp_type()
+    groups: int | None = None
+    if fsdp_t is not None:
+        fsdp = next((m for m in mods if isinstance(m, fsdp_t)), None)
+        if isinstance(fsdp, torch.nn.Module):
+            groups = sum(1 for m in fsdp.modules() if isinstance(m, fsdp_t))
+    return ParallelSnapshot(ddp_logging=logging,
+                            static_graph=bool(getattr(ddp, "static_graph", False)),
+                            fsdp_groups=groups)
+
+
+def ddp_stats(snap: ParallelSnapshot, arrivals: list[Arrival], measured_steps: int,
               counts: dict[str, int]) -> DdpStats | None:
-    """The first DDP model among ``roots`` (the loop's outermost modules), or None."""
-    try:
-        from torch.nn.parallel import DistributedDataParallel
-    except ImportError:
-        return None
-    ddp = next((m for m in roots if isinstance(m, DistributedDataParallel)), None)
-    if ddp is None:
-        return None
-    try:
-        d: dict[str, Any] = ddp._get_ddp_logging_data()
-    except Exception:  # a prototype API: absent or changed in this torch
+    """DDP's statistics with the counted collectives, or None without a DDP model."""
+    d = snap.ddp_logging
+    if d is None:
         return None
 
     def ns(key: str) -> float | None:
@@ -48,7 +106,7 @@ def ddp_stats(roots: list[Any], arrivals: list[Arrival], measured_steps: int,
         backward_overlap_s=ns("avg_backward_compute_comm_overlap_time"),
         backward_per_step=_backward_per_step(counts),
         all_reduces_per_step=_per_step(arrivals, measured_steps, ("all_reduce",)),
-        static_graph=bool(getattr(ddp, "static_graph", False)),
+        static_graph=snap.static_graph,
     )
 
 
@@ -65,20 +123,14 @@ def _per_step(arrivals: list[Arrival], measured_steps: int,
     return sum(1 for a in arrivals if any(k in a.name for k in kinds)) / measured_steps
 
 
-def fsdp_stats(roots: list[Any], arrivals: list[Arrival], measured_steps: int,
+def fsdp_stats(snap: ParallelSnapshot, arrivals: list[Arrival], measured_steps: int,
                counts: dict[str, int]) -> FsdpStats | None:
-    """The first FSDP2 (``fully_shard``) model among ``roots``, or None: its parameter groups
-    and the gradient reductions per optimizer step (all-reduces count: gloo has no
-    reduce-scatter, and FSDP2 reduces with all-reduce there)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch without FSDP2
+    """The FSDP2 (``fully_shard``) model's parameter groups and the gradient reductions per
+    optimizer step (all-reduces count: gloo has no reduce-scatter, and FSDP2 reduces with
+    all-reduce there), or None without one."""
+    if snap.fsdp_groups is None:
         return None
-    root = next((m for m in roots if isinstance(m, FSDPModule)), None)
-    if root is None:
-        return None
-    modules = root.modules() if isinstance(root, torch.nn.Module) else []
     return FsdpStats(
-        groups=sum(1 for m in modules if isinstance(m, FSDPModule)),
+        groups=snap.fsdp_groups,
         backward_per_step=_backward_per_step(counts),
         reductions_per_step=_per_step(arrivals, measured_steps, ("reduce_scatter", "all_reduce")))

@@ -27,6 +27,7 @@ from redline.measure.collectives import Arrival, read_arrivals
 from redline.measure.config import WatchConfig
 from redline.measure.cpu import CpuSampler, CpuWindow
 from redline.measure.cuda import CudaMemory, CudaStepTimer, SyncCounter, read_memory
+from redline.measure.ddp import ParallelSnapshot, is_parallel, snapshot
 from redline.measure.flops import FlopWindow
 from redline.measure.hooks import Instrumentation
 from redline.measure.nvml import NvmlSampler, import_pynvml
@@ -97,6 +98,14 @@ class Recorder:
         """This recorder's keys in the job's store: the n-th recorder of every rank is the same
         one (ranks run the same code)."""
         self._beacon_error: str | None = None
+        self._parallel_roots: list[Any] = []
+        """The loop's DDP/FSDP2 models, held from the first steps to close: the hooks know
+        roots only weakly, and a loop run inside ``main()`` drops them before the report."""
+        self.parallel: ParallelSnapshot | None = None
+        """What those models said about themselves at close (measure/ddp.py)."""
+        self.root_names: list[str] = []
+        """The outermost modules' class names, as the steps before the steady state saw them
+        (the hooks' own list forgets a root once it is freed)."""
         self.beacon: ProgressBeacon | None = None
         self.arrivals: list[Arrival] = []
         """This rank's arrivals at collectives in the measured window (multi-process jobs)."""
@@ -167,6 +176,8 @@ class Recorder:
             self.cpu_window = self.cpu.window()
             if self.nvml is not None:
                 self.nvml_summary = self.nvml.summary()
+        self.parallel = snapshot(self._parallel_roots or (self.inst.roots if self.inst else []))
+        self._parallel_roots = []  # the user's models are theirs again
         stack.close()
 
     def _start_beacon(self, stack: ExitStack) -> None:
@@ -311,6 +322,9 @@ class Recorder:
                 self._stop_at_limit()
             return
         inst = self.inst
+        if inst is not None and not self._parallel_roots:
+            self._parallel_roots = [m for m in inst.roots if is_parallel(m)]
+            self.root_names = inst.root_modules or self.root_names
         if exact and inst is not None and not self._discovered:
             if not inst.discovering:
                 self._discovered = True  # the global hooks never come back: stop asking

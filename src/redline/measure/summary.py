@@ -24,7 +24,7 @@ from redline.core.measurements import (
     StepTiming,
 )
 from redline.core.report import TraceSummary
-from redline.measure.ddp import ddp_stats, fsdp_stats
+from redline.measure.ddp import ddp_stats, fsdp_stats, snapshot
 from redline.measure.evaluation import evaluation_metrics
 from redline.measure.mfu import mfu_for
 from redline.measure.stats import percentile, span_fraction, step_times
@@ -222,13 +222,16 @@ def build_measurements(w: Recorder) -> Measurements:
     if config.data_source == "not seen":
         notes.append("No DataLoader or wrapped iterable was seen: data wait is not measured "
                      "(wrap your batch source with `w.wrap(iterable)` to time it).")
+    # read at close (Recorder.close); a watch still open reads its models now
+    parallel = w.parallel if w.parallel is not None else snapshot(inst.roots)
     return Measurements(
         device=dev, config=config, timing=timing, breakdown=breakdown, host=host,
         device_metrics=dm, loaders=loaders, precision=precision, mfu=mfu,
-        tier=_tier(w), counts=dict(w.tracker.counts), root_modules=inst.root_modules,
+        tier=_tier(w), counts=dict(w.tracker.counts),
+        root_modules=max(inst.root_modules, w.root_names, key=len),  # roots freed since: seen
         sources=_sources(w), notes=notes,
-        ddp=ddp_stats(inst.roots, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
-        fsdp=fsdp_stats(inst.roots, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
+        ddp=ddp_stats(parallel, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
+        fsdp=fsdp_stats(parallel, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
         evaluation=evaluation_metrics(steps),
     )
 
