@@ -221,3 +221,36 @@ def test_tune_runs_on_a_cached_dataset(tmp_path: Path) -> None:
     assert loader.knob.value == "data pipeline" and "failed" not in loader.reason
     assert isinstance(loader.details["trials"], int) and loader.details["trials"] >= 2
     assert "workers" in str(loader.details["autotune"])
+
+
+def _with_a_lock_at_3(i: torch.Tensor) -> Any:
+    import threading
+
+    k = int(i[0])
+    return {"x": i, "lock": threading.Lock()} if k == 3 else i
+
+
+def test_an_unpicklable_sample_is_named_and_passes_through(tmp_path: Path) -> None:
+    ds = CachedDataset(Numbers(8), _with_a_lock_at_3, store=tmp_path / "c")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        first = [ds[i] for i in range(8)]
+        ds.flush()
+        second = [ds[i] for i in range(8)]
+    msgs = [str(w.message) for w in said]
+    assert len(msgs) == 1 and "sample 3 (a dict) cannot be stored" in msgs[0]
+    assert "lock" in msgs[0] and "pass through uncached" in msgs[0]
+    for got in (first, second):
+        assert isinstance(got[3], dict) and float(got[3]["x"][0]) == 3.0
+        assert [float(got[i][0]) for i in range(8) if i != 3] == [i for i in range(8) if i != 3]
+    st = ds.stats()
+    assert (st.hits, st.misses, st.uncached) == (7, 9, 2)  # the other seven were cached
+
+
+def test_a_stored_sample_that_cannot_be_read_back_is_computed_again(tmp_path: Path) -> None:
+    ds = CachedDataset(Numbers(8), double, store=tmp_path / "c")
+    ds.store.put_many([(ds._prefix + b"2", b"P1not a pickle")])
+    with pytest.warns(RuntimeWarning, match="stored sample 2 cannot be read back"):
+        assert float(ds[2][0]) == 4.0
+        assert torch.cat(ds.__getitems__([1, 2]))[::4].tolist() == [2.0, 4.0]
+    assert float(ds[1][0]) == 2.0

@@ -68,6 +68,9 @@ def _write_before_fork() -> None:
 
 _SAID: set[str] = set()
 
+_UNREADABLE = object()
+"""What _decode returns for a stored sample that cannot be read back."""
+
 
 def _say_once(message: str) -> None:
     """Warn once per process per sentence (a train and a val dataset share one store)."""
@@ -204,6 +207,7 @@ class CachedDataset(Dataset[Any]):
         self._local_pid = -1
         self._writable = True
         self._warned = False
+        self._said: set[str] = set()
         self._pending: dict[bytes, bytes] = {}
         """Computed samples not yet written (this process's; read back from here first)."""
         self._pending_pid = -1
@@ -267,23 +271,26 @@ class CachedDataset(Dataset[Any]):
             blobs = self.store.get_many(keys)
         out: list[Any] = []
         puts: list[tuple[bytes, bytes]] = []
-        read = 0
+        read = hits = 0
         pending = self._pending if self._pending_pid == os.getpid() else {}
         for i, k, blob in zip(indices, keys, blobs, strict=True):
             if blob is None and k in pending:
                 blob = pending[k]  # computed here, not yet written: read your own writes
             if blob is not None:
-                read += len(blob)
-                out.append(decode(blob))
-            else:
-                value = self.deterministic(self.dataset[i])
-                out.append(value)
-                if self._writable:
-                    puts.append((k, encode(value)))
-        misses = sum(1 for k, b in zip(keys, blobs, strict=True)
-                     if b is None and k not in pending)
-        self._add(hits=len(indices) - misses, misses=misses, read=read,
-                  uncached=misses - len(puts))
+                value = self._decode(blob, i)
+                if value is not _UNREADABLE:
+                    hits += 1
+                    read += len(blob)
+                    out.append(value)
+                    continue
+            value = self.deterministic(self.dataset[i])
+            out.append(value)
+            if self._writable and blob is None:
+                encoded = self._encode(value, i)
+                if encoded is not None:
+                    puts.append((k, encoded))
+        misses = len(indices) - hits
+        self._add(hits=hits, misses=misses, read=read, uncached=misses - len(puts))
         if puts:
             why = getattr(self.store, "read_only_reason", None)
             if why is not None:  # known on the first read: say so now, not at the write
@@ -326,8 +333,40 @@ class CachedDataset(Dataset[Any]):
         blob = self.store.get(key)
         if blob is None:  # the general path computes, queues the write and counts the miss
             return self._deterministic_many([i], [None])[0]
+        value = self._decode(blob, i)
+        if value is _UNREADABLE:
+            return self._deterministic_many([i], [None])[0]
         self._add(hits=1, read=len(blob))
-        return decode(blob)
+        return value
+
+    def _encode(self, value: Any, i: int) -> bytes | None:
+        """The stored form of sample ``i``; None where it cannot be made (an object pickle
+        refuses: a lambda, an open file, a lock): the sample passes through uncached and
+        training goes on, said once."""
+        try:
+            return encode(value)
+        except Exception as e:  # pickle raises TypeError, AttributeError, PicklingError, …
+            self._say("encode", f"sample {i} (a {type(value).__qualname__}) cannot be stored: "
+                      f"{type(e).__name__}: {e}; samples that cannot be pickled pass through "
+                      "uncached (training goes on). Return tensors, arrays or plain Python "
+                      "values from the deterministic transform to cache them")
+            return None
+
+    def _decode(self, blob: bytes | memoryview, i: int) -> Any:
+        """The sample stored for ``i``, or _UNREADABLE where it cannot be read back (a class
+        that moved or is missing in this process): the sample is computed again, said once."""
+        try:
+            return decode(blob)
+        except Exception as e:
+            self._say("decode", f"the stored sample {i} cannot be read back "
+                      f"({type(e).__name__}: {e}); such samples are computed again")
+            return _UNREADABLE
+
+    def _say(self, kind: str, message: str) -> None:
+        if kind not in self._said:
+            self._said.add(kind)
+            where = self.path or type(self.store).__name__
+            warnings.warn(f"redline cache at {where}: {message}", RuntimeWarning, stacklevel=5)
 
     def __getitem__(self, i: int) -> Any:
         value = self.get_deterministic(int(i))
