@@ -3,7 +3,9 @@ why not (docs/reliability.md, "A report on every exit path")."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -87,3 +89,40 @@ def test_tune_checks_its_outputs_before_tuning(tmp_path: Path, flag: str,
     assert main(["tune", str(SCRIPTS / "tune_tiny.py"), flag, str(folder)]) == 2
     assert f"{flag} {str(folder)!r} is an existing directory" in capsys.readouterr().err
     assert time.monotonic() - t0 < 30  # refused before the first trial
+
+
+# -- a signal to the whole process group -----------------------------------------------------
+def _start(out: Path, *cmd: str, steps: str = "100000") -> subprocess.Popen[str]:
+    """doctor in its own process group (as a shell job, or under ``timeout`` or Slurm)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "redline.cli.main", "doctor", "--steps", steps, "--warmup", "2",
+         "--no-flops", "--json", str(out), "--", "python", *cmd],
+        cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+
+
+def _wait_for(proc: subprocess.Popen[str], word: str, timeout: float = 60) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if word in line or not line:
+            return
+
+
+def test_a_sigterm_to_the_process_group_ends_with_the_report_and_no_worker_traceback(
+        tmp_path: Path) -> None:
+    """The DataLoader workers get the group's signal too and die; their deaths (PyTorch's
+    SIGCHLD handler) must not raise in the middle of the report."""
+    for i in range(3):  # the race was lost most of the time, not always
+        out, pids = tmp_path / f"r{i}.json", tmp_path / f"pids{i}"
+        pids.mkdir()
+        proc = _start(out, "workers_forever.py", str(pids))
+        _wait_for(proc, "READY")
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err and "RuntimeError" not in err, err[-3000:]
+        assert proc.returncode == 128 + signal.SIGTERM
+        data = json.loads(out.read_text())
+        assert data["status"] == "interrupted"
+        assert data["measurements"]["timing"]["steps_total"] >= 12

@@ -95,6 +95,7 @@ class _Signals:
         for s in self._previous:
             signal.signal(s, self._at_once)
         self.received = signum
+        _quiet_children()
         if not self._raising:
             return
         if signum == signal.SIGINT:
@@ -104,6 +105,25 @@ class _Signals:
     @staticmethod
     def _at_once(signum: int, frame: object) -> None:
         os._exit(128 + signum)
+
+
+def _quiet_children() -> None:
+    """Stop a child's death from raising in the main thread, for the rest of the process.
+
+    A signal to the process group (``timeout``, Slurm, ``kill -- -PGID``, Ctrl-C in a terminal)
+    reaches the DataLoader workers too, and they die with it; PyTorch's SIGCHLD handler
+    (``torch.utils.data._utils.signal_handling``) then raises ``RuntimeError: DataLoader worker
+    … is killed by signal`` wherever the main thread is — in the middle of the report. The
+    job is ending and redline stops the workers itself, so their deaths are only reaped. Not
+    restored: the process ends after the report, and a restored handler would raise at the
+    next child's exit."""
+    if hasattr(signal, "SIGCHLD"):
+        signal.signal(signal.SIGCHLD, _child_exited)
+
+
+def _child_exited(signum: int, frame: object) -> None:
+    """A Python-level no-op (SIG_DFL here would make CPython report a pending SIGCHLD as
+    'ignored due to race condition')."""
 
 
 @dataclass(frozen=True, slots=True)
