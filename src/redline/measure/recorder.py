@@ -251,9 +251,12 @@ class Recorder:
     def measured_steps(self) -> list[StepRecord]:
         return [s for s in self.tracker.steps if s.kind == "measured"]
 
-    def _begin_window(self) -> None:
-        self.window_start = time.perf_counter()
-        self.window_start_ns = time.time_ns()
+    def _begin_window(self, at: float | None = None) -> None:
+        """The measured window begins now, or at ``at`` (a step boundary just learnt after the
+        fact: the samplers' baselines are still taken now)."""
+        now = time.perf_counter()
+        self.window_start = now if at is None else at
+        self.window_start_ns = time.time_ns() - int((now - self.window_start) * 1e9)
         self.wall_offset_ns = self.window_start_ns - int(self.window_start * 1e9)
         """time.time_ns() − perf_counter in ns: puts step boundaries on the flight recorder's
         clock."""
@@ -263,7 +266,8 @@ class Recorder:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self._state = "measuring"
-        self.tracker.restart(time.perf_counter())
+        if at is None:  # else the step in progress began at the boundary learnt: keep it
+            self.tracker.restart(time.perf_counter())
 
     def _start_extras(self) -> bool:
         """At an exact step boundary: begin the FLOP count or the trace, if one is still due
@@ -338,6 +342,12 @@ class Recorder:
             self._warmup += 1
             if exact and rec.index + 1 >= self.config.warmup_steps and not self._start_extras():
                 self._begin_window()
+            elif not exact and rec.index + 1 >= self.config.warmup_steps:
+                # The first step's end is learnt at the second optimizer step, after the fact:
+                # the window begins where it ended, so the warm-up is the steps asked for (not
+                # one more); the FLOP count and trace, which need a step still to come, begin
+                # at the next exact boundary, as with no warm-up.
+                self._begin_window(at=rec.end_s)
         elif state == "flops":
             rec.kind = "excluded"
             self._excluded += 1
