@@ -190,16 +190,47 @@ def test_cache_statistics_reach_the_report(tmp_path: Path) -> None:
     torch.randn(5).to(torch.bfloat16), torch.arange(4, dtype=torch.int64),
     torch.empty(0, 3), torch.tensor(3.5), torch.randn(4, 6)[:, ::2],
     {"image": [1, 2], "label": "cat"},
+    (torch.randn(3, 8, 8), 7), [torch.randn(4, 6)[:, ::2], torch.empty(0), "x"],
+    {"img": torch.randn(2, 2).to(torch.bfloat16), "mask": torch.ones(3, dtype=torch.bool),
+     "nested": (torch.arange(3), {"k": torch.tensor(2.5)}), "label": 1},
+    (torch.nn.Parameter(torch.ones(2)), torch.ones(2, requires_grad=True)),
 ])
 def test_encode_decode_round_trip(value: object) -> None:
-    from redline.data.cache import decode, encode
+    from redline.data.sample_codec import decode, encode
 
     blob = encode(value)
+    if isinstance(value, tuple | list | dict) and "tensor(" in repr(value) and (
+            "Parameter" not in repr(value)):
+        assert blob[:2] == b"S1"  # tensors in a structure stored raw, not through torch.save
     for b in (blob, memoryview(blob)):  # LMDB hands out views into its map
-        got = decode(b)
-        if isinstance(value, torch.Tensor):
-            assert got.dtype == value.dtype and got.shape == value.shape
-            assert torch.equal(got, value)
-            got.add_(1) if got.numel() else None  # writable, owns its memory
-        else:
-            assert got == value
+        _same_value(decode(b), value)
+
+
+def _same_value(got: object, value: object) -> None:
+    assert type(got) is type(value)
+    if isinstance(value, torch.Tensor):
+        assert isinstance(got, torch.Tensor)
+        assert got.dtype == value.dtype and got.shape == value.shape
+        assert got.requires_grad == value.requires_grad
+        assert torch.equal(got.detach(), value.detach())
+        if got.numel() and not got.requires_grad:
+            got.zero_()  # writable, owns its memory
+    elif isinstance(value, tuple | list):
+        assert isinstance(got, tuple | list) and len(got) == len(value)
+        for g, v in zip(got, value, strict=True):
+            _same_value(g, v)
+    elif isinstance(value, dict):
+        assert isinstance(got, dict) and list(got) == list(value)
+        for k in value:
+            _same_value(got[k], value[k])
+    else:
+        assert got == value
+
+
+def test_a_store_of_another_format_is_not_read(tmp_path: Path) -> None:
+    from redline.data.sample_codec import encode
+
+    ds = CachedDataset(Numbers(4), square, path=tmp_path / "c")
+    old_key = ds.fingerprint.encode() + b":" + b"2"  # the key before formats were versioned
+    ds.store.put_many([(old_key, encode(torch.zeros(16)))])
+    assert torch.equal(ds[2], square(2)) and ds.stats().misses == 1

@@ -25,19 +25,17 @@ import contextlib
 import multiprocessing as mp
 import multiprocessing.util as mp_util
 import os
-import pickle
 import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from redline.data import store_place
 from redline.data.fingerprint import dataset_fingerprint, transform_fingerprint
+from redline.data.sample_codec import FORMAT_VERSION, decode, encode
 from redline.data.stores import LmdbStore, Store, StoreFull
 
 FLUSH_EVERY = 64
@@ -92,54 +90,6 @@ class CacheStats:
     def hit_rate(self) -> float | None:
         n = self.hits + self.misses
         return self.hits / n if n else None
-
-
-_TENSOR = b"T1"
-_PICKLE = b"P1"
-
-
-def encode(value: Any) -> bytes:
-    """Tensors as a small header + their raw bytes (loads without pickle's per-object work);
-    anything else pickled."""
-    if isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_cuda:
-        t = value.detach().contiguous()
-        header = f"{str(t.dtype)[6:]}|{','.join(map(str, t.shape))}".encode()
-        out = bytearray(_TENSOR + len(header).to_bytes(2, "little") + header)
-        if t.numel():
-            out += t.reshape(-1).view(torch.uint8).numpy().data  # the one copy of the data
-        return bytes(out)
-    return _PICKLE + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-_HEADERS: dict[bytes, tuple[torch.dtype, Any, list[int]]] = {}
-"""Parsed tensor headers (torch dtype, numpy dtype or None, shape): a dataset's samples share a
-few shapes."""
-
-
-def decode(blob: bytes | memoryview) -> Any:
-    """Inverse of :func:`encode`; ``blob`` may be a view into a memory map (copied once)."""
-    if blob[:2] == _TENSOR:
-        n = int.from_bytes(blob[2:4], "little")
-        header = bytes(blob[4:4 + n])
-        parsed = _HEADERS.get(header)
-        if parsed is None:
-            dtype_name, shape_s = header.decode().split("|")
-            dtype = getattr(torch, dtype_name)
-            try:
-                np_dtype: Any = torch.empty(0, dtype=dtype).numpy().dtype
-            except TypeError:  # bfloat16 & co. have no numpy twin
-                np_dtype = None
-            parsed = (dtype, np_dtype, [int(x) for x in shape_s.split(",")] if shape_s else [])
-            if len(_HEADERS) < 4096:
-                _HEADERS[header] = parsed
-        dtype, np_dtype, shape = parsed
-        raw = bytearray(memoryview(blob)[4 + n:])  # the one copy: tensors own their memory
-        if not raw:
-            return torch.empty(shape, dtype=dtype)
-        if np_dtype is not None:  # numpy's reshape is cheaper than a tensor view here
-            return torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).reshape(shape))
-        return torch.frombuffer(raw, dtype=dtype).view(shape)
-    return pickle.loads(blob[2:])
 
 
 class CachedDataset(Dataset[Any]):
@@ -200,7 +150,8 @@ class CachedDataset(Dataset[Any]):
                     "fingerprint='…'), a string that changes with them.",
                     RuntimeWarning, stacklevel=2)
         self.fingerprint = fingerprint
-        self._prefix = self.fingerprint.encode() + b":"
+        # The stored form's version too: a store written in another format is never misread.
+        self._prefix = f"{self.fingerprint}:v{FORMAT_VERSION}:".encode()
         # Shared across forked/spawned DataLoader workers: hits, misses, read, written, uncached
         self._counters = mp.Array("q", 5)
         self._local: list[int] | None = None
