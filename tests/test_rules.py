@@ -256,6 +256,25 @@ def test_small_batch() -> None:
     assert "small_batch" not in ids(full)
 
 
+def test_small_batch_on_cpu_from_fixed_per_step_costs() -> None:
+    """The optimizer's update (fixed per step) is 60 % of a CPU step: small_batch with the
+    fixed and per-sample parts, and Amdahl's projection; a compute-bound step is quiet."""
+    m = measurements(phases={"optimizer": 0.6, "forward": 0.1, "backward": 0.2})
+    f = get(m, "small_batch")
+    assert f.evidence["fixed_ms_per_step"] == pytest.approx(60.0)  # of the factory's 100 ms
+    assert f.evidence["per_sample_ms"] == pytest.approx(30.0 / 32, abs=1e-4)
+    assert f.evidence["projected_throughput_gain_at_4x_batch"] == pytest.approx(
+        1 / (0.6 / 4 + 0.4), abs=1e-3)
+    assert f.ceiling_speedup == pytest.approx(1 / 0.4)
+    assert "small_batch" not in ids(measurements(phases={"optimizer": 0.3, "forward": 0.3,
+                                                         "backward": 0.4}))
+    # a busy GPU hides the host's fixed costs: not small_batch from them
+    busy = measurements(device="cuda", cc="9.0", precision="bf16-autocast",
+                        phases={"optimizer": 0.6, "forward": 0.1, "backward": 0.2},
+                        dev={"device_span_fraction": 0.95, "peak_reserved_bytes": 70 * 2**30})
+    assert "small_batch" not in ids(busy)
+
+
 def test_no_mixed_precision_and_tf32_on_hopper() -> None:
     m = measurements(device="cuda", cc="9.0", name="NVIDIA H100 80GB HBM3", precision="fp32",
                      dev={"device_span_fraction": 0.9})

@@ -3,12 +3,14 @@ fp32_matmul_on_tensor_cores. (The trace-based rules are in :mod:`redline.diagnos
 
 from __future__ import annotations
 
-from redline.core.findings import Finding, ceiling_speedup
+from redline.core.findings import Evidence, Finding, ceiling_speedup, severity_for
 from redline.core.measurements import Measurements
 from redline.diagnose.thresholds import (
     MIN_COMPUTE_FRACTION,
     SMALL_BATCH_MAX_BUSY,
     SMALL_BATCH_MAX_MEMORY_FRACTION,
+    SMALL_BATCH_MIN_FIXED_FRACTION,
+    SMALL_BATCH_PROJECTED_FACTOR,
 )
 from redline.measure.peaks import peak_flops
 
@@ -43,23 +45,109 @@ def host_sync(m: Measurements) -> list[Finding]:
         "(torch.profiler with CUDA activities).")]
 
 
+FIXED_PHASES = ("optimizer", "comm")
+"""Phases whose time per step does not grow with the batch: the optimizer's update (one pass
+over the parameters) and the loop's own collectives (gradient-sized, not batch-sized)."""
+
+PER_SAMPLE_PHASES = ("data_wait", "h2d_copy", "forward", "backward")
+"""Phases taken to grow with the batch. Forward and backward hold fixed costs of their own
+(launches, weight reads): counting them all per sample understates the fixed part, so the
+projected gain is a lower bound."""
+
+
+def _amortization(m: Measurements) -> Finding | None:
+    """Per-step costs that do not grow with the batch make ≥ SMALL_BATCH_MIN_FIXED_FRACTION of
+    the step: the optimizer step, the loop's collectives and the optimizer's helpers outside
+    the phases (zero_grad, clipping: the stack sampler's 'optimizer' kind). Other host work
+    outside the phases has findings of its own and is left out; evaluation does not scale
+    with the training batch either way."""
+    step = m.timing.step_time_mean_s
+    if step is None or step <= 0:
+        return None
+    dm = m.device_metrics
+    if m.device.type == "cuda" and (dm.device_span_fraction is None
+                                    or dm.device_span_fraction >= SMALL_BATCH_MAX_BUSY):
+        return None  # host time hidden under a busy device is not what the step waits for
+    loop = getattr(m, "loop", None)  # the stack sampler's attribution, where it ran
+    kinds: dict[str, float] = loop.kind_fractions if loop is not None else {}
+    helpers = kinds.get("optimizer", 0.0)
+    fixed_f = sum(m.fraction(p) for p in FIXED_PHASES) + helpers
+    if fixed_f < SMALL_BATCH_MIN_FIXED_FRACTION:
+        return None
+    var_f = sum(m.fraction(p) for p in PER_SAMPLE_PHASES)
+    fixed_s, var_s = fixed_f * step, var_f * step
+    samples = m.timing.samples_per_step or (float(m.config.batch_size)
+                                            if m.config.batch_size else None)
+    k = SMALL_BATCH_PROJECTED_FACTOR
+    # per sample at k× the batch, everything but the fixed part taken to grow with it (other
+    # host work and evaluation included, the cautious side): (fixed + k·rest) ÷ (k·samples)
+    gain = (step * k) / (fixed_s + k * (step - fixed_s))
+    opt_s = m.fraction("optimizer") * step
+    # accumulating k micro-batches per optimizer step amortizes only the optimizer's update
+    gain_acc = step / (step - opt_s * (1 - 1 / k))
+    per_sample = var_s / samples if samples else None
+    ev: Evidence = {
+        "fixed_ms_per_step": round(fixed_s * 1e3, 3),
+        "fixed_fraction": round(fixed_f, 4),
+        "optimizer_ms_per_step": round(opt_s * 1e3, 3),
+        "comm_ms_per_step": round(m.fraction("comm") * step * 1e3, 3),
+        "optimizer_helpers_ms_per_step": round(helpers * step * 1e3, 3),
+        "per_sample_ms": None if per_sample is None else round(per_sample * 1e3, 4),
+        "per_sample_basis": "(data_wait + h2d_copy + forward + backward) ÷ samples per step",
+        "samples_per_step": samples,
+        "batch_size": m.config.batch_size,
+        "step_ms": round(step * 1e3, 3),
+        f"projected_throughput_gain_at_{k}x_batch": round(gain, 3),
+        f"projected_gain_accumulating_{k}_microbatches": round(gain_acc, 3),
+    }
+    if m.device.type == "cuda":
+        ev["device_span_fraction"] = dm.device_span_fraction
+    if dm.peak_reserved_bytes is not None and dm.total_memory_bytes:
+        ev["peak_reserved_fraction"] = round(dm.peak_reserved_bytes / dm.total_memory_bytes, 3)
+    bs = m.config.batch_size
+    parts = (f"{fixed_s * 1e3:.1f} ms fixed per step" + (f" + {per_sample * 1e3:.3f} ms per sample"
+                                                          if per_sample is not None else ""))
+    return Finding(
+        "small_batch", severity_for(1.0 - 1.0 / gain),
+        f"Per-step costs that do not grow with the batch make {fixed_f:.0%} of the step "
+        f"({parts})",
+        ev, ceiling_speedup(fixed_f),
+        f"Raise the batch size ({'from ' + str(bs) + ' ' if bs else ''}to {k}× projects "
+        f"{gain:.2f}× the samples per second, the optimizer's {opt_s * 1e3:.1f} ms then spread "
+        f"over {k}× the samples) and scale the learning rate with it (linear for SGD, square "
+        "root for Adam-family optimizers, with warm-up); `redline tune --allow-batch-change` "
+        "finds the size that fits and checks the loss. Where memory binds, accumulate "
+        f"gradients over {k} micro-batches: one optimizer step per {k} "
+        f"({gain_acc:.2f}× projected).")
+
+
 def small_batch(m: Measurements) -> list[Finding]:
+    """Per-step costs that do not grow with the batch dominate the step (any device), or, on
+    CUDA, the batch leaves most of the device's memory free while the device idles."""
+    amort = _amortization(m)
+    mem_f = _memory_headroom(m)
+    if amort is None:
+        return [] if mem_f is None else [mem_f]
+    return [amort]
+
+
+def _memory_headroom(m: Measurements) -> Finding | None:
     dm = m.device_metrics
     if (m.device.type != "cuda" or dm.peak_reserved_bytes is None or not dm.total_memory_bytes
             or dm.device_span_fraction is None):
-        return []
+        return None
     mem = dm.peak_reserved_bytes / dm.total_memory_bytes
     span = dm.device_span_fraction
     if mem >= SMALL_BATCH_MAX_MEMORY_FRACTION or span >= SMALL_BATCH_MAX_BUSY:
-        return []
-    return [Finding(
+        return None
+    return Finding(
         "small_batch", "medium",
         f"The batch uses {mem:.0%} of device memory and the device works {span:.0%} of the step",
         {"peak_reserved_fraction": round(mem, 3), "device_span_fraction": round(span, 3),
          "batch_size": m.config.batch_size},
         ceiling_speedup(1.0 - span),
         "Raise the batch size towards the memory limit (keep the effective batch with gradient "
-        "accumulation if the optimization must not change); per-step overheads then amortize.")]
+        "accumulation if the optimization must not change); per-step overheads then amortize.")
 
 
 def _peak_ratio(m: Measurements, slow: str, fast: str) -> float | None:

@@ -47,6 +47,17 @@ SMALL_BATCH_MAX_BUSY = 0.8
 """Device span below 80 % of step time. NVIDIA DCGM documents SM activity ≥ 0.8 as necessary
 for effective use of the GPU (DCGM user guide, profiling metrics, ``DCGM_FI_PROF_SM_ACTIVE``)."""
 
+SMALL_BATCH_MIN_FIXED_FRACTION = 0.5
+"""Per-step costs that do not grow with the batch (the optimizer step, the loop's collectives,
+the optimizer's helpers) ≥ half the step → small_batch on any device. Amdahl on the fixed share
+φ: a k× batch runs φ/k + (1 − φ) of the time per sample, so from φ = 0.5 on a 4× batch gives
+≥ 1.6× the throughput and the ceiling (k → ∞) is ≥ 2×; below it the gain is the per-sample
+work's, which a larger batch does not remove."""
+
+SMALL_BATCH_PROJECTED_FACTOR = 4
+"""The larger batch the projection is stated for (k×): a step of the usual powers of two,
+within the 8× that ``redline tune --allow-batch-change`` tries at most."""
+
 WORKER_RESPAWN_MIN_FRACTION = 0.01
 """Worker start-up ≥ 1 % of the measured wall time is worth ``persistent_workers=True``."""
 
