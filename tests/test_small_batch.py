@@ -39,7 +39,7 @@ def test_batch_2_with_adamw_is_small_batch_with_its_fixed_and_per_sample_parts()
     (f,) = [f for f in diagnose(m) if f.id == "small_batch"]
     ev = f.evidence
     step_ms = m.timing.step_time_mean_s * 1e3  # type: ignore[operator]
-    assert ev["fixed_ms_per_step"] >= opt * step_ms - 1e-6  # type: ignore[operator]
+    assert ev["fixed_ms_per_step"] >= opt * step_ms - 1e-3  # type: ignore[operator]
     per_sample = (m.fraction("forward") + m.fraction("backward")
                   + m.fraction("data_wait")) * step_ms / 2
     assert ev["per_sample_ms"] is not None
