@@ -177,8 +177,8 @@ def test_sigterm_reports_steps_so_far_and_stops_the_workers(tmp_path: Path) -> N
 def test_a_second_signal_exits_at_once() -> None:
     code = (
         "import os, signal, time\n"
-        "from redline.doctor.runner import Terminated, _Signals\n"
-        "with _Signals():\n"
+        "from redline.doctor.exits import Signals, Terminated\n"
+        "with Signals():\n"
         "    try:\n"
         "        os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
         "    except Terminated:\n"

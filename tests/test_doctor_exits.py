@@ -126,3 +126,42 @@ def test_a_sigterm_to_the_process_group_ends_with_the_report_and_no_worker_trace
         data = json.loads(out.read_text())
         assert data["status"] == "interrupted"
         assert data["measurements"]["timing"]["steps_total"] >= 12
+
+
+# -- os._exit ----------------------------------------------------------------------------------
+def test_os_exit_in_the_script_ends_with_the_report_and_its_exit_code(tmp_path: Path) -> None:
+    """``os._exit`` still ends the process at once (the script's ``finally`` does not run),
+    after the report of the steps measured."""
+    script = _script(tmp_path, LOOP + """
+import os
+try:
+    for _ in range(8):
+        step()
+    print("about to exit", flush=True)
+    os._exit(3)
+finally:
+    print("FINALLY RAN", flush=True)
+""")
+    out = tmp_path / "r.json"
+    p = doctor("--warmup", "1", "--no-flops", "--json", str(out), "--", "python", str(script))
+    assert p.returncode == 3, p.stderr[-2000:]
+    assert "about to exit" in p.stdout and "FINALLY RAN" not in p.stdout
+    data = json.loads(out.read_text())
+    assert data["status"] == "script_error"
+    assert data["status_detail"] == "the script ended with os._exit(3)"
+    assert data["measurements"]["timing"]["steps_total"] == 8
+    assert "Where each step's time goes" in p.stderr
+
+
+def test_os_exit_from_another_thread_says_the_report_is_lost(tmp_path: Path) -> None:
+    script = _script(tmp_path, LOOP + """
+import os, threading, time
+for _ in range(4):
+    step()
+threading.Thread(target=os._exit, args=(5,), name="watchdog").start()
+time.sleep(30)
+""")
+    p = doctor("--no-flops", "--", "python", str(script), timeout=60)
+    assert p.returncode == 5
+    assert ("the script called os._exit(5) from thread 'watchdog', which ends the process at "
+            "once: no report") in p.stderr

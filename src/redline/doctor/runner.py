@@ -3,8 +3,9 @@
 The script runs in this process as ``__main__`` with its own ``sys.argv``, so its output goes
 where it always went and its exit code is kept. After N measured steps a
 :class:`StopMeasurement` (a ``BaseException``, so a script's ``except Exception`` does not eat
-it) is raised from the step hook and the run ends there. A crash, ``sys.exit(n)`` or Ctrl-C
-still produce the report of the steps so far.
+it) is raised from the step hook and the run ends there. A crash, ``sys.exit(n)``,
+``os._exit(n)``, Ctrl-C or SIGTERM still produce the report of the steps so far
+(:mod:`redline.doctor.exits`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import re
 import runpy
 import signal
 import sys
-import threading
 import traceback
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,13 @@ from redline.core.errors import RedlineError
 from redline.core.files import OutputPathError, output_problem, refuse_overwriting_inputs
 from redline.core.report import Report
 from redline.data.advise import tune_starved_loader
+from redline.doctor.exits import (
+    STOP_ATTEMPTS,
+    OsExitGuard,
+    Signals,
+    StopMeasurement,
+    Terminated,
+)
 from redline.doctor.launch import rank_command, run_launcher
 from redline.measure.config import WatchConfig
 from redline.measure.ranks import rank_info
@@ -41,89 +50,6 @@ from redline.report.watch import Watch
 
 class DoctorError(RedlineError):
     """A usage error: nothing was run. The message says what was received and what to do."""
-
-
-class StopMeasurement(BaseException):
-    """Raised from a step hook once the requested steps are measured."""
-
-
-class Terminated(BaseException):
-    """Raised in the main thread by the first SIGTERM (what Slurm and Kubernetes send before
-    they kill a job), so the run ends the way Ctrl-C ends it: with the report so far."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-STOP_ATTEMPTS = 3
-"""How often the step limit's stop is raised before redline concludes the script catches it
-(a bare ``except:`` around both the step and the fetch) and lets it run on, measured."""
-
-
-class _Signals:
-    """How SIGTERM and SIGINT end a doctor run.
-
-    While the script runs, SIGTERM raises :class:`Terminated` (SIGINT: KeyboardInterrupt, as
-    always), so the run ends with the report so far. Once it has ended (:meth:`reporting`), a
-    first signal is only recorded — the report of the steps so far is what it asks for, so it
-    is finished and written, and :attr:`received` gives the exit status. After the first
-    signal, the next one exits at once with 128 + its number. Off the main thread (where Python
-    cannot handle signals) nothing changes; handlers are restored on exit."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._raising = True
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _Signals:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-            for s in self._previous:
-                signal.signal(s, self._first)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
-    def reporting(self) -> None:
-        """The script has ended: from now on a first signal does not interrupt the report."""
-        self._raising = False
-
-    def _first(self, signum: int, frame: object) -> None:
-        for s in self._previous:
-            signal.signal(s, self._at_once)
-        self.received = signum
-        _quiet_children()
-        if not self._raising:
-            return
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise Terminated(signum)
-
-    @staticmethod
-    def _at_once(signum: int, frame: object) -> None:
-        os._exit(128 + signum)
-
-
-def _quiet_children() -> None:
-    """Stop a child's death from raising in the main thread, for the rest of the process.
-
-    A signal to the process group (``timeout``, Slurm, ``kill -- -PGID``, Ctrl-C in a terminal)
-    reaches the DataLoader workers too, and they die with it; PyTorch's SIGCHLD handler
-    (``torch.utils.data._utils.signal_handling``) then raises ``RuntimeError: DataLoader worker
-    … is killed by signal`` wherever the main thread is — in the middle of the report. The
-    job is ending and redline stops the workers itself, so their deaths are only reaped. Not
-    restored: the process ends after the report, and a restored handler would raise at the
-    next child's exit."""
-    if hasattr(signal, "SIGCHLD"):
-        signal.signal(signal.SIGCHLD, _child_exited)
-
-
-def _child_exited(signum: int, frame: object) -> None:
-    """A Python-level no-op (SIG_DFL here would make CPython report a pending SIGCHLD as
-    'ignored due to race condition')."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,60 +276,74 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
             raise StopMeasurement
 
     w = Watch(config, on_limit=stop)
-    with _Signals() as signals:
-        status, detail, code, error = _run_script(w, target, steps, live=live and show)
-        signals.reporting()
-        swallowed = stops[0] - (1 if status == "step_limit" else 0)
-        if swallowed > 0:
-            where = "the step" if status == "step_limit" else "the step and the batch fetch"
-            caught = (f"the script caught redline's stop {min(swallowed, STOP_ATTEMPTS)} "
-                      f"time(s) (a bare `except:` or `except BaseException:` around {where})")
-            detail = (f"{detail}; {caught} first" if status == "step_limit" else
-                      f"the limit of {steps} measured steps (--steps) was ignored: {caught} and "
-                      "ran on, measured to its end" + (f"; {detail}" if detail else ""))
-        if not w.steps:
-            status = "no_steps" if status in ("completed", "step_limit") else status
-            msg = never_stepped_message(w)
-            detail = msg if detail is None else f"{detail}. {msg}"
-        report = w.report(show=False, command=list(cmd), status=status, status_detail=detail)
-        if tune_loader and w.inst is not None and status != "interrupted" \
-                and info.rank == 0:
-            if show and any(f.id == "data_starvation" and f.rank in (None, 0)
-                            for f in report.findings):
-                print("redline doctor: the loop starves for data; timing DataLoader settings in "
-                      "it (--tune-loader)...", file=sys.stderr)
-            # Rank 0 times its own loader for the job; ranks on one host share its CPUs, so
-            # its workers get its share of them.
-            share = cpu_budget().cpus / info.local_world_size if info.distributed else None
-            report, _ = tune_starved_loader(report, w.inst.loaders, cpus=share,
-                                            rank=info.rank if info.distributed else None)
-        if w.inst is not None:
-            for li in w.inst.loaders:
-                li.loader = None  # release the user's loader and dataset
-        if show:
-            print_report(report, Console(stderr=True))
-        written = write_json(report, json_path) if json_path and info.rank == 0 else None
-        if written is not None and show:
-            print(f"redline: JSON report written to {written}", file=sys.stderr)
-        if html_path and info.rank == 0:
-            page = write_html([to_dict(report)], html_path, [" ".join(cmd)])
+    with Signals() as signals:
+
+        def finish(status: str, detail: str | None, code: int,
+                   error: BaseException | None) -> DoctorResult:
+            """The report of what ran, printed and written (also called in place by
+            ``os._exit``: see OsExitGuard)."""
+            signals.reporting()
+            swallowed = stops[0] - (1 if status == "step_limit" else 0)
+            if swallowed > 0:
+                where = "the step" if status == "step_limit" else "the step and the batch fetch"
+                caught = (f"the script caught redline's stop {min(swallowed, STOP_ATTEMPTS)} "
+                          f"time(s) (a bare `except:` or `except BaseException:` around {where})")
+                detail = (f"{detail}; {caught} first" if status == "step_limit" else
+                          f"the limit of {steps} measured steps (--steps) was ignored: {caught} and "
+                          "ran on, measured to its end" + (f"; {detail}" if detail else ""))
+            if not w.steps:
+                status = "no_steps" if status in ("completed", "step_limit") else status
+                msg = never_stepped_message(w)
+                detail = msg if detail is None else f"{detail}. {msg}"
+            report = w.report(show=False, command=list(cmd), status=status, status_detail=detail)
+            if tune_loader and w.inst is not None and status != "interrupted" \
+                    and info.rank == 0:
+                if show and any(f.id == "data_starvation" and f.rank in (None, 0)
+                                for f in report.findings):
+                    print("redline doctor: the loop starves for data; timing DataLoader settings in "
+                          "it (--tune-loader)...", file=sys.stderr)
+                # Rank 0 times its own loader for the job; ranks on one host share its CPUs, so
+                # its workers get its share of them.
+                share = cpu_budget().cpus / info.local_world_size if info.distributed else None
+                report, _ = tune_starved_loader(report, w.inst.loaders, cpus=share,
+                                                rank=info.rank if info.distributed else None)
+            if w.inst is not None:
+                for li in w.inst.loaders:
+                    li.loader = None  # release the user's loader and dataset
             if show:
-                print(f"redline: HTML report written to {page} (opens offline in a browser)",
-                      file=sys.stderr)
-        if w.timeline_written is not None and show:
-            print(f"redline: timeline written to {w.timeline_written} (open it in "
-                  "https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
-        if signals.received is not None and code == 0:
-            code = 128 + signals.received  # stopped while reporting: say so to the scheduler
-    return DoctorResult(report, code, written, error)
+                print_report(report, Console(stderr=True))
+            written = write_json(report, json_path) if json_path and info.rank == 0 else None
+            if written is not None and show:
+                print(f"redline: JSON report written to {written}", file=sys.stderr)
+            if html_path and info.rank == 0:
+                page = write_html([to_dict(report)], html_path, [" ".join(cmd)])
+                if show:
+                    print(f"redline: HTML report written to {page} (opens offline in a browser)",
+                          file=sys.stderr)
+            if w.timeline_written is not None and show:
+                print(f"redline: timeline written to {w.timeline_written} (open it in "
+                      "https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
+            if signals.received is not None and code == 0:
+                code = 128 + signals.received  # stopped while reporting: say so to the scheduler
+            return DoctorResult(report, code, written, error)
+
+        return finish(*_run_script(w, target, steps, live=live and show, on_os_exit=finish))
 
 
-def _run_script(w: Watch, target: Target, steps: int, live: bool = False
-                ) -> tuple[str, str | None, int, BaseException | None]:
+def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
+                on_os_exit: Callable[[str, str | None, int, BaseException | None], object]
+                | None = None) -> tuple[str, str | None, int, BaseException | None]:
     """Run the target under ``w``: (status, detail, exit code, the script's exception);
-    ``live``: with the live panel on stderr while it runs."""
+    ``live``: with the live panel on stderr while it runs; ``on_os_exit``: called with the
+    same, in place, when the script calls ``os._exit`` (the process then exits)."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     saved_main = sys.modules.get("__main__")
+
+    def restore() -> None:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+
     sys.argv = list(target.argv)
     if target.kind == "path":
         sys.path.insert(0, str(Path(target.target).resolve().parent))
@@ -411,15 +351,26 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False
         sys.path.insert(0, os.getcwd())
     status, detail, code = "completed", None, 0
     error: BaseException | None = None
+    running = ExitStack()
+
+    def os_exit(n: int) -> None:
+        running.close()  # the live panel, then the watch: every hook removed, readings taken
+        restore()
+        if on_os_exit is not None:
+            on_os_exit("completed" if n == 0 else "script_error",
+                       f"the script ended with os._exit({n})", n, None)
+
     try:
-        with w:
+        with running:
+            running.enter_context(w)
             if w.metrics_server is not None and w.rank.rank == 0:
                 print(f"redline: live metrics at {w.metrics_server.url}", file=sys.stderr,
                       flush=True)
-            with live_panel(w, enabled=live) as shown:
-                if live and not shown:
-                    print("redline: --live needs a terminal on stderr; running without the "
-                          "live panel", file=sys.stderr, flush=True)
+            shown = running.enter_context(live_panel(w, enabled=live))
+            if live and not shown:
+                print("redline: --live needs a terminal on stderr; running without the "
+                      "live panel", file=sys.stderr, flush=True)
+            with OsExitGuard(os_exit):
                 if target.kind == "path":
                     runpy.run_path(target.target, run_name="__main__")
                 else:
@@ -446,7 +397,5 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False
         code, error = 1, e
         _print_script_traceback(e)
     finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
-        if saved_main is not None:
-            sys.modules["__main__"] = saved_main
+        restore()
     return status, detail, code, error

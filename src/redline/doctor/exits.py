@@ -1,0 +1,146 @@
+"""How a doctor run ends: the step limit's stop, SIGTERM and SIGINT, and ``os._exit``.
+
+Each way out of the user's script ends with the report of the steps measured so far, or with a
+line saying why there is none (docs/reliability.md, "A report on every exit path").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+REAL_EXIT = os._exit
+"""``os._exit`` itself, taken at import: what a second signal and the guard below call."""
+
+
+class StopMeasurement(BaseException):
+    """Raised from a step hook once the requested steps are measured."""
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by the first SIGTERM (what Slurm and Kubernetes send before
+    they kill a job), so the run ends the way Ctrl-C ends it: with the report so far."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOP_ATTEMPTS = 3
+"""How often the step limit's stop is raised before redline concludes the script catches it
+(a bare ``except:`` around both the step and the fetch) and lets it run on, measured."""
+
+
+class Signals:
+    """How SIGTERM and SIGINT end a doctor run.
+
+    While the script runs, SIGTERM raises :class:`Terminated` (SIGINT: KeyboardInterrupt, as
+    always), so the run ends with the report so far. Once it has ended (:meth:`reporting`), a
+    first signal is only recorded — the report of the steps so far is what it asks for, so it
+    is finished and written, and :attr:`received` gives the exit status. After the first
+    signal, the next one exits at once with 128 + its number. Off the main thread (where Python
+    cannot handle signals) nothing changes; handlers are restored on exit."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._raising = True
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> Signals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+            for s in self._previous:
+                signal.signal(s, self._first)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def reporting(self) -> None:
+        """The script has ended: from now on a first signal does not interrupt the report."""
+        self._raising = False
+
+    def _first(self, signum: int, frame: object) -> None:
+        for s in self._previous:
+            signal.signal(s, self._at_once)
+        self.received = signum
+        _quiet_children()
+        if not self._raising:
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(signum)
+
+    @staticmethod
+    def _at_once(signum: int, frame: object) -> None:
+        REAL_EXIT(128 + signum)
+
+
+def _quiet_children() -> None:
+    """Stop a child's death from raising in the main thread, for the rest of the process.
+
+    A signal to the process group (``timeout``, Slurm, ``kill -- -PGID``, Ctrl-C in a terminal)
+    reaches the DataLoader workers too, and they die with it; PyTorch's SIGCHLD handler
+    (``torch.utils.data._utils.signal_handling``) then raises ``RuntimeError: DataLoader worker
+    … is killed by signal`` wherever the main thread is — in the middle of the report. The
+    job is ending and redline stops the workers itself, so their deaths are only reaped. Not
+    restored: the process ends after the report, and a restored handler would raise at the
+    next child's exit."""
+    if hasattr(signal, "SIGCHLD"):
+        signal.signal(signal.SIGCHLD, _child_exited)
+
+
+def _child_exited(signum: int, frame: object) -> None:
+    """A Python-level no-op (SIG_DFL here would make CPython report a pending SIGCHLD as
+    'ignored due to race condition')."""
+
+
+class OsExitGuard:
+    """While the script runs, ``os._exit(n)`` in its main thread first finishes the report.
+
+    ``os._exit`` ends the process at once (no ``finally``, no ``atexit``), so nothing after
+    the script would run. The guard keeps that: nothing of the script is unwound; in place,
+    ``finish(n)`` closes the watch and prints and writes the report, then the process exits
+    with ``n``. Called from another thread it cannot close the watch under the training loop:
+    it says the report is lost and why. In any other process (a DataLoader worker or a
+    ``multiprocessing`` child forked from the script) it is ``os._exit`` itself."""
+
+    def __init__(self, finish: Callable[[int], None]) -> None:
+        self._finish = finish
+        self._pid = os.getpid()
+        self._ending = False
+
+    def __enter__(self) -> OsExitGuard:
+        os._exit = self._exit
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os._exit = REAL_EXIT
+
+    def _exit(self, status: int) -> NoReturn:
+        n = status
+        if os.getpid() != self._pid or self._ending:
+            REAL_EXIT(n)
+        self._ending = True
+        os._exit = REAL_EXIT
+        if threading.current_thread() is threading.main_thread():
+            try:
+                self._finish(n)
+            except BaseException as e:  # the report failed: the exit still happens, said
+                print(f"redline doctor: the script called os._exit({n}); the report could not "
+                      f"be finished ({type(e).__name__}: {e})", file=sys.stderr)
+        else:
+            print(f"redline doctor: the script called os._exit({n}) from thread "
+                  f"{threading.current_thread().name!r}, which ends the process at once: no "
+                  "report of the steps so far (end the run from the main thread, e.g. with "
+                  "sys.exit, to get it)", file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing to say
+                stream.flush()
+        REAL_EXIT(n)
