@@ -92,6 +92,76 @@ def test_a_model_that_skips_parameters_gets_the_static_graph_finding(tmp_path: P
     assert sg["evidence"]["unused_parameter_bytes"] == (64 * 64 + 64) * 4
 
 
+def _doctor_around(out: Path, *script: str) -> dict:
+    """``redline doctor -- torchrun ... script`` with 2 ranks, the report's JSON."""
+    p = _run([sys.executable, "-m", "redline.cli.main", "doctor", "--warmup", "2", "--no-flops",
+              "--json", str(out), "--", *TORCHRUN, "--nproc_per_node", "2", *script])
+    assert p.returncode == 0, p.stderr[-2000:]
+    return _load(out)
+
+
+def test_ddp_knobs_are_found_when_the_loop_runs_inside_main(tmp_path: Path) -> None:
+    """The script trains inside main() and ends before --steps: by the time the report is
+    built its model is gone, and DDP's statistics were read while it lived (at watch exit).
+    find_unused_parameters=True on a model that uses every parameter, 10 KB buckets, and
+    100 MiB of parameters without gradient_as_bucket_view."""
+    d = _doctor_around(tmp_path / "r.json", "ddp_jobs.py", "knobs")
+    ddp = d["measurements"]["ddp"]
+    assert ddp is not None and ddp["backend"] == "gloo" and ddp["find_unused_parameters"]
+    assert d["status"] == "completed" and d["measurements"]["root_modules"] != []
+    found = {f["id"]: f for f in d["findings"]}
+    for fid in ("unused_parameter_search", "small_ddp_buckets", "gradient_bucket_copies"):
+        assert found[fid]["rank"] is None, fid  # every rank has it
+    assert found["unused_parameter_search"]["evidence"]["unused_parameter_bytes"] == 0
+    assert found["small_ddp_buckets"]["evidence"]["buckets"] >= 8
+    assert "of at most 10 KiB" in found["small_ddp_buckets"]["title"]
+    assert found["gradient_bucket_copies"]["evidence"]["gradient_mib"] >= 100
+
+
+def test_ddp_static_graph_and_per_micro_batch_sync_inside_the_launcher(tmp_path: Path) -> None:
+    """The other launch form, the same kind of script: a layer its forward skips under
+    find_unused_parameters=True, and 4 synced micro-batches a step. Its ranks do the same
+    work on a host whose CPUs they share: a rank the scheduler holds back is never blamed on a
+    device, and ranks below what the job can fix."""
+    out = tmp_path / "r.json"
+    p = _run([*TORCHRUN, "--nproc_per_node", "2", "--no-python", sys.executable, "-m",
+              "redline.cli.main", "doctor", "--warmup", "2", "--no-flops", "--json", str(out),
+              "--", "python", "ddp_jobs.py", "skip_accumulate"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = _load(out)
+    found = {f["id"]: f for f in d["findings"]}
+    assert found["ddp_static_graph"]["evidence"]["unused_parameter_bytes"] == (64 * 64 + 64) * 4
+    sync = found["sync_every_microbatch"]["evidence"]
+    assert sync["backward_per_step"] == 4 and sync["all_reduces_per_step"] >= 4 * sync["buckets"]
+    assert "unused_parameter_search" not in found
+    s = found.get("straggler")
+    if s is not None:  # the scheduler's doing in this window, if any: said so, and low
+        assert "device" not in s["title"] + s["fix"] and "throttl" not in s["title"] + s["fix"]
+        assert s["severity"] == "low" and s["ceiling_speedup"] is None, s
+        assert s["evidence"]["ranks_on_host"] == 2 and s["evidence"]["cpus_available"], s
+
+
+def test_a_rank_reading_3x_slower_is_named_for_its_data_by_the_ranks_difference(
+        tmp_path: Path) -> None:
+    """Rank 1 reads each sample in 6 ms, rank 0 in 2 ms (8 a batch: 32 ms more a step), with
+    3 gradient buckets a step: rank 0 waits for rank 1 once a step, not once per bucket."""
+    d = _doctor_around(tmp_path / "r.json", "ddp_jobs.py", "slow_data")
+    f = next(f for f in d["findings"] if f["id"] == "straggler")
+    e = f["evidence"]
+    assert f["rank"] == 1 and "more per step for data than the median rank: its data " \
+        "pipeline" in f["title"] and "DataLoader workers" in f["fix"]
+    assert 20 < e["data_wait_excess_ms"] < 50
+    # the removable wait is the ranks' difference, not that times the collectives of a step
+    assert 0.6 * e["data_wait_excess_ms"] < e["others_wait_ms_per_step"] \
+        < 1.3 * e["data_wait_excess_ms"]
+    step = d["ranks"]["merged"]["step_time_mean_s"]["median"]
+    assert e["others_wait_ms_per_step"] < 0.8 * step * 1e3
+    assert f["ceiling_speedup"] == pytest.approx(1 / (1 - e["share_of_step"]), rel=1e-3)
+    assert f["ceiling_speedup"] < 1 / (1 - 1.3 * e["data_wait_excess_ms"] / (step * 1e3))
+    r1 = d["ranks"]["ranks"][1]
+    assert r1["collectives"] >= 3 * r1["steps_measured"]  # its 3 buckets, every step
+
+
 def _windows(tmp_path: Path, scenario: str, ranks: int) -> list[dict]:
     out = tmp_path / f"{scenario}{ranks}"
     out.mkdir()

@@ -181,6 +181,7 @@ def test_the_rank_that_causes_the_waiting_is_named_when_arrival_order_is_chance(
     ranks, findings = _merge([s0, s1])
     e0, e1 = ranks.ranks
     assert (e0.last_arrivals, e1.last_arrivals) == (130, 10)
+    # each collective is reached after every rank reached the one before: the waits add
     assert e1.caused_wait_s == pytest.approx(0.020)
     assert e0.caused_wait_s == pytest.approx(13 * 0.0001)
     f = _straggler(findings)
@@ -188,3 +189,94 @@ def test_the_rank_that_causes_the_waiting_is_named_when_arrival_order_is_chance(
     assert f.evidence["share_of_wait_caused"] == pytest.approx(0.020 / 0.0213, abs=1e-3)
     assert f.evidence["outside_phases_excess_ms"] == pytest.approx(20.0)
     assert "spends 20.0 ms more per step outside data loading" in f.title
+
+
+def _buckets(summary: dict[str, Any], per_step: int) -> dict[str, Any]:
+    """The summary's steps with ``per_step`` gradient all-reduces each, enqueued 1 ms apart
+    (DDP's buckets: enqueued without blocking, the host waits for them at backward's end)."""
+    out = []
+    for i, (g, _, t) in enumerate(summary["arrivals"]):
+        out += [[g, i * per_step + j, t - (per_step - 1 - j) * 1_000_000]
+                for j in range(per_step)]
+    return {**summary, "arrivals": out}
+
+
+def test_the_waits_at_the_buckets_of_one_step_count_once() -> None:
+    """Rank 1 reads its data 25 ms slower and so arrives 25 ms late at each of the 4 bucket
+    all-reduces of every step: rank 0 waits 25 ms a step (inside its backward), not 4 × 25."""
+    ranks, findings = _merge([_buckets(_summary(0, bwd_s=0.055), 4),
+                              _buckets(_summary(1, late_s=0.025, data_s=0.027), 4)])
+    e0, e1 = ranks.ranks
+    assert e0.collectives == 40 and e1.last_arrivals == 40
+    assert e0.comm_wait_s == pytest.approx(0.025) and e1.lateness_s == pytest.approx(0.025)
+    assert e1.caused_wait_s == pytest.approx(0.025)
+    f = _straggler(findings)
+    assert f is not None and f.rank == 1
+    assert "waits 25.0 ms more per step for data than the median rank: its data pipeline" \
+        in f.title and "DataLoader workers" in f.fix
+    assert f.evidence["others_wait_ms_per_step"] == pytest.approx(25.0)
+    assert f.evidence["compute_excess_ms"] == pytest.approx(0.0, abs=1e-6)
+    assert f.ceiling_speedup == pytest.approx(1 / (1 - 0.025 / STEP))
+
+
+def test_waits_one_after_another_add_up() -> None:
+    """4 micro-batches a step, each backward synced (2 buckets) and blocking until done; rank 1
+    is 5 ms late at each: rank 0 waits 4 × 5 ms a step, once per micro-batch."""
+    s0, s1 = _summary(0, bwd_s=0.040), _summary(1)
+    t0 = 1_000_000_000_000
+    for s, late_ms in ((s0, 0.0), (s1, 5.0)):
+        s["arrivals"] = [["0", (k * 4 + m) * 2 + j,
+                          t0 + int((k * STEP + (m * 8 + late_ms + j) * 1e-3) * 1e9)]
+                         for k in range(10) for m in range(4) for j in range(2)]
+    ranks, findings = _merge([s0, s1])
+    e0, e1 = ranks.ranks
+    assert e0.comm_wait_s == pytest.approx(0.020) and e1.lateness_s == pytest.approx(0.020)
+    f = _straggler(findings)
+    assert f is not None and f.rank == 1
+    assert f.evidence["others_wait_ms_per_step"] == pytest.approx(20.0)
+
+
+def _on(device: str, s: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {**s, "device": device, "cpus_available": 2.0, **extra}
+
+
+def test_on_shared_cpus_a_rank_held_off_them_is_low_and_blames_no_device() -> None:
+    """Both ranks on one 2-CPU host, training on CPU: rank 1 computes 25 ms longer a step on
+    the same CPU time (0.9 cores each) — the scheduler gave it less of the shared CPUs."""
+    _, findings = _merge([_on("cpu", _summary(0, bwd_s=0.055, run_delay_s=0.002)),
+                          _on("cpu", _summary(1, late_s=0.025, bwd_s=0.055,
+                                              run_delay_s=0.006))])
+    f = _straggler(findings)
+    assert f is not None and f.rank == 1
+    assert f.severity == "low" and f.ceiling_speedup is None  # below what a user can act on
+    assert "computes 25.0 ms more per step" in f.title and "on no more CPU time" in f.title
+    assert "the 2 ranks on node0 share its 2 CPUs (their processes use 1.80 cores" in f.title
+    assert "waits 6.0 ms per step for a CPU (+4.0 ms against the others)" in f.title
+    assert "device" not in f.title + f.fix and "throttl" not in f.title + f.fix
+    assert f.evidence["others_wait_ms_per_step"] == pytest.approx(25.0)
+    assert f.evidence["ranks_on_host"] == 2 and f.evidence["cpu_time_excess_ms"] == 0.0
+
+
+def test_on_cpu_a_rank_with_more_work_shows_it_in_cpu_time() -> None:
+    """Rank 1 computes 25 ms more a step and its process spends 25 ms more CPU time a step:
+    more work, a cause in the job, ranked by its ceiling."""
+    _, findings = _merge([_on("cpu", _summary(0, bwd_s=0.055, cpu=0.5)),
+                          _on("cpu", _summary(1, late_s=0.025, bwd_s=0.055,
+                                              cpu=0.5 + 0.025 / STEP))])
+    f = _straggler(findings)
+    assert f is not None and f.severity == "high" and f.ceiling_speedup is not None
+    assert "uses 25.0 ms more CPU time per step: more work than the others" in f.title
+    assert "device" not in f.title + f.fix
+
+
+def test_a_gpu_is_called_throttled_only_on_its_own_clock_events() -> None:
+    slow = _summary(1, late_s=0.025, bwd_s=0.055)
+    _, findings = _merge([_on("cuda", _summary(0, bwd_s=0.055), device_clock_events=[]),
+                          _on("cuda", slow, device_clock_events=["gpu_idle"])])
+    f = _straggler(findings)
+    assert f is not None and "throttl" not in f.title + f.fix and f.severity == "high"
+    _, findings = _merge([_on("cuda", _summary(0, bwd_s=0.055), device_clock_events=[]),
+                          _on("cuda", slow, device_clock_events=["hw_thermal_slowdown"])])
+    f = _straggler(findings)
+    assert f is not None and "its GPU lowered its clocks (hw_thermal_slowdown, NVML)" in f.title
+    assert "throttles" in f.fix

@@ -56,7 +56,8 @@ class RankEntry:
     statistics); None when neither was measured."""
     comm_wait_s: float | None
     """Time this rank waited at collectives for ranks that arrived after it (from the arrival
-    times of the flight recorder); None when arrivals could not be compared."""
+    times of the flight recorder; overlapping waits counted once, docs/distributed.md); None
+    when arrivals could not be compared."""
     transfer_s: float | None
     """``comm_s − comm_wait_s``: communication time not spent waiting for a late peer."""
     throughput_samples_per_s: float | None
@@ -66,7 +67,8 @@ class RankEntry:
     last_arrivals: int
     """Of those, how many this rank arrived at last."""
     lateness_s: float | None
-    """Mean per step of (its arrival − the first rank's arrival), summed over collectives."""
+    """Mean per step of (its arrival − the first rank's arrival): the largest in each stretch
+    of collectives whose waits overlap (a step's DDP buckets), summed over stretches."""
     caused_wait_s: float | None = None
     """Mean per step of the others' wait at the collectives this rank arrived at last: the wait
     it caused (the ranks' caused waits sum to their total wait)."""
@@ -80,6 +82,13 @@ class RankEntry:
     score_vs_own_best: float | None = None
     """Its best 10-step median compute ÷ its last (below 1: it slowed down during the run —
     throttling, a noisy neighbour)."""
+    device: str | None = None
+    """The device type it trains on ('cpu', 'cuda', ...); None when its report did not say."""
+    cpus_available: float | None = None
+    """CPUs its process may use (affinity, cgroup quota): what the ranks on one host share."""
+    device_clock_events: list[str] | None = None
+    """NVML clock-event reasons seen on its GPU over the window (``hw_thermal_slowdown``,
+    ``sw_power_cap``, ...); None without NVML readings."""
 
 
 @dataclass(slots=True)

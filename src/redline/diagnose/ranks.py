@@ -31,11 +31,26 @@ def _median(xs: list[float | None]) -> float | None:
     return statistics.median(v) if v else None
 
 
-def _why(slow: RankEntry, others: list[RankEntry]) -> tuple[str, str, dict[str, float | None]]:
-    """(cause, fix, the numbers compared): the straggler's largest excess over the median of
-    the other ranks — data wait, compute (forward + backward − its wait at collectives), or
-    CPU (its process got fewer CPU-seconds per second than theirs, or its training thread
-    waited longer than theirs for a CPU)."""
+_SLOWDOWNS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+              "hw_power_brake_slowdown")
+"""NVML clock-event reasons that lower a GPU's clocks under load (NVML API docs,
+``nvmlClocksEventReasons``): the device's own evidence of throttling."""
+
+
+def _host_share(slow: RankEntry, ranks: list[RankEntry]) -> tuple[int, float | None]:
+    """(ranks on the straggler's host, the CPU cores their processes use together)."""
+    local = [e for e in ranks if e.host == slow.host and e.status != "missing"]
+    used = [e.main_cpu_cores for e in local]
+    return len(local), (None if any(u is None for u in used) else sum(u or 0.0 for u in used))
+
+
+def _why(slow: RankEntry, others: list[RankEntry], step_s: float
+         ) -> tuple[str, str, dict[str, float | None], bool]:
+    """(cause, fix, the numbers compared, whether the user can act on it): the straggler's
+    largest excess over the median of the other ranks — data wait, compute (forward +
+    backward + optimizer − its wait at collectives), time outside the phases, or CPU (its
+    process got fewer CPU-seconds per second than theirs, or its training thread waited longer
+    than theirs for a CPU)."""
     def compute(e: RankEntry) -> float | None:
         if e.forward_s is None or e.backward_s is None:
             return None
@@ -59,13 +74,20 @@ def _why(slow: RankEntry, others: list[RankEntry]) -> tuple[str, str, dict[str, 
     delay_med = _median([e.run_delay_s for e in others])
     delay_excess = (None if slow.run_delay_s is None or delay_med is None
                     else slow.run_delay_s - delay_med)
+    # CPU-seconds per step more than the others (all ranks' steps take the same wall time
+    # under DDP, so CPU cores used compare CPU time per step): on a CPU device, more work
+    # costs CPU time; a rank held off its CPUs computes longer on the same CPU time.
+    cpu_excess = (None if slow.main_cpu_cores is None or cpu_med is None
+                  else (slow.main_cpu_cores - cpu_med) * step_s)
     numbers: dict[str, float | None] = {
         "data_wait_excess_ms": round(data_excess * 1e3, 3),
         "compute_excess_ms": round(compute_excess * 1e3, 3),
         "outside_phases_excess_ms": round(outside_excess * 1e3, 3),
         "main_cpu_cores": None if slow.main_cpu_cores is None else round(slow.main_cpu_cores, 3),
         "others_main_cpu_cores": None if cpu_med is None else round(cpu_med, 3),
-        "run_delay_excess_ms": None if delay_excess is None else round(delay_excess * 1e3, 3)}
+        "run_delay_excess_ms": None if delay_excess is None else round(delay_excess * 1e3, 3),
+        "run_delay_ms": None if slow.run_delay_s is None else round(slow.run_delay_s * 1e3, 3),
+        "cpu_time_excess_ms": None if cpu_excess is None else round(cpu_excess * 1e3, 3)}
     if outside_excess > max(data_excess, compute_excess, 0.0):
         return (f"it spends {outside_excess * 1e3:,.1f} ms more per step outside data loading, "
                 "forward, backward and the optimizer than the median rank (the loop's own code "
@@ -73,13 +95,19 @@ def _why(slow: RankEntry, others: list[RankEntry]) -> tuple[str, str, dict[str, 
                 f"Find what rank {slow.rank}'s loop does between its steps that the others do "
                 "not (logging, metrics, checkpointing or evaluation on one rank, a host-side "
                 "transform, a sleep), and move it off the step or spread it over the ranks.",
-                numbers)
+                numbers, True)
     if data_excess >= compute_excess and data_excess > 0:
         return (f"it waits {data_excess * 1e3:,.1f} ms more per step for data than the median "
-                "rank",
+                "rank: its data pipeline",
                 f"Feed rank {slow.rank} faster: more DataLoader workers or a cache on its host "
                 f"({slow.host}), balanced shards (its samples may be larger or slower to read); "
-                f"`redline doctor --tune-loader` on that rank measures the settings.", numbers)
+                f"`redline doctor --tune-loader` on that rank measures the settings.", numbers,
+                True)
+    computes = (f"it computes {compute_excess * 1e3:,.1f} ms more per step (forward + backward "
+                "+ optimizer, less its wait) than the median rank")
+    if slow.device == "cpu" and compute_excess > 0:
+        return _on_shared_cpus(slow, others, computes, compute_excess, cpu_excess,
+                               delay_excess, numbers)
     starved = (slow.main_cpu_cores is not None and cpu_med is not None
                and slow.main_cpu_cores < 0.8 * cpu_med)
     # runnable without a CPU for at least half of its extra compute: the scheduler, not its
@@ -90,16 +118,59 @@ def _why(slow: RankEntry, others: list[RankEntry]) -> tuple[str, str, dict[str, 
                "on the others" if starved else
                f"its training thread waits {(delay_excess or 0.0) * 1e3:,.1f} ms more per step"
                " than the others' for a CPU (the scheduler's run delay)")
-        return (f"it computes {compute_excess * 1e3:,.1f} ms more per step while {got}:"
-                " CPU contention on its host",
+        return (f"{computes} while {got}: CPU contention on its host",
                 f"Find what else runs on {slow.host} (other jobs, too many DataLoader workers or "
-                f"threads for its cores) and give rank {slow.rank} its share.", numbers)
-    return (f"it computes {compute_excess * 1e3:,.1f} ms more per step (forward + backward + "
-            "optimizer, less its wait) than the median rank",
-            f"Find why rank {slow.rank}'s compute is slower: a slower or throttled device "
-            f"(clocks, temperature) on {slow.host}, larger inputs (sequence lengths, image "
-            "sizes) on its shard, or extra work only it does (logging, evaluation, "
-            "checkpointing).", numbers)
+                f"threads for its cores) and give rank {slow.rank} its share.", numbers, True)
+    slowed = [c for c in (slow.device_clock_events or []) if c in _SLOWDOWNS]
+    if slowed:
+        return (f"{computes}, and its GPU lowered its clocks ({', '.join(slowed)}, NVML)",
+                f"Rank {slow.rank}'s GPU on {slow.host} throttles ({', '.join(slowed)}): check "
+                "its cooling, power limit and clocks (`nvidia-smi -q -d PERFORMANCE`), or move "
+                "the rank to another GPU.", numbers, True)
+    return (computes,
+            f"Find why rank {slow.rank}'s compute is slower: larger inputs (sequence lengths, "
+            "image sizes) on its shard, extra work only it does (logging, evaluation, "
+            f"checkpointing), or a slower device on {slow.host} (its GPU reported no clock "
+            "slowdown" + ("" if slow.device_clock_events is not None else
+                          ": NVML readings absent") + ").", numbers, True)
+
+
+def _on_shared_cpus(slow: RankEntry, others: list[RankEntry], computes: str,
+                    compute_excess: float, cpu_excess: float | None, delay_excess: float | None,
+                    numbers: dict[str, float | None]) -> tuple[str, str, dict[str, float | None],
+                                                                bool]:
+    """A rank that trains on CPU and computes longer than the others: there is no device to
+    blame. With the CPU time to show for it, it has more work; without, it got less of the
+    CPUs its host's ranks share (the scheduler's choice, which moves between runs)."""
+    n_local, used = _host_share(slow, [slow, *others])
+    numbers["ranks_on_host"] = n_local
+    numbers["host_ranks_cpu_cores"] = None if used is None else round(used, 3)
+    numbers["cpus_available"] = slow.cpus_available
+    # runnable without a CPU for at least half of its extra compute: the scheduler held it
+    # back, whatever else its threads spent (gloo's, redline's own on rank 0)
+    queued = delay_excess is not None and delay_excess >= 0.5 * compute_excess
+    if not queued and cpu_excess is not None and cpu_excess >= 0.5 * compute_excess:
+        return (f"{computes} and uses {cpu_excess * 1e3:,.1f} ms more CPU time per step: more "
+                "work than the others",
+                f"Find what rank {slow.rank} computes that the others do not: larger inputs "
+                "(sequence lengths, image sizes) on its shard, or extra work only it does "
+                "(logging, evaluation, checkpointing).", numbers, True)
+    cpu = ("" if cpu_excess is None or queued else
+           f" on {'no more' if cpu_excess <= 0 else f'only {cpu_excess * 1e3:,.1f} ms more'} "
+           "CPU time")
+    delay = ("" if slow.run_delay_s is None else
+             f"; its training thread waits {slow.run_delay_s * 1e3:,.1f} ms per step for a CPU"
+             + ("" if delay_excess is None else
+                f" ({delay_excess * 1e3:+,.1f} ms against the others)"))
+    host = (f"the {n_local} ranks on {slow.host} share its "
+            + (f"{slow.cpus_available:g} CPUs" if slow.cpus_available is not None else "CPUs")
+            + ("" if used is None else f" (their processes use {used:.2f} cores together)"))
+    return (f"{computes}{cpu}: {host}{delay}",
+            "No rank has more to compute: the scheduler gave this rank less of the shared CPUs "
+            "in this window (it moves between runs). Give each rank its own cores — fewer "
+            "ranks per host, `torch.set_num_threads` / OMP_NUM_THREADS at the host's CPUs ÷ "
+            "its ranks, `taskset` per rank — and measure again; act first on the findings "
+            "with a ceiling.", numbers, False)
 
 
 def straggler(r: RanksReport) -> list[Finding]:
@@ -121,9 +192,11 @@ def straggler(r: RanksReport) -> list[Finding]:
             or cost < STRAGGLER_MIN_SKEW
             or wait < max(STRAGGLER_MIN_WAIT_S, 2 * r.clock_error_s)):
         return []
-    why, fix, numbers = _why(slow, others)
+    why, fix, numbers, actionable = _why(slow, others, step)
+    # A rank the scheduler held back on CPUs the ranks share has no cause in the job to fix:
+    # low, and no ceiling, so the causes a user can act on rank above it.
     return [Finding(
-        "straggler", severity_for(cost),
+        "straggler", severity_for(cost) if actionable else "low",
         f"Rank {slow.rank} arrives last at {slow.last_arrivals} of {slow.collectives} "
         f"collectives and causes {share_caused:.0%} of the waiting at them; the other ranks "
         f"wait {wait * 1e3:,.1f} ms per step for it: {why}",
@@ -133,4 +206,4 @@ def straggler(r: RanksReport) -> list[Finding]:
          "others_wait_ms_per_step": round(wait * 1e3, 3),
          "share_of_step": round(cost, 4), "clock_error_ms": round(r.clock_error_s * 1e3, 3),
          **numbers},
-        ceiling_speedup(cost), fix, rank=slow.rank)]
+        ceiling_speedup(cost) if actionable else None, fix, rank=slow.rank)]

@@ -46,6 +46,11 @@ def summary(w: Recorder, report: Report) -> dict[str, Any]:
         "step_time_mean_s": m.timing.step_time_mean_s, "phases": phases,
         "throughput_samples_per_s": m.timing.throughput_samples_per_s,
         "main_cpu_cores": m.host.main_cpu_cores,
+        # what the straggler's cause is judged on: the device, the CPUs the ranks of a host
+        # share, and the GPU's own word on slowed clocks
+        "device": m.device.type, "cpus_available": m.host.cpus_available,
+        "device_clock_events": (None if m.device_metrics.nvml is None
+                                else list(m.device_metrics.nvml.clock_event_reasons)),
         "run_delay_s": (None if m.host.main_thread_run_delay_fraction is None
                         or m.timing.step_time_mean_s is None else
                         m.host.main_thread_run_delay_fraction * m.timing.step_time_mean_s),
@@ -127,7 +132,9 @@ def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: in
             last_arrivals=k.get("last", 0),
             lateness_s=k["late_ns"] / 1e9 / steps if k else None,
             caused_wait_s=k["caused_ns"] / 1e9 / steps if k else None,
-            run_delay_s=s.get("run_delay_s") if s["steps_measured"] else None))
+            run_delay_s=s.get("run_delay_s") if s["steps_measured"] else None,
+            device=s.get("device"), cpus_available=s.get("cpus_available"),
+            device_clock_events=s.get("device_clock_events")))
     _score(entries, got, skew)
     merged = {name: _merged(entries, name) for name in MERGED}
     ranks = RanksReport(world_size, missing, entries, merged, source, clock_error_s)
@@ -158,27 +165,55 @@ def _skew(got: dict[int, dict[str, Any]]) -> tuple[dict[int, dict[str, Any]], st
     out: dict[int, dict[str, Any]] = {r: {"collectives": 0, "last": 0, "wait_ns": 0,
                                           "late_ns": 0, "caused_ns": 0} for r in got}
     ends = {r: s.get("step_ends_ns") or [] for r, s in got.items()}
-    for times in at.values():
-        if len(times) != len(got):
-            continue  # outside some rank's window: not comparable
-        first, last = min(times.values()), max(times.values())
+    # collectives outside some rank's window are not comparable
+    met = [times for times in at.values() if len(times) == len(got)]
+    for times in met:
         last_rank = max(times, key=lambda r: (times[r], r))
-        for r, t in times.items():
-            o = out[r]
-            o["collectives"] += 1
-            o["wait_ns"] += last - t
-            o["late_ns"] += t - first
-            step = bisect.bisect_left(ends[r], t - offset[r])  # the step it was enqueued in
-            by_step = o.setdefault("wait_by_step", {})
-            by_step[step] = by_step.get(step, 0.0) + (last - t) / 1e9
         out[last_rank]["last"] += 1
-        out[last_rank]["caused_ns"] += sum(last - t for t in times.values())
+        for r in times:
+            out[r]["collectives"] += 1
+    for chain in _chains(met):
+        # One stretch of overlapping waits: each rank waited (and was late) once, by its
+        # longest, to the rank that came last where that wait was longest.
+        for r in got:
+            at_c = max(chain, key=lambda c: c[1] - c[0][r])
+            wait = at_c[1] - at_c[0][r]
+            culprit = max(at_c[0], key=lambda q: (at_c[0][q], q))
+            o = out[r]
+            o["wait_ns"] += wait
+            o["late_ns"] += max(c[0][r] - c[2] for c in chain)
+            out[culprit]["caused_ns"] += wait
+            step = bisect.bisect_right(ends[r], at_c[0][r] - offset[r])  # the step it was in
+            by_step = o.setdefault("wait_by_step", {})
+            by_step[step] = by_step.get(step, 0.0) + wait / 1e9
     n = out[min(out)]["collectives"]
     where = ("one host (one clock)" if len(hosts) == 1 else
              f"{len(hosts)} hosts, clocks aligned to rank 0's by round trips through the job's "
              f"store (error bound ≤ {error_ns / 1e3:,.0f} µs)")
     return out, f"flight-recorder enqueue times of {n} collectives met on every rank, {where}", \
         error_ns / 1e9
+
+
+def _chains(met: list[dict[int, int]]) -> list[list[tuple[dict[int, int], int, int]]]:
+    """The collectives met on every rank, as (arrivals by rank, last arrival, first arrival),
+    grouped into stretches whose waits overlap.
+
+    Waits at collectives do not add up where they overlap: DDP enqueues each gradient
+    bucket's all-reduce without blocking and the host waits once, at the end of backward, for
+    all of them, so a rank late by L is late by L at every bucket and its peers wait L, not L
+    per bucket. A collective that one rank reaches only after every rank reached the ones
+    before it (a blocking collective behind another, the next micro-batch's buckets after a
+    synced backward) starts a new stretch: those waits are one after the other, and add."""
+    out: list[list[tuple[dict[int, int], int, int]]] = []
+    end = None
+    for times in sorted(met, key=lambda t: min(t.values())):
+        first, last = min(times.values()), max(times.values())
+        if end is None or first >= end:
+            out.append([])
+            end = last
+        out[-1].append((times, last, first))
+        end = max(end, last)
+    return out
 
 
 SCORE_CHUNK = 10
