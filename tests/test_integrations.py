@@ -223,7 +223,7 @@ def test_a_report_path_in_a_missing_folder_fails_when_the_callback_is_built(
         tmp_path: Path) -> None:
     with pytest.raises(IntegrationError, match="does not exist"):
         FitWatch(WatchConfig(), json_path=str(tmp_path / "no" / "r.json"))
-    with pytest.raises(IntegrationError, match=r"html_path=.*does not exist"):
+    with pytest.raises(IntegrationError, match=r"html_path .*does not exist"):
         FitWatch(WatchConfig(), html_path=str(tmp_path / "no" / "r.html"))
     with pytest.raises(IntegrationError, match="name the same file"):
         FitWatch(WatchConfig(), json_path=str(tmp_path / "r"), html_path=str(tmp_path / "r"))

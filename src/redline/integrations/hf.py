@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from redline.core.report import Report
 from redline.integrations.errors import IntegrationError, missing
-from redline.integrations.session import FitWatch, end_metrics
+from redline.integrations.session import FitWatch, end_metrics, watch_config
 from redline.measure.config import WatchConfig
 from redline.tune.setup import TrainSetup
 
@@ -59,20 +59,28 @@ class RedlineCallback(TrainerCallback):  # type: ignore[misc]
         json_path: where the report's JSON is written (rank 0); None = not written.
         html_path: where the self-contained HTML report is written (rank 0; needs
             ``redline[html]``); None = not written.
-        config: what the watch measures; its ``device`` defaults to the model's.
+        config: what the watch measures: a :class:`redline.WatchConfig` or a dict of its
+            fields; its ``device`` defaults to the model's.
+
+    The output paths are checked when the callback is built (an existing folder, a missing
+    or read-only parent raise :class:`~redline.integrations.errors.IntegrationError` then,
+    before training); a report that cannot be written when train ends (a full disk) is a
+    warning naming the path and the error, with the report printed: it never raises out of
+    ``train``, so the script's own next lines (saving the model) run.
         show: print the report at the end (rank 0).
         window_steps: measured steps the logged metrics are over.
         log_metrics: log the metrics during train; False = the report only.
     """
 
     def __init__(self, trainer: Trainer | None = None, json_path: str | None = None, *,
-                 config: WatchConfig | None = None, show: bool = True, window_steps: int = 50,
-                 log_metrics: bool = True, html_path: str | None = None) -> None:
+                 config: WatchConfig | Mapping[str, Any] | None = None, show: bool = True,
+                 window_steps: int = 50, log_metrics: bool = True,
+                 html_path: str | None = None) -> None:
         if trainer is not None and not isinstance(trainer, Trainer):
             raise IntegrationError(f"trainer must be a transformers.Trainer or None, got "
                                    f"{type(trainer).__name__}")
         self._trainer = trainer
-        self._config = config or WatchConfig()
+        self._config = watch_config(config)
         self._fit = FitWatch(self._config, json_path=json_path, html_path=html_path,
                              show=show, window_steps=window_steps)
         self._log = log_metrics

@@ -10,11 +10,16 @@ training ends or fails.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import tempfile
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from redline.core.files import folder_problem
+from redline.core.files import output_problem
 from redline.core.report import Report
 from redline.integrations.errors import IntegrationError
 from redline.measure.config import WatchConfig
@@ -22,17 +27,50 @@ from redline.measure.live import live_snapshot
 from redline.report.html import HtmlReportError, write_html
 from redline.report.html import check_available as check_html
 from redline.report.json_io import to_dict, write_json
+from redline.report.terminal import print_report
 from redline.report.watch import Watch
 
 
 def check_report_path(path: str | None, name: str = "json_path") -> None:
     """Fail when the callback is built, not after hours of training, when the report could not
-    be written."""
+    be written: an existing folder, a missing or read-only parent (tried: a file is made there
+    and removed, so a read-only mount is found as root too)."""
     if path is None:
         return
-    problem = folder_problem(path)
+    problem = output_problem(name, path)
+    if problem is None:
+        parent = Path(path).parent
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".redline-probe-", dir=parent)
+        except OSError as e:
+            problem = (f"{name} {path!r}: a file cannot be made in {str(parent)!r} "
+                       f"({e.strerror}); give a path in a writable directory")
+        else:
+            os.close(fd)
+            os.unlink(probe)
     if problem is not None:
-        raise IntegrationError(f"{name}={path!r}: {problem}; create it or pick another path")
+        raise IntegrationError(problem)
+
+
+def watch_config(config: WatchConfig | Mapping[str, Any] | None) -> WatchConfig:
+    """The callback's ``config``: a :class:`WatchConfig`, a mapping of its fields
+    (``{"warmup_steps": 5}``), or None (the defaults)."""
+    if config is None:
+        return WatchConfig()
+    if isinstance(config, WatchConfig):
+        return config
+    if isinstance(config, Mapping):
+        names = [f.name for f in dataclasses.fields(WatchConfig)]
+        unknown = sorted(str(k) for k in config if k not in names)
+        if unknown:
+            raise IntegrationError(f"config has no field {', '.join(map(repr, unknown))}; "
+                                   f"WatchConfig's fields are: {', '.join(names)}")
+        try:
+            return WatchConfig(**config)
+        except (TypeError, ValueError) as e:
+            raise IntegrationError(f"config={dict(config)!r}: {e}") from None
+    raise IntegrationError(f"config must be a redline.WatchConfig, a dict of its fields or "
+                           f"None, got {type(config).__name__}")
 
 
 @dataclass(slots=True)
@@ -109,19 +147,45 @@ class FitWatch:
 
     def end(self, error: BaseException | None = None) -> Report | None:
         """Close the watch, build the report (merged on rank 0 of a multi-process job), print
-        and write it; returns it (None when no run was open)."""
+        and write it; returns it (None when no run was open, or when it could not be built).
+
+        Never raises for the report: the training it measured is done, and the script's own
+        next lines (saving the model) must run. A report that cannot be built or written is
+        a warning naming the path and the error; a report not written is printed."""
         if not self._open or self.watch is None:
             return None
         self._open = False
         w = self.watch
-        w.close(error)
-        rep = w.report(show=self.show)
-        if self.json_path is not None and w.rank.rank == 0:
-            write_json(rep, self.json_path)
-        if self.html_path is not None and w.rank.rank == 0:
-            write_html([to_dict(rep)], self.html_path, ["training run"])
+        try:
+            w.close(error)
+            rep = w.report(show=self.show)
+        except Exception as e:
+            _warn(f"redline: the report of this run could not be built ({type(e).__name__}: "
+                  f"{e}); training is not affected")
+            return None
         self.report = rep
+        if w.rank.rank != 0:
+            return rep
+        lost = False
+        for path, write in ((self.json_path, lambda p: write_json(rep, p)),
+                            (self.html_path, lambda p: write_html([to_dict(rep)], p,
+                                                                  ["training run"]))):
+            if path is None:
+                continue
+            try:
+                write(path)
+            except Exception as e:
+                lost = True
+                _warn(f"redline: the report was not written to {path!r} ({type(e).__name__}: "
+                      f"{e}); training is not affected" + ("" if self.show else
+                                                            ", the report follows"))
+        if lost and not self.show:
+            print_report(rep)
         return rep
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def end_metrics(report: Report | None, prefix: str = "redline/") -> dict[str, float]:
