@@ -277,3 +277,19 @@ def test_files_and_the_network_are_named_not_an_attribute_called_open() -> None:
     assert any("reads with open()" in u for u in transform_fingerprint(m["reads"])[1])
     assert any("(the network)" in u for u in transform_fingerprint(m["asks"])[1])
     assert transform_fingerprint(m["decodes"])[1] == []
+
+
+def test_slots_and_namedtuple_fields_are_not_named_unseen() -> None:
+    m = _module("import collections, functools\n"
+                "Pair = collections.namedtuple('Pair', 'x y')\n"
+                "class Slots:\n    __slots__ = ('data',)\n"
+                "    def __init__(self, d):\n        self.data = d\n"
+                "    def __len__(self):\n        return len(self.data)\n"
+                "class Lazy:\n    @functools.cached_property\n    def k(self):\n        return 3\n"
+                "    def __call__(self, x):\n        return x * self.k\n")
+    assert transform_fingerprint(m["Lazy"]())[1] == []
+    assert transform_fingerprint(_adds(m["Pair"](1, 2)))[1] == []
+    from redline.data.fingerprint import dataset_fingerprint
+
+    a, b = dataset_fingerprint(m["Slots"]([1, 2, 3])), dataset_fingerprint(m["Slots"]([1, 9, 3]))
+    assert a[0] != b[0] and a[1] == b[1] == []

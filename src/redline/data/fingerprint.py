@@ -290,6 +290,9 @@ class _Hasher:
                 if isinstance(fn, types.FunctionType):
                     self.put("method", name)
                     self.function(fn, f"{where}.{name}", depth)
+                elif _descriptor(attr):
+                    # a slot's or a namedtuple field's accessor: the instance holds the value
+                    self.put("descriptor", name, type(attr).__qualname__)
                 elif not (name.startswith("__") and name.endswith("__")) and name not in (
                         "_abc_impl", "_is_protocol"):
                     # A class attribute the methods read (Cfg.SCALE, self.MEAN): its value.
@@ -436,6 +439,14 @@ def _chunks(a: Any) -> Any:
     step = max(1, CHUNK_BYTES // max(1, row))
     for s in range(0, a.shape[0], step):
         yield a[s:s + step]
+
+
+def _descriptor(attr: Any) -> bool:
+    """A library-made descriptor in a class body (``__slots__`` members, namedtuple fields,
+    ``functools.cached_property``): it reads the instance, whose attributes are hashed."""
+    t = type(attr)
+    return (hasattr(t, "__get__") and not isinstance(attr, types.FunctionType | type)
+            and not _users_class(t))
 
 
 def _users_module(mod: types.ModuleType) -> bool:
