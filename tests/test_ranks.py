@@ -280,3 +280,15 @@ def test_a_gpu_is_called_throttled_only_on_its_own_clock_events() -> None:
     f = _straggler(findings)
     assert f is not None and "its GPU lowered its clocks (hw_thermal_slowdown, NVML)" in f.title
     assert "throttles" in f.fix
+
+
+def test_on_cpu_a_rank_alone_on_its_host_is_not_said_to_share_it() -> None:
+    """One rank per host (clocks aligned, no offset): rank 1 computes 25 ms longer on the same
+    CPU time, and no rank of the job is on its host to share its CPUs with."""
+    _, findings = _merge([
+        _on("cpu", _summary(0, bwd_s=0.055)) | {"clock": [0, 0]},
+        _on("cpu", _summary(1, host="node1", late_s=0.025, bwd_s=0.055)) | {"clock": [0, 0]}])
+    f = _straggler(findings)
+    assert f is not None and f.rank == 1 and f.severity == "high"
+    assert "on no more CPU time than the others: other processes or slower CPUs on node1" \
+        in f.title and "share" not in f.title and "device" not in f.title + f.fix

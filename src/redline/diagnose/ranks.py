@@ -149,6 +149,14 @@ def _on_shared_cpus(slow: RankEntry, others: list[RankEntry], computes: str,
     # runnable without a CPU for at least half of its extra compute: the scheduler held it
     # back, whatever else its threads spent (gloo's, redline's own on rank 0)
     queued = delay_excess is not None and delay_excess >= 0.5 * compute_excess
+    if n_local < 2:  # alone on its host: nothing of the job's shares its CPUs
+        got = ("while its training thread waits "
+               f"{(delay_excess or 0.0) * 1e3:,.1f} ms more per step than the others' for a CPU"
+               if queued else "on no more CPU time than the others")
+        return (f"{computes} {got}: other processes or slower CPUs on {slow.host}",
+                f"Find what else runs on {slow.host} (other jobs, too many DataLoader workers or "
+                f"threads for its cores) and whether its CPUs are slower (model, frequency) "
+                f"than the other hosts'.", numbers, True)
     if not queued and cpu_excess is not None and cpu_excess >= 0.5 * compute_excess:
         return (f"{computes} and uses {cpu_excess * 1e3:,.1f} ms more CPU time per step: more "
                 "work than the others",
