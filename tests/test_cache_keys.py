@@ -293,3 +293,23 @@ def test_slots_and_namedtuple_fields_are_not_named_unseen() -> None:
 
     a, b = dataset_fingerprint(m["Slots"]([1, 2, 3])), dataset_fingerprint(m["Slots"]([1, 9, 3]))
     assert a[0] != b[0] and a[1] == b[1] == []
+
+
+class _Raising:
+    """An array-like whose values cannot be read (as a GPU-only array without a host copy)."""
+
+    shape = (3,)
+    dtype = "float32"
+
+    def tolist(self) -> list[float]:
+        raise RuntimeError("no host copy")
+
+    def __array__(self, *a: object, **k: object) -> Any:
+        raise RuntimeError("no host copy")
+
+
+def test_an_object_that_raises_when_read_is_named_not_a_crash() -> None:
+    from redline.data.fingerprint import dataset_fingerprint
+
+    key, unseen = dataset_fingerprint(Holder(_Raising()))
+    assert len(key) == 16 and any("reading it raised RuntimeError" in u for u in unseen)

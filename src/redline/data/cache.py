@@ -2,10 +2,11 @@
 
 The user splits the chain: ``deterministic`` (decode, resize — the same every epoch) runs once
 per sample and its output is stored; ``random`` (crop, flip — different every epoch) runs on
-every access. Node-local store: LMDB on a local path (``/dev/shm`` by default), one copy per
-node shared by every DataLoader worker and every rank (LMDB serialises writers with its own
-lock; a reader never sees an uncommitted write, so a worker killed mid-write leaves nothing
-half-written).
+every access. Node-local store: LMDB on a local path (``/dev/shm`` by default where it has room,
+else a folder on disk, and never more than half of its filesystem's free space:
+:mod:`redline.data.store_place`), one copy per node shared by every DataLoader worker and
+every rank (LMDB serialises writers with its own lock; a reader never sees an uncommitted
+write, so a worker killed mid-write leaves nothing half-written).
 
 Keys carry a fingerprint of the dataset and of the deterministic transform (its code and
 what it depends on: :mod:`redline.data.fingerprint`), so a changed pipeline reads different

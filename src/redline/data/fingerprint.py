@@ -136,6 +136,10 @@ class _Hasher:
         self._active.add(id(v))
         try:
             self._value(v, where, depth + 1)
+        except Exception as e:  # an object whose reading raises: named, never a crash
+            self.put("unreadable", type(v).__qualname__)
+            self.unseen.append(f"{where} (a {type(v).__qualname__}: reading it raised "
+                               f"{type(e).__name__})")
         finally:
             self._active.discard(id(v))
 
