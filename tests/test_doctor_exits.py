@@ -165,3 +165,51 @@ time.sleep(30)
     assert p.returncode == 5
     assert ("the script called os._exit(5) from thread 'watchdog', which ends the process at "
             "once: no report") in p.stderr
+
+
+# -- a script that catches redline's stop ------------------------------------------------------
+CATCHING = {
+    "an except around the whole epoch": """
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
+for _ in range(200):
+    try:
+        for x, y in loader:
+            step()
+    except:  # noqa: E722
+        pass
+""",
+    "except BaseException: continue, no DataLoader": """
+for _ in range(5000):
+    try:
+        step()
+    except BaseException:
+        continue
+""",
+    "a generator of batches": """
+def batches():
+    for _ in range(5000):
+        yield None
+for _ in batches():
+    try:
+        step()
+    except:  # noqa: E722
+        pass
+""",
+}
+
+
+@pytest.mark.parametrize("form", list(CATCHING))
+def test_the_step_limit_holds_however_the_script_catches_the_stop(tmp_path: Path,
+                                                                  form: str) -> None:
+    script = _script(tmp_path, LOOP + CATCHING[form] + "print('RAN TO ITS END', flush=True)\n")
+    out = tmp_path / "r.json"
+    p = doctor("--steps", "5", "--warmup", "1", "--no-flops", "--json", str(out), "--",
+               "python", str(script))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "RAN TO ITS END" not in p.stdout
+    data = json.loads(out.read_text())
+    assert data["status"] == "step_limit"
+    assert "caught redline's stop 3 time(s)" in data["status_detail"]
+    assert 5 <= data["measurements"]["timing"]["steps_measured"] <= 5 + 3
+    assert "Where each step's time goes" in p.stderr

@@ -32,8 +32,9 @@ class Terminated(BaseException):
 
 
 STOP_ATTEMPTS = 3
-"""How often the step limit's stop is raised before redline concludes the script catches it
-(a bare ``except:`` around both the step and the fetch) and lets it run on, measured."""
+"""How often the step limit's stop is raised (at a step's end, then at each fetch or step)
+before redline concludes the script catches it (a bare ``except:`` around the step, the fetch
+or the epoch) and ends the run in place after the report, as ``os._exit`` does."""
 
 
 class Signals:
@@ -140,7 +141,12 @@ class OsExitGuard:
                   f"{threading.current_thread().name!r}, which ends the process at once: no "
                   "report of the steps so far (end the run from the main thread, e.g. with "
                   "sys.exit, to get it)", file=sys.stderr)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing to say
-                stream.flush()
-        REAL_EXIT(n)
+        exit_now(n)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process at once with ``code`` (``os._exit``), what was printed flushed."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing to say
+            stream.flush()
+    REAL_EXIT(code)

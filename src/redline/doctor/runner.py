@@ -34,6 +34,7 @@ from redline.doctor.exits import (
     Signals,
     StopMeasurement,
     Terminated,
+    exit_now,
 )
 from redline.doctor.launch import rank_command, run_launcher
 from redline.measure.config import WatchConfig
@@ -269,11 +270,22 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                          metrics_port=metrics_port, metrics_address=metrics_address,
                          timeline_path=timeline_path)
     stops = [0]
+    end_here: list[Callable[[str, str | None, int], None]] = []
+    """Set by _run_script: ends the run where the script is, after the report."""
 
     def stop() -> None:
         stops[0] += 1
-        if stops[0] <= STOP_ATTEMPTS:
+        if stops[0] <= STOP_ATTEMPTS or not end_here:
             raise StopMeasurement
+        # The script caught every stop (a bare `except:` around its step, its fetch, its epoch,
+        # a loop without a DataLoader): end the run in place, as os._exit would, after the
+        # report, rather than let it run its whole course.
+        end_here[0]("step_limit", f"stopped at the limit of {steps} measured steps "
+                    f"(--steps); the script caught redline's stop {STOP_ATTEMPTS} time(s) "
+                    "(a bare `except:` "
+                    "or `except BaseException:` around its step or its loop), so the run was "
+                    "ended there, after this report, without running the rest of the script", 0)
+        exit_now(0)
 
     w = Watch(config, on_limit=stop)
     with Signals() as signals:
@@ -283,11 +295,12 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
             """The report of what ran, printed and written (also called in place by
             ``os._exit``: see OsExitGuard)."""
             signals.reporting()
-            swallowed = stops[0] - (1 if status == "step_limit" else 0)
+            swallowed = 0 if stops[0] > STOP_ATTEMPTS else (
+                stops[0] - (1 if status == "step_limit" else 0))
             if swallowed > 0:
-                where = "the step" if status == "step_limit" else "the step and the batch fetch"
-                caught = (f"the script caught redline's stop {min(swallowed, STOP_ATTEMPTS)} "
-                          f"time(s) (a bare `except:` or `except BaseException:` around {where})")
+                where = "its step" if status == "step_limit" else "its step or its loop"
+                caught = (f"the script caught redline's stop {swallowed} time(s) (a bare "
+                          f"`except:` or `except BaseException:` around {where})")
                 detail = (f"{detail}; {caught} first" if status == "step_limit" else
                           f"the limit of {steps} measured steps (--steps) was ignored: {caught} and "
                           "ran on, measured to its end" + (f"; {detail}" if detail else ""))
@@ -327,15 +340,19 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                 code = 128 + signals.received  # stopped while reporting: say so to the scheduler
             return DoctorResult(report, code, written, error)
 
-        return finish(*_run_script(w, target, steps, live=live and show, on_os_exit=finish))
+        return finish(*_run_script(w, target, steps, live=live and show, on_end=finish,
+                                   end_here=end_here))
 
 
 def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
-                on_os_exit: Callable[[str, str | None, int, BaseException | None], object]
-                | None = None) -> tuple[str, str | None, int, BaseException | None]:
+                on_end: Callable[[str, str | None, int, BaseException | None], object]
+                | None = None,
+                end_here: list[Callable[[str, str | None, int], None]] | None = None,
+                ) -> tuple[str, str | None, int, BaseException | None]:
     """Run the target under ``w``: (status, detail, exit code, the script's exception);
-    ``live``: with the live panel on stderr while it runs; ``on_os_exit``: called with the
-    same, in place, when the script calls ``os._exit`` (the process then exits)."""
+    ``live``: with the live panel on stderr while it runs; ``on_end``: called with the same,
+    in place, when the run ends where the script is (``os._exit``, or ``end_here[0]``, which
+    this sets); the process exits after it."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     saved_main = sys.modules.get("__main__")
 
@@ -353,12 +370,18 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
     error: BaseException | None = None
     running = ExitStack()
 
-    def os_exit(n: int) -> None:
+    def end_in_place(status: str, detail: str | None, code: int) -> None:
         running.close()  # the live panel, then the watch: every hook removed, readings taken
         restore()
-        if on_os_exit is not None:
-            on_os_exit("completed" if n == 0 else "script_error",
-                       f"the script ended with os._exit({n})", n, None)
+        if on_end is not None:
+            on_end(status, detail, code, None)
+
+    def os_exit(n: int) -> None:
+        end_in_place("completed" if n == 0 else "script_error",
+                     f"the script ended with os._exit({n})", n)
+
+    if end_here is not None:
+        end_here[:] = [end_in_place]
 
     try:
         with running:
