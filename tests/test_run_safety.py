@@ -5,6 +5,7 @@ answered with a sentence instead of a traceback."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,10 @@ def test_a_script_that_trains_at_import_is_refused_before_it_runs(tmp_path: Path
     ("if True:\n    main()\n", 1),
     ("try:\n    import lightning\nexcept ImportError:\n    train()\n", 1),
     ("@register(open('log', 'w'))\ndef f():\n    pass\n", 1),
+    ("class C:\n    data = open('log', 'w')\n", 1),
+    ("def f(data=load()):\n    pass\n", 1),
+    ("import sys\nsys.exit(3)\n", 2),
+    ("print('hello')\n", 1),
 ])
 def test_work_at_import_is_found_at_its_first_line(source: str, line: int) -> None:
     found = tune_setup.unguarded_line(source)
@@ -273,6 +278,30 @@ def test_a_dataset_that_raises_in_a_worker_under_tune_is_named(tmp_path: Path) -
     assert msg.startswith("reading a sample (read in a DataLoader worker, which does not say "
                           "its index) raised KeyError: 'sample 60 is missing' (File "), msg
     assert "in __getitem__" in msg
+
+
+class _Stream(torch.utils.data.IterableDataset[Any]):
+    def __iter__(self) -> Any:
+        for _ in range(64):
+            yield torch.randn(8), torch.randn(2)
+
+
+@pytest.mark.parametrize("loader,says", [
+    (DataLoader(_Stream(), batch_size=8), "reads an IterableDataset (_Stream)"),
+    (DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 2)), batch_size=8,
+                sampler=torch.utils.data.WeightedRandomSampler([1.0] * 64, 64)),
+     "uses a WeightedRandomSampler"),
+])
+def test_a_loader_tune_cannot_rebuild_is_refused_before_any_trial(tmp_path: Path, loader: Any,
+                                                                  says: str) -> None:
+    def factory() -> TrainSetup:
+        s = _setup()
+        s.loader = loader
+        return s
+
+    with pytest.raises(SetupError, match=rf"TrainSetup.loader {re.escape(says)}.*redline "
+                                         "doctor"):
+        tune(factory, _cfg(tmp_path))
 
 
 def test_report_on_a_watch_never_entered_says_what_to_do() -> None:

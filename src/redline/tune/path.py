@@ -52,7 +52,7 @@ from redline.tune.precision import (
     worst_check,
 )
 from redline.tune.runtime import TunedLoop, plan_dataset, train_step
-from redline.tune.setup import Factory, SetupError
+from redline.tune.setup import Factory, SetupError, check_tunable_loader
 from redline.tune.trial import (
     TrialMetrics,
     first_batches,
@@ -98,6 +98,7 @@ class TunePath:
         """The job's ranks: every measured input of a decision is agreed through it."""
         self.policy = ABPolicy(cfg, measure_fn or trial_measure(factory, cfg, self.agree), log)
         s = fresh(factory)
+        check_tunable_loader(s.loader)
         self.device = torch.device(s.device)
         first = next(iter(DataLoader(s.loader.dataset, batch_size=1,
                                      collate_fn=s.loader.collate_fn)))

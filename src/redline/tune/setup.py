@@ -118,6 +118,27 @@ class TrainSetup:
 Factory = Callable[[], TrainSetup]
 
 
+def check_tunable_loader(loader: DataLoader[Any]) -> None:
+    """Refuse, before any trial, a loader redline tune cannot rebuild at other batch sizes and
+    settings: one over an IterableDataset, or with a sampler other than shuffle=True/False or
+    a DistributedSampler."""
+    from torch.utils.data import IterableDataset, RandomSampler, SequentialSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    if isinstance(loader.dataset, IterableDataset):
+        raise SetupError(
+            f"TrainSetup.loader reads an IterableDataset ({type(loader.dataset).__name__}): "
+            "redline tune rebuilds the loader at other batch sizes and reads samples by index, "
+            "which needs a map-style dataset (__len__ and __getitem__). Give the factory one, "
+            "or measure this loop as it is with redline doctor")
+    if not isinstance(loader.sampler, (RandomSampler, SequentialSampler, DistributedSampler)):
+        raise SetupError(
+            f"TrainSetup.loader uses a {type(loader.sampler).__name__}: redline tune rebuilds "
+            "the loader at other batch sizes with shuffle=True/False or a DistributedSampler "
+            "only. Build the factory's loader with one of them, or measure this loop as it is "
+            "with redline doctor")
+
+
 def _frames(e: BaseException) -> list[Any]:
     out = []
     tb = e.__traceback__
@@ -231,12 +252,15 @@ def _at_import_is_setup(node: ast.stmt) -> bool:
     """Whether a top-level statement only defines or sets up (runs no training, no I/O)."""
     if isinstance(node, (ast.Import, ast.ImportFrom, ast.Pass, ast.Global, ast.Nonlocal)):
         return True
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+    if isinstance(node, ast.ClassDef):
+        # its decorators, bases and body run at import (its methods' bodies do not)
+        return (all(_calls_only_safe(d) for d in (*node.decorator_list, *node.bases,
+                                                  *(k.value for k in node.keywords)))
+                and all(_at_import_is_setup(s) for s in node.body))
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         # decorators and defaults run at import; the body does not
-        return all(_calls_only_safe(d) for d in node.decorator_list) and (
-            isinstance(node, ast.ClassDef)
-            or all(_calls_only_safe(d) for d in (*node.args.defaults, *node.args.kw_defaults)
-                   if d is not None))
+        return all(_calls_only_safe(d) for d in (*node.decorator_list, *node.args.defaults,
+                                                 *node.args.kw_defaults) if d is not None)
     if isinstance(node, ast.If):
         return _main_guard(node) or (_calls_only_safe(node.test) and all(
             _at_import_is_setup(s) for s in (*node.body, *node.orelse)))
