@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ def _full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("framework", ["lightning", "hf"])
 def test_outputs_that_cannot_be_written_are_refused_when_the_callback_is_built(
-        tmp_path: Path, framework: str) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, framework: str) -> None:
     mod = _lightning() if framework == "lightning" else _hf()
     (tmp_path / "a-file").write_text("")
     for path, says in ((tmp_path, "is an existing directory"),
@@ -54,6 +55,11 @@ def test_outputs_that_cannot_be_written_are_refused_when_the_callback_is_built(
             mod.RedlineCallback(json_path=str(path))
     with pytest.raises(IntegrationError, match=r"html_path .*is an existing directory"):
         mod.RedlineCallback(html_path=str(tmp_path))
+    script = tmp_path / "train.py"
+    script.write_text("# the user's script")
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    with pytest.raises(IntegrationError, match=r"json_path .* is the running script"):
+        mod.RedlineCallback(json_path=str(script))
     assert not list(tmp_path.glob(".redline-probe-*"))  # the write probe leaves nothing
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from redline.core.files import output_problem
+from redline.core.files import OutputPathError, output_problem, refuse_overwriting_inputs
 from redline.core.report import Report
 from redline.integrations.errors import IntegrationError
 from redline.measure.config import WatchConfig
@@ -50,6 +51,12 @@ def check_report_path(path: str | None, name: str = "json_path") -> None:
             os.unlink(probe)
     if problem is not None:
         raise IntegrationError(problem)
+    script = sys.argv[0] if sys.argv and os.path.isfile(sys.argv[0]) else None
+    try:
+        refuse_overwriting_inputs({name: path}, {"the running script": [script] if script
+                                                 else []})
+    except OutputPathError as e:
+        raise IntegrationError(str(e)) from None
 
 
 def watch_config(config: WatchConfig | Mapping[str, Any] | None) -> WatchConfig:

@@ -84,6 +84,12 @@ def _schedulers_to_scale(plan: TunePlan, optimizer: torch.optim.Optimizer,
     """The schedulers whose base rates the plan's ``lr_scale`` scales; refuses one built on
     another optimizer, and, where the plan scales the rate, a scheduler already built on
     ``optimizer`` (every torch scheduler sets its groups' ``initial_lr``) and not passed."""
+    applied = getattr(optimizer, "_redline_lr_scale", None)
+    if plan.lr_scale != 1.0 and applied is not None:
+        raise PlanError(
+            f"a plan that scales the learning rate (× {applied:.4g}) was already applied to "
+            "this optimizer: applied again it would scale the scaled rates. Apply a plan "
+            "once, to an optimizer built afresh")
     passed = list(schedulers)
     for sch in passed:
         if getattr(sch, "optimizer", None) is not optimizer:
@@ -107,6 +113,7 @@ def _scale_schedulers(plan: TunePlan, optimizer: torch.optim.Optimizer,
     scheduler built later reads its base rate — to the scaled rate."""
     if plan.lr_scale == 1.0:
         return
+    optimizer._redline_lr_scale = plan.lr_scale  # type: ignore[attr-defined]
     for g in optimizer.param_groups:
         g["initial_lr"] = g.get("initial_lr", g["lr"]) * plan.lr_scale
     for sch in schedulers:
