@@ -222,8 +222,8 @@ class _Hasher:
 
     def _dict(self, v: dict[Any, Any], where: str, depth: int) -> None:
         self.put("dict", len(v))
-        keyed = sorted((self.digest_of(k, f"{where} (a key)", depth), k)
-                       for k in list(v)[:MAX_ITEMS])
+        keyed = sorted(((self.digest_of(k, f"{where} (a key)", depth), k)
+                        for k in list(v)[:MAX_ITEMS]), key=lambda dk: dk[0])
         for d, k in keyed:
             self.put(d)
             self.value(v[k], f"{where}[{k!r}]", depth)
