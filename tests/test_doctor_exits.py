@@ -213,3 +213,31 @@ def test_the_step_limit_holds_however_the_script_catches_the_stop(tmp_path: Path
     assert "caught redline's stop 3 time(s)" in data["status_detail"]
     assert 5 <= data["measurements"]["timing"]["steps_measured"] <= 5 + 3
     assert "Where each step's time goes" in p.stderr
+
+
+# -- the report never imports what the run did not use -----------------------------------------
+POISONED = LOOP + """
+import sys, types
+import redline
+from redline.report.json_io import write_json
+w = redline.watch(warmup_steps=1, count_flops=False)
+with w:
+    for _ in range(5):
+        step()
+# A Ctrl-C during a lazy import leaves sympy half-initialised and what imported it gone.
+for name in [m for m in sys.modules
+             if m.split(".")[0] == "sympy" or m.startswith("torch.distributed.fsdp")]:
+    del sys.modules[name]
+sys.modules["sympy"] = types.ModuleType("sympy")
+write_json(w.report(show=False), sys.argv[1])
+print("fsdp imported:", "torch.distributed.fsdp" in sys.modules)
+"""
+
+
+def test_the_report_is_built_beside_a_half_imported_sympy(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, str(_script(tmp_path, POISONED)), str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "fsdp imported: False" in p.stdout
+    assert json.loads(out.read_text())["measurements"]["timing"]["steps_measured"] == 4
