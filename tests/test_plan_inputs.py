@@ -158,6 +158,9 @@ def test_a_parameter_count_that_contradicts_the_shape_is_refused_with_both_numbe
     ({"hidden_size": True}, r"hidden_size is True"),
     ({"hidden_size": 4096.5}, r"hidden_size is 4096.5"),
     ({"vocab_size": -5}, r"vocab_size is -5"),
+    ({"hidden_size": math.nan}, r"hidden_size is nan"),
+    ({"hidden_size": "4096"}, r"hidden_size is '4096'"),
+    ({"num_local_experts": 8}, r"mixture of experts \(num_local_experts 8\)"),
     ({"num_hidden_layers": 10**9}, r"num_hidden_layers is 1,000,000,000, expected a whole "
                                    r"number from 1 to 100,000"),
 ])
@@ -286,3 +289,56 @@ def test_library_messages_speak_in_fields_and_the_cli_in_flags(
     code, _, err = _plan(capsys, "--params", "7B", "--seq", "2048", "--gpus", "12",
                          "--global-batch", "12")
     assert code == 2 and "--gpus 12 is not a whole number of nodes of --gpus-per-node 8" in err
+
+
+# -- the second hostile pass -----------------------------------------------------------------
+
+def test_json_output_naming_the_config_is_refused_before_it_is_replaced(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = _config(tmp_path)
+    before = p.read_bytes()
+    code, out, err = _plan(capsys, "--config", str(p), "--gpus", "8", "--global-batch", "64",
+                           "--json", str(p))
+    assert code == 2 and out == "" and "is the config" in err
+    assert p.read_bytes() == before
+    code, out, err = _plan(capsys, "--config", str(tmp_path), "--gpus", "8",
+                           "--global-batch", "64", "--json", str(p))
+    assert code == 2 and "is the config" in err and p.read_bytes() == before
+
+
+def test_json_output_on_a_folder_is_refused_before_planning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _plan(capsys, "--params", "7B", "--seq", "2048", "--gpus", "8",
+                           "--global-batch", "64", "--json", str(tmp_path))
+    assert code == 2 and out == "" and "existing directory" in err
+
+
+def test_config_edge_cases_read_or_explained(tmp_path: Path) -> None:
+    bom = tmp_path / "bom.json"
+    bom.write_text(json.dumps(LLAMA_7B), encoding="utf-8-sig")  # as some editors save it
+    assert from_config_json(bom).params == from_config_json(_config(tmp_path)).params
+    nested = tmp_path / "llava.json"
+    nested.write_text(json.dumps({"model_type": "llava", "text_config": LLAMA_7B}))
+    with pytest.raises(PlanInputError, match=r"under text_config: give that object"):
+        from_config_json(nested)
+    with pytest.raises(PlanInputError, match=r"`path` must be the path of a config\.json"):
+        from_config_json(LLAMA_7B)  # type: ignore[arg-type]
+
+
+def test_tensor_parallelism_divides_the_key_value_heads(tmp_path: Path) -> None:
+    """Megatron-LM requires the query groups (key/value heads) divisible by the TP degree."""
+    spec = from_config_json(_config(tmp_path, num_key_value_heads=2))
+    assert spec.kv_heads == 2
+    res = search(spec, Training(64, 4096), cluster(8, "H100"))
+    assert {c.layout.tp for c in res.ranked} <= {1, 2}
+
+
+@pytest.mark.parametrize(("call", "words"), [
+    (lambda: from_numbers(params=True), r"`params` .* got True"),
+    (lambda: cluster(8.5, "H100"), r"`gpus` .* got 8\.5"),  # type: ignore[arg-type]
+    (lambda: search(from_numbers(params=1e9, seq=512), Training(8, 512), cluster(8, "H100"),
+                    headroom=1.0), r"`headroom` .* got 1\.0"),
+])
+def test_api_values_of_the_wrong_kind_are_refused(call: Any, words: str) -> None:
+    with pytest.raises(PlanInputError, match=words):
+        call()

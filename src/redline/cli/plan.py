@@ -82,6 +82,26 @@ def add_parser(sub: Any) -> None:
     a.set_defaults(func=run)
 
 
+def _check_json_output(args: argparse.Namespace) -> None:
+    """Before planning: ``--json`` names a file that can be written and that is not the
+    config or the script the plan is made from."""
+    import os
+
+    from redline.core.files import OutputPathError, output_problem, refuse_overwriting_inputs
+
+    if args.json is None:
+        return
+    problem = output_problem("--json", args.json)
+    if problem is not None:
+        raise OutputPathError(problem)
+    inputs: dict[str, list[str]] = {}
+    if args.config:
+        inputs["the config"] = [args.config, os.path.join(args.config, "config.json")]
+    if args.script:
+        inputs["the script"] = [args.script]
+    refuse_overwriting_inputs({"--json": args.json}, inputs)
+
+
 def run(args: argparse.Namespace) -> int:
     import json
 
@@ -109,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
                     f"got {', '.join(given) or 'none'}")
     measured = None
     try:
+        _check_json_output(args)
         if args.script:
             from redline.plan.factory import from_factory
             from redline.tune.setup import SetupError, load_factory

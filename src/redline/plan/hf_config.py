@@ -70,6 +70,9 @@ class _Read:
 
 
 def _load(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
+    if not isinstance(path, str | os.PathLike):
+        raise PlanInputError(f"`path` must be the path of a config.json (or of its folder), "
+                             f"got a {type(path).__name__}")
     name = os.fspath(path)
     if os.path.isdir(name):
         inner = os.path.join(name, "config.json")
@@ -79,7 +82,8 @@ def _load(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
                 "or the folder a Hugging Face model was saved to (it holds config.json)")
         name = inner
     try:
-        with open(name, encoding="utf-8") as f:
+        # utf-8-sig: a byte-order mark (as some editors save) is read past, not refused.
+        with open(name, encoding="utf-8-sig") as f:
             cfg: Any = json.load(f)
     except FileNotFoundError:
         raise PlanInputError(f"`path`: no config at {name!r}: give a local config.json "
