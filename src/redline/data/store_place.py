@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+if sys.platform != "win32":  # no /dev/shm there, so no memory store to lease
+    import fcntl
 
 SHM_DIR = "/dev/shm"
 """The memory-backed filesystem the default store prefers."""
