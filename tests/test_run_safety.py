@@ -216,11 +216,16 @@ def test_a_scheduler_built_after_apply_plan_schedules_the_scaled_rate() -> None:
     assert seen[3] == pytest.approx(0.4 * 0.5 ** 3)  # after it: the schedule of 0.1 × 4
 
 
-def test_a_rate_scaling_plan_applied_twice_is_refused() -> None:
+def test_a_rate_scaling_plan_applied_twice_scales_once() -> None:
     m, opt, loader = _pieces()
     apply_plan(_scaled_plan(), m, opt, loader, _mse, check=False)
-    with pytest.raises(PlanError, match=r"already applied to this optimizer.*once"):
-        apply_plan(_scaled_plan(), m, opt, loader, _mse, check=False)
+    tuned = apply_plan(_scaled_plan(), m, opt, loader, _mse, check=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(tuned.optimizer, lambda k: 1.0)
+    seen = _rates_used(tuned.optimizer)
+    for batch in _batches(tuned, 4):
+        tuned.step(batch)
+        sched.step()
+    assert seen[-1] == pytest.approx(0.4)  # 0.1 × 4, not × 16
 
 
 def test_a_scheduler_of_another_optimizer_is_refused() -> None:

@@ -84,20 +84,16 @@ def _schedulers_to_scale(plan: TunePlan, optimizer: torch.optim.Optimizer,
     """The schedulers whose base rates the plan's ``lr_scale`` scales; refuses one built on
     another optimizer, and, where the plan scales the rate, a scheduler already built on
     ``optimizer`` (every torch scheduler sets its groups' ``initial_lr``) and not passed."""
-    applied = getattr(optimizer, "_redline_lr_scale", None)
-    if plan.lr_scale != 1.0 and applied is not None:
-        raise PlanError(
-            f"a plan that scales the learning rate (× {applied:.4g}) was already applied to "
-            "this optimizer: applied again it would scale the scaled rates. Apply a plan "
-            "once, to an optimizer built afresh")
     passed = list(schedulers)
     for sch in passed:
         if getattr(sch, "optimizer", None) is not optimizer:
             raise PlanMismatchError(
                 f"the scheduler {type(sch).__name__} passed to apply_plan was built on another "
                 "optimizer: pass the schedulers of the optimizer given to apply_plan")
-    if plan.lr_scale != 1.0 and not passed and any("initial_lr" in g
-                                                   for g in optimizer.param_groups):
+    # a plan applied before set initial_lr itself, to the scaled rate (see _scale_schedulers)
+    ours = getattr(optimizer, "_redline_lr_scale", None) is not None
+    if plan.lr_scale != 1.0 and not passed and not ours and any(
+            "initial_lr" in g for g in optimizer.param_groups):
         raise PlanMismatchError(
             f"the plan scales the learning rate × {plan.lr_scale:.4g} (its effective batch is "
             f"{plan.effective_batch}) and a learning-rate scheduler was already built on this "
@@ -107,18 +103,20 @@ def _schedulers_to_scale(plan: TunePlan, optimizer: torch.optim.Optimizer,
     return passed
 
 
-def _scale_schedulers(plan: TunePlan, optimizer: torch.optim.Optimizer,
-                      schedulers: list[Any]) -> None:
-    """Scale the passed schedulers' base rates, and set every group's ``initial_lr`` — where a
-    scheduler built later reads its base rate — to the scaled rate."""
-    if plan.lr_scale == 1.0:
+def _scale_schedulers(plan: TunePlan, tuned: TunedLoop, schedulers: list[Any]) -> None:
+    """Scale the passed schedulers' base rates (once each), and set every group's
+    ``initial_lr`` — where a scheduler built later reads its base rate — to the scaled rate
+    (the same on a second apply_plan: nothing is scaled twice)."""
+    if tuned._target_lrs is None:
         return
+    optimizer = tuned.optimizer
     optimizer._redline_lr_scale = plan.lr_scale  # type: ignore[attr-defined]
-    for g in optimizer.param_groups:
-        g["initial_lr"] = g.get("initial_lr", g["lr"]) * plan.lr_scale
+    for g, target in zip(optimizer.param_groups, tuned._target_lrs, strict=True):
+        g["initial_lr"] = target
     for sch in schedulers:
-        if hasattr(sch, "base_lrs"):
+        if hasattr(sch, "base_lrs") and not getattr(sch, "_redline_lr_scaled", False):
             sch.base_lrs = [b * plan.lr_scale for b in sch.base_lrs]
+            sch._redline_lr_scaled = True
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, micro: int,
@@ -295,5 +293,5 @@ def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Op
 
     to_scale = _schedulers_to_scale(plan, optimizer, schedulers)
     tuned = TunedLoop(plan, model, optimizer, loader, loss_fn, dev, cache_split)
-    _scale_schedulers(plan, tuned.optimizer, to_scale)
+    _scale_schedulers(plan, tuned, to_scale)
     return tuned
