@@ -1,0 +1,260 @@
+"""Host work in the training loop: the time outside every timed phase, named by the user's lines
+that spent it (``Measurements.loop``, from the stack sampler and GC timing).
+
+One rule per finding id: ``checkpoint_in_loop``, ``logging_in_loop``, ``gc_pauses``,
+``batches_built_in_loop``, ``host_work_in_loop`` (other code, named by line) and
+``periodic_stall``. A stall that comes back every k-th step is told inside the finding of its
+kind ("every 5 steps"); ``periodic_stall`` is for one whose kind is not otherwise named.
+"""
+
+from __future__ import annotations
+
+from redline.core.findings import Evidence, Finding, ceiling_speedup, severity_for
+from redline.core.measurements import CodeSite, LoopWork, Measurements, PeriodicStall
+from redline.diagnose.thresholds import (
+    HOST_CODE_MIN_FRACTION,
+    HOST_WORK_MIN_FRACTION,
+    PERIODIC_MIN_FRACTION,
+)
+
+SITES_NAMED = 3
+"""Lines a finding names in its title and evidence."""
+
+_SPECIFIC = ("checkpoint", "logging", "batch")
+"""Kinds with a finding of their own (GC has ``gc_pauses``, timed exactly)."""
+
+
+def _where(site: CodeSite) -> str:
+    return f"{site.file}:{site.line} ({site.function})"
+
+
+def _removable(m: Measurements, fraction: float) -> float:
+    """The share of the step a fix can give back. On CUDA the host's time between phases
+    overlaps the kernels it queued before: the device waits at most for its idle share (one
+    minus its measured span)."""
+    span = m.device_metrics.device_span_fraction
+    if m.device.type == "cuda" and span is not None:
+        return min(fraction, max(0.0, 1.0 - span))
+    return fraction
+
+
+def _batches_in_loop(m: Measurements) -> bool:
+    return m.config.data_source == "not seen" or m.counts.get("batches", 0) == 0
+
+
+def _kind_of(site: CodeSite, m: Measurements) -> str:
+    """The finding a site counts for: batch assembly only where no loader feeds the loop."""
+    if site.kind == "batch" and not _batches_in_loop(m):
+        return "code"
+    if site.kind == "loader":
+        return "code"
+    return site.kind
+
+
+def _kind_share(m: Measurements, lw: LoopWork, kind: str) -> float:
+    """Share of the step of one finding's kind, over every sampled line (not only those
+    listed)."""
+    kf = lw.kind_fractions
+    if kind == "code":
+        return (kf.get("code", 0.0) + kf.get("loader", 0.0)
+                + (0.0 if _batches_in_loop(m) else kf.get("batch", 0.0)))
+    if kind == "batch" and not _batches_in_loop(m):
+        return 0.0
+    return kf.get(kind, 0.0)
+
+
+def _evidence(m: Measurements, lw: LoopWork, fraction: float,
+              sites: list[CodeSite]) -> Evidence:
+    step = m.timing.step_time_mean_s or 0.0
+    ev: Evidence = {
+        "step_fraction": round(fraction, 4),
+        "ms_per_step": round(fraction * step * 1e3, 3),
+        "other_fraction": round(lw.other_fraction, 4),
+        "step_ms": round(step * 1e3, 3),
+        "samples": lw.samples,
+    }
+    for i, s in enumerate(sites[:SITES_NAMED], 1):
+        ev[f"site_{i}"] = _where(s)
+        ev[f"site_{i}_fraction"] = round(s.step_fraction, 4)
+        ev[f"site_{i}_code"] = s.text
+        if s.via:
+            ev[f"site_{i}_via"] = s.via
+    return ev
+
+
+def _sites_text(sites: list[CodeSite]) -> str:
+    return "; ".join(f"{_where(s)} {s.step_fraction:.0%}"
+                     + (f": `{s.text}`" if s.text else "") for s in sites[:SITES_NAMED])
+
+
+def _period(lw: LoopWork, kind: str, m: Measurements) -> PeriodicStall | None:
+    p = lw.periodic
+    if p is None or p.phase != "other" or p.site is None or _kind_of(p.site, m) != kind:
+        return None
+    return p
+
+
+def _kind_finding(m: Measurements, kind: str, fid: str, what: str, fix: str) -> list[Finding]:
+    lw = m.loop
+    if lw is None:
+        return []
+    sites = [s for s in lw.sites if _kind_of(s, m) == kind]
+    f = _kind_share(m, lw, kind)
+    if f < HOST_WORK_MIN_FRACTION or not sites:
+        return []
+    ev = _evidence(m, lw, f, sites)
+    p = _period(lw, kind, m)
+    every = ""
+    if p is not None:
+        every = (f", every {p.period_steps} steps ({p.extra_s_per_slow_step * 1e3:.0f} ms "
+                 "each time)")
+        ev["period_steps"] = p.period_steps
+        ev["extra_ms_per_slow_step"] = round(p.extra_s_per_slow_step * 1e3, 3)
+    removable = _removable(m, f)
+    return [Finding(fid, severity_for(f),
+                    f"{what} takes {f:.0%} of each step{every}, at {_sites_text(sites)}",
+                    ev, ceiling_speedup(removable), fix)]
+
+
+def checkpoint_in_loop(m: Measurements) -> list[Finding]:
+    """Checkpoint saves (``torch.save``, ``state_dict`` copies) between the training steps."""
+    return _kind_finding(
+        m, "checkpoint", "checkpoint_in_loop", "Saving checkpoints",
+        "Save less often (every N steps, N such that saving stays under ~5 % of the time), or "
+        "asynchronously: torch.distributed.checkpoint.async_save, or copy the state_dict to CPU "
+        "tensors and write them from a background thread while training goes on. In a "
+        "multi-process job save on one rank (rank 0) or use DCP's sharded save.")
+
+
+def logging_in_loop(m: Measurements) -> list[Finding]:
+    """Logging and host reads of tensor values (``.item()``, ``print``, file writes) between
+    the steps."""
+    return _kind_finding(
+        m, "logging", "logging_in_loop", "Logging and reading values to the host",
+        "Log every k steps, not every step; keep running values on the device (add "
+        "loss.detach() into a tensor) and call .item()/.cpu() once per logging interval: on a "
+        "GPU each .item() waits for every kernel queued before it. Compute per-parameter "
+        "statistics only on the steps that write them.")
+
+
+def batches_built_in_loop(m: Measurements) -> list[Finding]:
+    """Batches assembled in the training loop itself (no DataLoader feeds it)."""
+    cuda = m.device.type == "cuda"
+    return _kind_finding(
+        m, "batch", "batches_built_in_loop", "Building batches in the training loop",
+        "Move the batch assembly into a Dataset (__getitem__ returns one sample) read through "
+        "torch.utils.data.DataLoader(dataset, batch_size=…, num_workers=…, "
+        + ("pin_memory=True, " if cuda else "") + "persistent_workers=True): the batches are "
+        "then built in worker processes while the model trains, and redline measures the data "
+        "wait that is left.")
+
+
+def host_work_in_loop(m: Measurements) -> list[Finding]:
+    """Other code between the phases, named by the lines that spent it."""
+    lw = m.loop
+    if lw is None:
+        return []
+    sites = [s for s in lw.sites if _kind_of(s, m) == "code"]
+    f = _kind_share(m, lw, "code")
+    if lw.samples == 0:
+        # outside the phases with no sample to split it: say where the time is, if large
+        f = lw.other_fraction - sum(lw.kind_fractions.values())
+        if f < HOST_CODE_MIN_FRACTION:
+            return []
+        return [Finding(
+            "host_work_in_loop", severity_for(f),
+            f"{f:.0%} of each step is spent outside every measured phase; no stack sample "
+            "named its code",
+            {"other_fraction": round(lw.other_fraction, 4), "samples": 0}, None,
+            "Profile the loop between the optimizer step and the next forward (py-spy record, "
+            "or `redline doctor --trace`) to find the code that spends it.")]
+    if f < HOST_CODE_MIN_FRACTION:
+        return []
+    ev = _evidence(m, lw, f, sites)
+    p = _period(lw, "code", m)
+    every = ""
+    if p is not None and p.step_fraction >= PERIODIC_MIN_FRACTION:
+        every = f" (every {p.period_steps} steps: {p.extra_s_per_slow_step * 1e3:.0f} ms)"
+        ev["period_steps"] = p.period_steps
+    return [Finding(
+        "host_work_in_loop", severity_for(f),
+        f"Host code between the training phases takes {f:.0%} of each step{every}: "
+        f"{_sites_text(sites)}",
+        ev, ceiling_speedup(_removable(m, f)),
+        "This code runs in the training thread between steps, while the device waits for it: "
+        "run it every k steps, move it to a background thread or into the DataLoader's "
+        "workers, or vectorize it (tensor operations instead of Python loops).")]
+
+
+def gc_pauses(m: Measurements) -> list[Finding]:
+    """Garbage-collection pauses (timed exactly through ``gc.callbacks``)."""
+    lw = m.loop
+    if lw is None or lw.gc_pause_fraction is None or lw.gc_pause_fraction < HOST_WORK_MIN_FRACTION:
+        return []
+    f = lw.gc_pause_fraction
+    step = m.timing.step_time_mean_s or 0.0
+    counts = lw.gc_collections
+    ev: Evidence = {
+        "gc_pause_fraction": round(f, 4),
+        "gc_ms_per_step": round(f * step * 1e3, 3),
+        "collections_gen0": counts[0] if counts else None,
+        "collections_gen1": counts[1] if len(counts) > 1 else None,
+        "collections_gen2": counts[2] if len(counts) > 2 else None,
+        "step_ms": round(step * 1e3, 3),
+    }
+    explicit = [s for s in lw.gc_full_sites if s.text and "gc.collect(" in s.text]
+    for i, s in enumerate(lw.gc_full_sites[:SITES_NAMED], 1):
+        ev[f"site_{i}"] = _where(s)
+        ev[f"site_{i}_fraction"] = round(s.step_fraction, 4)
+        ev[f"site_{i}_code"] = s.text
+    where = ""
+    fix = ("Call gc.freeze() once the model, optimizer and loaders are built (the objects that "
+           "live for the whole run leave the collector's scans; Python docs, gc.freeze), raise "
+           "the collector's thresholds (gc.set_threshold(50_000, 50, 100)), or allocate fewer "
+           "Python objects per step.")
+    if explicit:
+        s = explicit[0]
+        where = f", {s.step_fraction:.0%} in gc.collect() at {_where(s)}"
+        fix = (f"Remove the gc.collect() at {_where(s)} from the step, or call it every few "
+               "hundred steps. " + fix)
+    return [Finding("gc_pauses", severity_for(f),
+                    f"Garbage collection pauses the loop {f:.0%} of each step{where}",
+                    ev, ceiling_speedup(_removable(m, f)), fix)]
+
+
+def periodic_stall(m: Measurements) -> list[Finding]:
+    """Every k-th step much slower, where its kind has no finding of its own."""
+    lw = m.loop
+    p = lw.periodic if lw is not None else None
+    if lw is None or p is None or p.step_fraction < PERIODIC_MIN_FRACTION:
+        return []
+    if p.phase == "evaluation":
+        return []  # evaluation_in_loop names it, with its period
+    if p.phase == "other" and p.site is not None and _kind_of(p.site, m) in (
+            *_SPECIFIC, "code"):
+        # told inside that kind's finding, when the kind reaches its own bar
+        kind = _kind_of(p.site, m)
+        bar = HOST_CODE_MIN_FRACTION if kind == "code" else HOST_WORK_MIN_FRACTION
+        if _kind_share(m, lw, kind) >= bar:
+            return []
+    step = m.timing.step_time_p50_s or 0.0
+    ev: Evidence = {
+        "period_steps": p.period_steps,
+        "slow_steps": p.slow_steps,
+        "extra_ms_per_slow_step": round(p.extra_s_per_slow_step * 1e3, 3),
+        "median_step_ms": round(step * 1e3, 3),
+        "step_fraction": round(p.step_fraction, 4),
+        "phase": p.phase,
+    }
+    where = f"in {p.phase}" if p.phase != "other" else "outside the measured phases"
+    if p.site is not None:
+        ev["site"] = _where(p.site)
+        ev["site_code"] = p.site.text
+        where += f", at {_where(p.site)}" + (f": `{p.site.text}`" if p.site.text else "")
+    return [Finding(
+        "periodic_stall", severity_for(p.step_fraction),
+        f"Every {p.period_steps}th step takes {p.extra_s_per_slow_step * 1e3:.0f} ms more "
+        f"than the median step ({where}): {p.step_fraction:.0%} of the time",
+        ev, ceiling_speedup(_removable(m, p.step_fraction)),
+        f"Find what runs every {p.period_steps} steps there and move it off the step path (a "
+        "background thread or process), spread it over the steps, or run it less often.")]

@@ -1,0 +1,425 @@
+"""Where the time outside every timed phase goes: the training thread's Python stack, sampled
+from the CPU sampler's thread and aggregated by the user's own call sites, and garbage-collection
+pauses, timed exactly through ``gc.callbacks``.
+
+A tick (every ``interval_s``, on the sampler's thread, never on the training thread) reads one
+list length while the loop is inside a phase and returns: steps spent inside phases pay nothing
+more. Only outside every phase does it read the loop's frame (``sys._current_frames``) and walk
+it. Frames of torch, the standard library and redline are folded into the user's line that
+called them (the innermost frame of a file outside the interpreter's library and site-packages);
+a third-party package under that line is kept as ``via``. A tick weighs the wall time since the
+previous tick less the GC pauses in it (timed apart): a call that holds the GIL and so delays
+the tick still counts for its length, at the line it returned to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import linecache
+import os
+import re
+import sys
+import sysconfig
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import ExitStack
+from types import CodeType, FrameType
+from typing import NamedTuple
+
+from redline.measure.timeline import StepTracker
+
+KINDS: tuple[str, ...] = ("checkpoint", "logging", "gc", "batch", "loss", "optimizer", "loader",
+                          "code")
+"""What the work at a site is, recognised from the calls under it and its source line: saving
+checkpoints, logging and host reads of tensor values, explicit garbage collection, batches
+assembled in the loop, the loss and the optimizer's per-step helpers (``zero_grad``, gradient
+clipping: training work, not removable host work), DataLoader work outside the fetch, and other
+code."""
+
+TRAINING_KINDS = frozenset({"loss", "optimizer"})
+"""Kinds that are part of every training step: reported where the time went, never as work to
+remove."""
+
+TICK_WEIGHT_CAP = 4
+"""A tick weighs at most this many periods of wall time (see :meth:`CodeSampler.tick`)."""
+
+SAMPLES_KEPT = 50_000
+"""Per-step samples kept for the periodic-stall analysis (the most recent ones)."""
+
+_USER, _TORCH, _REDLINE, _STDLIB, _THIRD = range(5)
+
+_LOGGING_PACKAGES = frozenset({
+    "wandb", "mlflow", "tensorboard", "tensorboardX", "tqdm", "neptune", "comet_ml", "clearml",
+    "aim", "rich", "loguru", "structlog",
+})
+_CHECKPOINT_PACKAGES = frozenset({"safetensors", "orbax", "dill", "joblib"})
+
+_LINE_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("checkpoint", re.compile(
+        r"\btorch\.save\(|\.state_dict\(|save_checkpoint|save_pretrained|\bpickle\.dump"
+        r"|\bsafetensors")),
+    ("gc", re.compile(r"\bgc\.collect\(")),
+    ("logging", re.compile(
+        r"\bprint\(|\.item\(\)|\.tolist\(\)|\blog(?:ger|ging)?\.(?:info|debug|warning|log|error)\("
+        r"|\.write\(|\bjson\.dumps?\(|\.add_scalars?\(|\bwandb\.log\(|\bmlflow\.log"
+        r"|\.numpy\(\)|\.cpu\(\)")),
+    ("batch", re.compile(
+        r"\btorch\.(?:tensor|stack|cat|as_tensor|from_numpy)\(|\bnp\.(?:stack|array|asarray"
+        r"|concatenate)\(|\brandom\.(?:sample|choices?|shuffle)\(|\brandperm\(")),
+    # the loss computed on the forward's output in the loop's own line (`loss = model(x)
+    # .square().mean()`, `loss = criterion(out, y)` where criterion is no module)
+    ("loss", re.compile(r"\b\w*loss\w*\s*=[^=]|\bcriterion\(|\bloss_fn\(")),
+)
+"""Source-line patterns for calls that have no Python frame of their own (builtins, C methods:
+``print``, ``Tensor.item``, ``file.write``, ``gc.collect``, ``torch.stack``)."""
+
+_NAME_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("checkpoint", re.compile(r"checkpoint|(?:^|_)save(?:_|$)")),
+    ("logging", re.compile(r"(?:^|_)(?:log|logs|logging|print)(?:_|$)")),
+    ("batch", re.compile(r"(?:^|_)(?:get_|make_|build_|next_)?batch(?:es)?(?:_|$)|collate")),
+)
+"""Function-name hints, read from the user's innermost function and its caller when neither the
+calls under the line nor the line itself say what the work is."""
+
+
+class SiteKey(NamedTuple):
+    """One call site of the user's code, and what runs under it."""
+
+    file: str
+    line: int
+    function: str
+    kind: str
+    via: str | None
+    """The innermost third-party package call under the line ('numpy:mean'), or the torch
+    function that names the kind ('torch.serialization:save'), if any."""
+
+
+def _library_roots() -> tuple[list[str], str, str | None]:
+    paths = sysconfig.get_paths()
+    std = sorted({os.path.join(os.path.realpath(paths[k]), "") for k in ("stdlib", "platstdlib")
+                  if k in paths})
+    red = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
+    tm = sys.modules.get("torch")
+    tf = getattr(tm, "__file__", None)
+    tdir = os.path.join(os.path.dirname(os.path.realpath(tf)), "") if tf else None
+    return std, red, tdir
+
+
+class _FileClass(NamedTuple):
+    cls: int
+    rel: str
+    """Path inside its root ('serialization.py', 'json/encoder.py'); the file for user code."""
+    package: str
+    """Top-level module ('json', 'wandb'), '' for user code."""
+
+
+class CodeSampler:
+    """Samples the training thread's stack while it is outside every timed phase.
+
+    Args:
+        tracker (StepTracker): the watch's tracker (read, never written, from the tick).
+        thread_ident (int): ``threading.get_ident()`` of the training thread.
+        measuring (Callable[[], bool]): whether the watch is in its measured window now.
+        gc_pauses (GcPauses | None): GC timing, whose pauses are taken out of the ticks.
+        interval_s (float): the period the ticks are meant to come at.
+    """
+
+    def __init__(self, tracker: StepTracker, thread_ident: int,
+                 measuring: Callable[[], bool], gc_pauses: GcPauses | None = None,
+                 interval_s: float = 0.005) -> None:
+        self._tracker = tracker
+        self._max_dt = TICK_WEIGHT_CAP * interval_s
+        self._ident = thread_ident
+        self._measuring = measuring
+        self._gc = gc_pauses
+        self._gc_seen = 0.0
+        self._last: float | None = None
+        self._std, self._redline, self._torch = _library_roots()
+        self._files: dict[str, _FileClass] = {}
+        self._kinds: dict[tuple[object, ...], tuple[str, str | None]] = {}
+        self.weights: dict[SiteKey, list[float]] = {}
+        """Site → [seconds, samples], over the measured window."""
+        self.per_step: deque[tuple[int, SiteKey, float]] = deque(maxlen=SAMPLES_KEPT)
+        """(step index, site, seconds) of the most recent samples outside the phases."""
+        self.outside_s = 0.0
+        """Sampled seconds outside every phase (GC pauses taken out)."""
+        self.inside_s = 0.0
+        """Sampled seconds inside a phase."""
+        self.ticks = 0
+        """Ticks in the measured window."""
+        self.unattributed = 0
+        """Samples outside the phases whose stack held no frame to name (no Python frame)."""
+
+    # -- the tick, on the sampler's thread ----------------------------------------------------
+    def tick(self, now: float) -> None:
+        last, self._last = self._last, now
+        if last is None or not self._measuring():
+            if self._gc is not None:
+                self._gc_seen = self._gc.paused_s(now)
+            return
+        dt = now - last
+        gcp = self._gc
+        if gcp is not None:
+            # a tick may land inside a collection (a finalizer's Python code lets the GIL go):
+            # the pause so far is read with the collection still open
+            seen = gcp.paused_s(now)
+            dt = max(0.0, dt - (seen - self._gc_seen))
+            self._gc_seen = seen
+        # A long gap means the sampler's thread was held off (no CPU for it, or the loop held
+        # the GIL): whatever runs when it gets back is where the loop releases the GIL, not
+        # where it spent the gap. The gap is capped, so the split follows the sample counts.
+        dt = min(dt, self._max_dt)
+        self.ticks += 1
+        if not self._tracker.outside_phases():
+            self.inside_s += dt
+            return
+        frame = sys._current_frames().get(self._ident)
+        if frame is None:
+            self.unattributed += 1
+            return
+        key = self._site(frame)
+        if key is None:
+            self.unattributed += 1
+            return
+        self.outside_s += dt
+        w = self.weights.get(key)
+        if w is None:
+            self.weights[key] = [dt, 1.0]
+        else:
+            w[0] += dt
+            w[1] += 1.0
+        self.per_step.append((self._tracker.closed, key, dt))
+
+    # -- frames -------------------------------------------------------------------------------
+    def _classify(self, filename: str) -> _FileClass:
+        fc = self._files.get(filename)
+        if fc is not None:
+            return fc
+        if filename.startswith("<"):
+            # '<frozen importlib._bootstrap>' is the library; '<string>', '<stdin>', a
+            # notebook's '<ipython-input-…>' are the user's
+            fc = (_FileClass(_STDLIB, filename, "importlib") if filename.startswith("<frozen")
+                  else _FileClass(_USER, filename, ""))
+        else:
+            path = os.path.realpath(filename)
+            fc = self._classify_path(path, filename)
+        if len(self._files) > 20_000:
+            self._files.clear()
+        self._files[filename] = fc
+        return fc
+
+    def _classify_path(self, path: str, filename: str) -> _FileClass:
+        if path.startswith(self._redline):
+            return _FileClass(_REDLINE, path[len(self._redline):], "redline")
+        if self._torch is not None and path.startswith(self._torch):
+            return _FileClass(_TORCH, path[len(self._torch):].replace(os.sep, "/"), "torch")
+        for marker in (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}"):
+            i = path.find(marker)
+            if i >= 0:
+                rel = path[i + len(marker):]
+                top = rel.split(os.sep, 1)[0]
+                return _FileClass(_THIRD, rel, top.removesuffix(".py"))
+        for root in self._std:
+            if path.startswith(root):
+                rel = path[len(root):]
+                top = rel.split(os.sep, 1)[0]
+                return _FileClass(_STDLIB, rel, top.removesuffix(".py"))
+        return _FileClass(_USER, filename, "")
+
+    def _site(self, frame: FrameType) -> SiteKey | None:
+        inner: list[CodeType] = []
+        f: FrameType | None = frame
+        user: FrameType | None = None
+        while f is not None and len(inner) < 256:
+            code = f.f_code
+            if self._classify(code.co_filename).cls == _USER:
+                user = f
+                break
+            inner.append(code)
+            f = f.f_back
+        if user is None:
+            # No frame of the user's: name the innermost third-party (else library) frame.
+            named = next((c for c in inner if self._classify(c.co_filename).cls == _THIRD),
+                         inner[0] if inner else None)
+            if named is None:
+                return None
+            kind, via = self._kind(tuple(inner), None, 0, None)
+            return SiteKey(named.co_filename, named.co_firstlineno, named.co_name, kind, via)
+        code = user.f_code
+        line = user.f_lineno or code.co_firstlineno
+        caller = user.f_back
+        caller_code = caller.f_code if caller is not None else None
+        kind, via = self._kind(tuple(inner), code, line, caller_code)
+        return SiteKey(code.co_filename, line, code.co_name, kind, via)
+
+    def _kind(self, inner: tuple[CodeType, ...], code: CodeType | None, line: int,
+              caller: CodeType | None) -> tuple[str, str | None]:
+        cache_key = (inner, code, line, caller)
+        hit = self._kinds.get(cache_key)
+        if hit is not None:
+            return hit
+        found = self._library_kind(inner)
+        if found is None and code is not None:
+            found = _line_kind(code.co_filename, line, code.co_name,
+                               caller.co_name if caller is not None else "")
+        kind, via = found if found is not None else ("code", None)
+        if via is None:
+            via = next((f"{fc.package}:{c.co_name}" for c in inner
+                        if (fc := self._classify(c.co_filename)).cls == _THIRD), None)
+        if len(self._kinds) > 20_000:
+            self._kinds.clear()
+        self._kinds[cache_key] = (kind, via)
+        return kind, via
+
+    def _library_kind(self, inner: tuple[CodeType, ...]) -> tuple[str, str | None] | None:
+        """The kind named by the innermost library call that has one."""
+        for c in inner:
+            fc = self._classify(c.co_filename)
+            kind = _library_kind(fc, c.co_name)
+            if kind is not None:
+                module = fc.rel.removesuffix(".py").replace("/", ".").replace(os.sep, ".")
+                module = module.removesuffix(".__init__")
+                prefix = "torch." if fc.cls == _TORCH else ""
+                return kind, f"{prefix}{module}:{c.co_name}"
+        return None
+
+
+def _library_kind(fc: _FileClass, function: str) -> str | None:
+    if fc.cls == _TORCH:
+        rel = fc.rel
+        if (rel == "serialization.py" or rel.startswith("distributed/checkpoint/")
+                or function == "state_dict"):
+            return "checkpoint"
+        if rel.startswith("utils/tensorboard/"):
+            return "logging"
+        if rel == "nn/functional.py" or rel.startswith("nn/modules/loss"):
+            return "loss"
+        if rel.startswith(("optim/", "nn/utils/clip_grad")):
+            return "optimizer"
+        if rel.startswith("utils/data/"):
+            return "loader"
+    elif fc.cls == _STDLIB:
+        if fc.package in ("logging", "json", "csv", "pprint"):
+            return "logging"
+        if fc.package in ("pickle", "shelve"):
+            return "checkpoint"
+    elif fc.cls == _THIRD:
+        if fc.package in _LOGGING_PACKAGES:
+            return "logging"
+        if fc.package in _CHECKPOINT_PACKAGES:
+            return "checkpoint"
+    return None
+
+
+def _line_kind(filename: str, line: int, function: str,
+               caller: str) -> tuple[str, str | None] | None:
+    text = linecache.getline(filename, line)
+    for kind, pattern in _LINE_KINDS:
+        if pattern.search(text):
+            return kind, None
+    for name in (function, caller):
+        for kind, pattern in _NAME_KINDS:
+            if name and pattern.search(name):
+                return kind, None
+    return None
+
+
+def source_line(filename: str, line: int, limit: int = 120) -> str | None:
+    """The stripped source line (cut to ``limit`` characters), None where unreadable."""
+    text = linecache.getline(filename, line).strip()
+    if not text:
+        return None
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class GcPauses:
+    """Garbage-collection pauses, exact: ``gc.callbacks`` brackets every collection.
+
+    A callback costs one clock read at each end of a collection (CPython collects the youngest
+    generation every ~700 net allocations); the caller of a full collection (generation 2:
+    ``gc.collect()`` or a full automatic one) is read from the stack at its start.
+
+    Args:
+        tracker (StepTracker): whether a pause fell outside every phase.
+        measuring (Callable[[], bool]): whether the watch is in its measured window now.
+    """
+
+    def __init__(self, tracker: StepTracker, measuring: Callable[[], bool]) -> None:
+        self._tracker = tracker
+        self._measuring = measuring
+        self._t0 = 0.0
+        self._gen = 0
+        self._caller: tuple[str, int, str] | None = None
+        self._clock = time.perf_counter
+        self._open = False
+        self._all_s = 0.0
+        self.pause_s = 0.0
+        """Seconds in collections during the measured window (every thread's)."""
+        self.outside_s = 0.0
+        """Of ``pause_s``, the seconds while the training loop was outside every phase."""
+        self.collections = [0, 0, 0]
+        """Collections per generation in the measured window."""
+        self.full_callers: dict[tuple[str, int, str], list[float]] = {}
+        """(file, line, function) of the user's code that was running when a full collection
+        began → [seconds, collections]."""
+        self._std, self._redline, self._torch = _library_roots()
+
+    def paused_s(self, now: float) -> float:
+        """Seconds of every collection since this was built, one still open counted to
+        ``now`` (read by the stack sampler from its thread)."""
+        return self._all_s + (now - self._t0 if self._open else 0.0)
+
+    def install(self, stack: ExitStack) -> None:
+        gc.callbacks.append(self._callback)
+        stack.callback(self._remove)
+
+    def _remove(self) -> None:
+        with contextlib.suppress(ValueError):  # removed by someone else: nothing to undo
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gen = gen = info["generation"]
+            if gen == 2:
+                self._caller = self._user_caller()
+            self._t0 = self._clock()
+            self._open = True
+            return
+        dt = self._clock() - self._t0
+        self._open = False
+        self._all_s += dt
+        if not self._measuring():
+            return
+        gen = self._gen
+        self.pause_s += dt
+        self.collections[gen] += 1
+        if self._tracker.outside_phases():
+            self.outside_s += dt
+        if gen == 2 and self._caller is not None:
+            w = self.full_callers.setdefault(self._caller, [0.0, 0.0])
+            w[0] += dt
+            w[1] += 1.0
+
+    def _user_caller(self) -> tuple[str, int, str] | None:
+        if not self._measuring():
+            return None
+        f: FrameType | None = sys._getframe(2)  # the frame that triggered the collection
+        while f is not None:
+            name = f.f_code.co_filename
+            if not _is_library(name, self._std, self._redline, self._torch):
+                return name, f.f_lineno or f.f_code.co_firstlineno, f.f_code.co_name
+            f = f.f_back
+        return None
+
+
+def _is_library(filename: str, std: list[str], red: str, torch_dir: str | None) -> bool:
+    if filename.startswith("<"):
+        return filename.startswith("<frozen")
+    path = os.path.realpath(filename)
+    if path.startswith(red) or (torch_dir is not None and path.startswith(torch_dir)):
+        return True
+    if f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path:
+        return True
+    return any(path.startswith(root) for root in std)

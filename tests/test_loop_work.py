@@ -1,0 +1,302 @@
+"""The time outside every phase, named by the user's lines: the stack sampler, GC timing, the
+host-work findings and periodic stalls, on real loops under a watch."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import redline
+from factories import measurements
+from redline.core.findings import Finding
+from redline.core.measurements import CodeSite, LoopWork, PeriodicStall
+from redline.diagnose import diagnose
+from redline.measure.loop_work import periodic_stall
+from redline.measure.stacks import CodeSampler, GcPauses
+from redline.measure.timeline import PHASES, StepRecord, StepTracker
+
+HERE = os.path.relpath(__file__)
+"""How the report names this file (relative to the working folder)."""
+
+
+def _model() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+                y: torch.Tensor) -> torch.Tensor:
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _run(body: Any, steps: int = 40, **cfg: Any) -> tuple[redline.Report, Any]:
+    model, opt = _model()
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    with redline.watch(warmup_steps=2, count_flops=False, **cfg) as w:
+        for step in range(steps):
+            loss = _train_step(model, opt, x, y)
+            body(step, model, opt, loss)
+    return w.report(show=False), w
+
+
+def _found(report: redline.Report, fid: str) -> Finding:
+    hits = [f for f in report.findings if f.id == fid]
+    assert hits, f"no {fid}: {[(f.id, f.title) for f in report.findings]}"
+    return hits[0]
+
+
+def _ids(report: redline.Report) -> set[str]:
+    return {f.id for f in report.findings}
+
+
+def test_checkpoint_saves_are_named_with_their_line_and_period(tmp_path: Path) -> None:
+    big = torch.randn(1500, 1500)  # 9 MB, written every 4th step
+
+    def body(step: int, model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+        if step % 4 == 0:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "ema": big}, tmp_path / "ck.pt")
+
+    report, _ = _run(body, steps=42)
+    f = _found(report, "checkpoint_in_loop")
+    assert f.evidence["step_fraction"] >= 0.05  # type: ignore[operator]
+    assert str(f.evidence["site_1"]).startswith(f"{HERE}:")
+    assert "torch.save(" in str(f.evidence["site_1_code"])
+    assert "Save less often" in f.fix
+    assert f.ceiling_speedup is not None and f.ceiling_speedup > 1.0
+    assert "host_work_in_loop" not in _ids(report)
+
+
+def test_per_step_logging_with_item_calls_is_logging_in_loop(tmp_path: Path) -> None:
+    log = (tmp_path / "log.jsonl").open("a")
+
+    def body(step: int, model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+        for _ in range(60):
+            stats = {n: [p.mean().item(), p.std().item(), p.abs().max().item()]
+                     for n, p in model.named_parameters()}
+            log.write(json.dumps({"step": step, "loss": loss.item(), "params": stats}) + "\n")
+
+    report, _ = _run(body)
+    log.close()
+    f = _found(report, "logging_in_loop")
+    assert str(f.evidence["site_1"]).startswith(f"{HERE}:")
+    assert ".item()" in f.fix
+
+
+def test_gc_collect_every_step_is_timed_exactly_and_its_line_named() -> None:
+    junk = [[{} for _ in range(20)] for _ in range(2000)]  # objects for every full collection
+
+    def body(step: int, model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+        gc.collect()
+
+    report, w = _run(body, steps=25)
+    del junk
+    f = _found(report, "gc_pauses")
+    lw = report.measurements.loop
+    assert lw is not None and lw.gc_collections[2] >= 20  # one per measured step
+    assert f.evidence["gc_pause_fraction"] >= 0.3  # type: ignore[operator]
+    assert "gc.collect()" in f.title and f"{HERE}:" in f.title
+    assert "gc.freeze()" in f.fix
+    assert w.gc_pauses is not None and w.gc_pauses._callback not in gc.callbacks  # removed with the watch
+
+
+def test_batches_built_from_python_lists_in_the_loop() -> None:
+    rows = torch.randn(2048, 32).tolist()
+    labels = torch.randint(0, 4, (2048,)).tolist()
+    model, opt = _model()
+    with redline.watch(warmup_steps=2, count_flops=False) as w:
+        for step in range(40):
+            idx = [(step * 131 + k * 17) % 2048 for k in range(1024)]
+            xb = torch.tensor([rows[i] for i in idx])
+            yb = torch.tensor([labels[i] for i in idx])
+            _train_step(model, opt, xb, yb)
+    report = w.report(show=False)
+    f = _found(report, "batches_built_in_loop")
+    assert "torch.tensor(" in str(f.evidence["site_1_code"])
+    assert "DataLoader" in f.fix
+
+
+def _py_metric(out: list[float]) -> float:
+    s = 0.0
+    for v in out:
+        s += v * v
+    return s
+
+
+def test_other_host_code_is_named_by_line_with_its_share() -> None:
+    values = [float(i) for i in range(600_000)]
+
+    def body(step: int, model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+        _py_metric(values)
+
+    report, _ = _run(body, steps=20)
+    f = _found(report, "host_work_in_loop")
+    lw = report.measurements.loop
+    assert lw is not None and lw.other_fraction > 0.25
+    assert f.evidence["site_1"] == f"{HERE}:{_py_metric.__code__.co_firstlineno + 3} (_py_metric)" or \
+        str(f.evidence["site_1"]).endswith("(_py_metric)")
+    assert f.ceiling_speedup is not None and f.ceiling_speedup > 1.2
+    # every second of the step is accounted for: the sites' shares add up to 'other'
+    total = sum(lw.kind_fractions.values())
+    assert total == pytest.approx(lw.other_fraction, abs=0.02)
+
+
+def test_a_stall_every_kth_step_is_named_with_its_period() -> None:
+    def body(step: int, model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+        if step % 5 == 0:
+            time.sleep(0.3)
+
+    report, _ = _run(body, steps=27)
+    lw = report.measurements.loop
+    assert lw is not None and lw.periodic is not None
+    assert lw.periodic.period_steps == 5 and lw.periodic.phase == "other"
+    assert lw.periodic.site is not None and "time.sleep(0.3)" in str(lw.periodic.site.text)
+    f = next(f for f in report.findings if f.id in ("host_work_in_loop", "periodic_stall"))
+    assert f.evidence["period_steps"] == 5
+
+
+def test_a_compute_bound_loop_gets_no_host_finding() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(256, 512)
+    with redline.watch(warmup_steps=2, count_flops=False) as w:
+        for _ in range(25):
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    report = w.report(show=False)
+    assert not _ids(report) & {"host_work_in_loop", "logging_in_loop", "checkpoint_in_loop",
+                               "gc_pauses", "batches_built_in_loop", "periodic_stall"}
+
+
+def test_a_tick_inside_a_phase_reads_no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    tracker = StepTracker(time.perf_counter)
+    sampler = CodeSampler(tracker, 0, lambda: True)
+    calls = []
+    monkeypatch.setattr(sys, "_current_frames", lambda: calls.append(1) or {})
+    tracker.enter(PHASES.index("forward"), 0.0)
+    sampler.tick(1.0)
+    sampler.tick(1.01)
+    assert calls == [] and sampler.inside_s == pytest.approx(0.01)
+    tracker.exit(PHASES.index("forward"), 1.02)
+    sampler.tick(1.03)
+    assert calls == [1]  # outside every phase, the stack is read
+
+
+def test_library_frames_fold_into_the_users_line() -> None:
+    import threading
+
+    tracker = StepTracker(time.perf_counter)
+    sampler = CodeSampler(tracker, threading.get_ident(), lambda: True)
+    frame = sys._getframe()
+    key = sampler._site(frame)
+    assert key is not None and key.file == __file__
+    assert key.function == "test_library_frames_fold_into_the_users_line"
+
+    # a frame of torch.serialization under the user's line names the kind
+    import torch.serialization as ser
+
+    def fake_save() -> Any:
+        return sampler._site(sys._getframe())
+
+    code = fake_save.__code__.replace(co_filename=ser.__file__, co_name="_save")
+    inner = type(fake_save)(code, fake_save.__globals__, "_save", None, fake_save.__closure__)
+    k = inner()
+    assert k is not None and k.kind == "checkpoint" and k.via == "torch.serialization:_save"
+    assert k.file == __file__  # folded into this test's line that called it
+
+
+def test_gc_pauses_count_only_the_measured_window() -> None:
+    tracker = StepTracker(time.perf_counter)
+    on = [False]
+    g = GcPauses(tracker, lambda: on[0])
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        g.install(stack)
+        gc.collect()
+        assert g.pause_s == 0.0 and g.paused_s(time.perf_counter()) > 0.0
+        on[0] = True
+        gc.collect()
+        assert g.collections[2] == 1 and g.pause_s > 0.0 and g.outside_s == g.pause_s
+        assert any(f == __file__ for f, _, _ in g.full_callers)
+    assert g._callback not in gc.callbacks
+
+
+def _rec(i: int, step_s: float, other_s: float = 0.0, data_s: float = 0.0) -> StepRecord:
+    phases = [0.0] * len(PHASES)
+    phases[PHASES.index("data_wait")] = data_s
+    phases[PHASES.index("forward")] = step_s - other_s - data_s
+    return StepRecord(i, i * 1.0, i * 1.0 + step_s, phases)
+
+
+def test_periodic_stall_arithmetic_and_phase() -> None:
+    steps = [_rec(i, 0.010 + (0.040 if i % 5 == 0 else 0.0), data_s=0.040 if i % 5 == 0 else 0.0)
+             for i in range(3, 60)]
+    p = periodic_stall(steps, None)
+    assert p is not None and p.period_steps == 5 and p.phase == "data_wait"
+    assert p.slow_steps == 11
+    assert p.extra_s_per_slow_step == pytest.approx(0.040, rel=1e-6)
+    assert p.step_fraction == pytest.approx(11 * 0.040 / sum(s.step_s for s in steps))
+    # irregular slow steps: no period
+    irregular = [_rec(i, 0.05 if i in (4, 7, 15, 16, 30) else 0.01) for i in range(60)]
+    assert periodic_stall(irregular, None) is None
+    # no slow step
+    assert periodic_stall([_rec(i, 0.01) for i in range(60)], None) is None
+
+
+def _loop(**kw: Any) -> LoopWork:
+    base = LoopWork(other_fraction=0.0, sampled_s=1.0, samples=100, interval_s=0.005, sites=[],
+                    kind_fractions={}, gc_pause_fraction=0.0, gc_collections=[0, 0, 0],
+                    gc_full_sites=[], periodic=None)
+    return replace(base, **kw)
+
+
+def test_periodic_stall_finding_for_a_data_wait_every_kth_step() -> None:
+    p = PeriodicStall(period_steps=8, slow_steps=6, extra_s_per_slow_step=0.09,
+                      step_fraction=0.2, phase="data_wait", site=None)
+    m = replace(measurements(phases={"data_wait": 0.02, "forward": 0.9}), loop=_loop(periodic=p))
+    f = next(f for f in diagnose(m) if f.id == "periodic_stall")
+    assert "Every 8th step" in f.title and "data_wait" in f.title
+    assert f.ceiling_speedup == pytest.approx(1 / 0.8)
+
+
+def test_a_periodic_checkpoint_is_told_inside_its_finding() -> None:
+    site = CodeSite(file="train.py", line=57, function="train", kind="checkpoint",
+                    via="torch.serialization:_save", step_fraction=0.4, samples=40,
+                    text="torch.save(state, path)")
+    p = PeriodicStall(period_steps=5, slow_steps=9, extra_s_per_slow_step=0.2,
+                      step_fraction=0.38, phase="other", site=site)
+    lw = _loop(other_fraction=0.42, sites=[site], kind_fractions={"checkpoint": 0.4},
+               periodic=p)
+    found = diagnose(replace(measurements(phases={"forward": 0.5}), loop=lw))
+    ids = [f.id for f in found]
+    assert "checkpoint_in_loop" in ids and "periodic_stall" not in ids
+    f = found[ids.index("checkpoint_in_loop")]
+    assert "every 5 steps" in f.title and "train.py:57" in f.title
+    assert f.ceiling_speedup == pytest.approx(1 / 0.6)
+
+
+def test_on_cuda_the_ceiling_is_bounded_by_the_device_idle_share() -> None:
+    site = CodeSite(file="train.py", line=9, function="log", kind="logging", via=None,
+                    step_fraction=0.5, samples=50, text="print(loss.item())")
+    lw = _loop(other_fraction=0.5, sites=[site], kind_fractions={"logging": 0.5})
+    m = measurements(device="cuda", cc="9.0", dev={"device_span_fraction": 0.8})
+    f = next(f for f in diagnose(replace(m, loop=lw)) if f.id == "logging_in_loop")
+    assert f.ceiling_speedup == pytest.approx(1 / 0.8)  # the device idles 20 %, not 50 %
