@@ -188,6 +188,9 @@ def test_heads_zero_from_the_library_is_a_message_in_field_words() -> None:
     (lambda: cluster(8, "H100", inter_node_gbps=1e9), "inter_node_gbps"),
     (lambda: cluster(8, "H100", price_per_gpu_hour=math.inf), "price_per_gpu_hour"),
     (lambda: cluster(8, "H100", gpus_per_node=100_000), "gpus_per_node"),
+    (lambda: cluster(8, "H100", peak_tflops=1e-300), "peak_tflops"),
+    (lambda: cluster(8, "H100", memory_gb=1e-300), "memory_gb"),
+    (lambda: cluster(8, "H100", inter_node_gbps=1e-300), "inter_node_gbps"),
     (lambda: from_numbers(params=math.inf), "params"),
     (lambda: from_numbers(params=math.nan), "params"),
     (lambda: from_numbers(params=1e20), "params"),
@@ -195,6 +198,8 @@ def test_heads_zero_from_the_library_is_a_message_in_field_words() -> None:
     (lambda: Training(10**12, 2048), "global_batch"),
     (lambda: search(from_numbers(params=1e9, seq=512), Training(8, 512), cluster(8, "H100"),
                     mfu=math.nan), "mfu"),
+    (lambda: search(from_numbers(params=1e9, seq=512), Training(8, 512), cluster(8, "H100"),
+                    mfu=1e-300), "mfu"),
 ])
 def test_every_numeric_input_is_finite_positive_and_within_its_limit(call: Any,
                                                                      field: str) -> None:

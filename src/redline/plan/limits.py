@@ -29,6 +29,10 @@ class Limit:
     """Inclusive upper bound, in the field's own unit."""
     why: str
     """What the bound is measured against (the largest such thing known)."""
+    minimum: float = 0.0
+    """Inclusive lower bound of a rate or size (0: any value > 0); counts start at 1."""
+    low_why: str = ""
+    """What the lower bound is measured against."""
 
 
 MAX_GPUS = 1_048_576
@@ -61,18 +65,22 @@ LIMITS: dict[str, Limit] = {
                            "racks join 72)"),
     "global_batch": Limit(maximum=1e9, why="10⁹ sequences per step (published LLM runs use "
                           "about 10³–10⁴)"),
-    "memory_gb": Limit(maximum=10_000, why="10 TB per GPU (the largest GPUs hold 288 GB)"),
+    "memory_gb": Limit(maximum=10_000, why="10 TB per GPU (the largest GPUs hold 288 GB)",
+                       minimum=0.001, low_why="1 MB"),
     "peak_tflops": Limit(maximum=100_000, why="100 PFLOP/s per GPU (a B200's dense FP4 is "
-                         "about 9 PFLOP/s)"),
+                         "about 9 PFLOP/s)", minimum=0.001,
+                         low_why="1 GFLOP/s, less than one CPU core"),
     "intra_node_gbps": Limit(maximum=100_000, why="100 TB/s per GPU and direction (NVLink 5: "
-                             "900 GB/s)"),
+                             "900 GB/s)", minimum=0.001, low_why="1 MB/s"),
     "inter_node_gbps": Limit(maximum=100_000, why="100 TB/s per GPU and direction (8 × 800 "
-                             "Gb/s NICs: 800 GB/s per node)"),
+                             "Gb/s NICs: 800 GB/s per node)", minimum=0.001, low_why="1 MB/s"),
     "price_per_gpu_hour": Limit(maximum=100_000, why="100,000 per GPU-hour"),
     "steps": Limit(maximum=1e12, why="10¹² optimizer steps"),
-    "mfu": Limit(maximum=1.0, why="the peak itself: a fraction of it"),
+    "mfu": Limit(maximum=1.0, why="the peak itself: a fraction of it", minimum=0.001,
+                 low_why="0.1 % of the peak; published training runs reach 20–60 %"),
 }
-"""Field → its limit. Every count is also a whole number ≥ 1, every rate > 0."""
+"""Field → its limit. Every count is also a whole number ≥ 1, every rate > 0 and at least its
+``minimum`` (a smaller one would make times overflow to infinity)."""
 
 
 def _fmt(v: float) -> str:
@@ -138,6 +146,11 @@ def positive(field: str, value: object, *, what: str) -> float:
                              "the measured or datasheet value")
     if value <= 0:
         raise PlanInputError(f"`{field}` ({what}) must be > 0, got {_fmt(value)}")
+    lim = LIMITS[field]
+    if value < lim.minimum:
+        raise PlanInputError(f"`{field}` ({what}) is {_fmt(value)}, at least "
+                             f"{_fmt(lim.minimum)} ({lim.low_why}): check the unit and the "
+                             "value")
     if value > LIMITS[field].maximum:
         raise PlanInputError(f"`{field}` ({what}) is {_fmt(value)}, {_limit_text(field)}: "
                              "check the unit and the value")

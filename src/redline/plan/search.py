@@ -135,7 +135,8 @@ def search(spec: ModelSpec, tr: Training, cl: Cluster, mfu: float = DEFAULT_MFU,
         raise PlanInputError(
             "the sequence length is not known and the activations were not counted from the "
             "model: the memory per GPU and the FLOPs per sample would be guesses (one token "
-            "per sample); give `seq`, the tokens per training sequence")
+            "per sample); give `seq`, the tokens per training sequence (1 for a model whose "
+            "samples are not sequences)")
     usable = int(cl.memory_bytes * (1 - headroom))
     res = PlanResult(spec, tr, cl, mfu, usable, measured=measured)
     every: list[Candidate] = []
