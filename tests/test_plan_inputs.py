@@ -108,11 +108,19 @@ def _families() -> dict[str, tuple[Any, Any]]:
                                      num_attention_heads=16, num_key_value_heads=4,
                                      intermediate_size=2816, max_position_embeddings=4096),
                       tf.LlamaForCausalLM),
+        # A head width stated apart from hidden ÷ heads, one key/value head, tied, gated GELU.
+        "gemma-head-dim": (tf.GemmaConfig(vocab_size=32000, hidden_size=1024,
+                                          num_hidden_layers=4, num_attention_heads=8,
+                                          num_key_value_heads=1, head_dim=256,
+                                          intermediate_size=8192), tf.GemmaForCausalLM),
+        # Learned positions with OPT's offset of two rows, biases everywhere.
+        "opt": (tf.OPTConfig(hidden_size=768, num_hidden_layers=12, ffn_dim=3072,
+                             num_attention_heads=12), tf.OPTForCausalLM),
     }
 
 
 @pytest.mark.parametrize("family", ["t5-small", "t5-v1.1-gated-untied", "bart", "gpt-neox",
-                                    "llama-gqa"])
+                                    "llama-gqa", "gemma-head-dim", "opt"])
 def test_config_parameter_count_matches_the_model_built_from_it(tmp_path: Path,
                                                                 family: str) -> None:
     import torch
@@ -347,3 +355,21 @@ def test_tensor_parallelism_divides_the_key_value_heads(tmp_path: Path) -> None:
 def test_api_values_of_the_wrong_kind_are_refused(call: Any, words: str) -> None:
     with pytest.raises(PlanInputError, match=words):
         call()
+
+
+def test_every_field_the_library_names_has_its_flag_or_none_by_design() -> None:
+    """The CLI's field → flag table names real options, and covers every limited field but
+    the three only a config or a model gives."""
+    import argparse
+
+    from redline.cli import plan as cli_plan
+    from redline.plan.limits import LIMITS
+
+    parser = argparse.ArgumentParser()
+    cli_plan.add_parser(parser.add_subparsers())
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    options = {o for a in sub.choices["plan"]._actions for o in a.option_strings}
+    assert set(cli_plan.FLAGS.values()) <= options
+    assert set(LIMITS) - set(cli_plan.FLAGS) == {"largest_layer_params", "kv_heads",
+                                                 "head_dim"}
+    assert cli_plan.flag_words("`gpus_per_node` 8, `kv_heads` 2") == "--gpus-per-node 8, kv_heads 2"
