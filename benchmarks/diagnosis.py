@@ -75,6 +75,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from diagnosis_key import BY_SCRIPT, KEY, JobKey
 
@@ -268,16 +270,40 @@ def start(cmd: Sequence[str], *, cwd: Path, env: dict[str, str], out: Path) -> s
     return p
 
 
+def _descendants(pid: int) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).children(recursive=True)
+    return []
+
+
+def _kill_procs(procs: Sequence[psutil.Process]) -> None:
+    """Kill processes a run started in sessions of their own (traceml's aggregator, torchrun's)."""
+    for q in procs:
+        with contextlib.suppress(psutil.Error):
+            q.kill()  # psutil checks the pid still names the process it saw (creation time)
+    psutil.wait_procs(list(procs), timeout=3)
+
+
 def run(cmd: Sequence[str], *, cwd: Path, env: dict[str, str], out: Path, timeout_s: float) -> int | None:
     """Run ``cmd`` to its end (None on timeout); whatever it left running is killed."""
     with open(out, "ab") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
     p = start(cmd, cwd=cwd, env=env, out=out)
-    try:
-        rc: int | None = p.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        rc = None
-    _kill_group(p)  # the job's own leftovers (daemon children, an aggregator) too
+    seen: dict[int, psutil.Process] = {}
+    deadline = time.monotonic() + timeout_s
+    rc: int | None = None
+    while True:
+        # every descendant seen while the run lasts, so that one that left the session (a tool
+        # may start its helpers with setsid) or lost its parent is still known at the end
+        seen.update((q.pid, q) for q in _descendants(p.pid))
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            rc = p.wait(timeout=0.5)
+            break
+        if time.monotonic() > deadline:
+            rc = None
+            break
+    _kill_group(p)  # the job's own leftovers (daemon children) too
+    _kill_procs(list(seen.values()))
     _STARTED.remove(p)
     return rc
 
@@ -344,6 +370,7 @@ def run_tool(tool: str, key: JobKey, wd: Path, timeout_s: float) -> dict[str, An
             findings, reason = _gpuprof(wd, env, log, rc, timeout_s)
     result["wall_s"] = round(time.monotonic() - t0, 1)
     result["rc"] = rc
+    result["timed_out"] = rc is None
     if findings is None:
         result["reason"] = reason
         return result
@@ -397,15 +424,18 @@ def _cell(results: list[dict[str, Any]], what: str) -> str:
     ok = [r for r in results if r["status"] == "ok"]
     if not ok:
         r = results[0]
-        return "error" if r["status"] == "error" else f"n/a: {r['reason']}"
+        if r["status"] == "error":
+            return "error: timed out" if r.get("timed_out") else "error"
+        return f"n/a: {r['reason']}"
     if what == "fa":
         ids = sorted({i for r in ok for i in r["score"]["false_alarms"]})
         n = sum(len(r["score"]["false_alarms"]) for r in ok)
         return f"{n}" + (f" ({', '.join(ids)})" if ids else "")
     hits = sum(bool(r["score"][what]) for r in ok)
+    cut = " (timed out)" if any(r.get("timed_out") for r in ok) else ""
     if len(results) == 1:
-        return "y" if hits else "n"
-    return f"{hits}/{len(results)}"
+        return ("y" if hits else "n") + cut
+    return f"{hits}/{len(results)}{cut}"
 
 
 def _pct(k: int, n: int) -> str:
@@ -513,8 +543,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _kill_all()
         if args.keep is None:
             shutil.rmtree(base, ignore_errors=True)
-    print()
-    print(table(results, tools))
+        # an interrupted run still prints the jobs every tool finished
+        done = {j: r for j, r in results.items() if all(len(r[t]) == args.repeat for t in tools)}
+        print()
+        print(table(done, tools), flush=True)
     if args.json:
         args.json.write_text(json.dumps({"tools": tools, "results": results,
                                          "key": {j: asdict(BY_SCRIPT[j]) for j in results}}, indent=1))

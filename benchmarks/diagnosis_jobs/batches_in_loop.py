@@ -7,12 +7,12 @@ import torch.nn.functional as F
 from _peer import step, training
 from torch import nn
 
-STEPS = 150
+STEPS = 60
 BATCH_SIZE = 128
 FEATURES = 48
 
 
-def load_rows(n: int = 20_000) -> tuple[list[list[float]], list[int]]:
+def load_rows(n: int = 5_000) -> tuple[list[list[float]], list[int]]:
     rnd = random.Random(0)
     rows = [[rnd.gauss(0.0, 1.0) for _ in range(FEATURES)] for _ in range(n)]
     labels = [int(r[0] + r[1] > 0) for r in rows]

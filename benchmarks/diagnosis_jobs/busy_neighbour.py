@@ -36,7 +36,7 @@ class Forecaster(nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
     torch.manual_seed(0)

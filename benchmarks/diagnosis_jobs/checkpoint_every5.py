@@ -32,7 +32,7 @@ def save_checkpoint(path: str, model: nn.Module, opts: list, step_no: int) -> No
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=256)
     args = parser.parse_args()
     torch.manual_seed(0)

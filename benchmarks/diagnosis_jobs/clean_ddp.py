@@ -25,7 +25,7 @@ class MLP(nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
     dist.init_process_group("gloo")

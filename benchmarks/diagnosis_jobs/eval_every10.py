@@ -39,7 +39,7 @@ def evaluate(model: nn.Module, loader: DataLoader, max_batches: int = 30) -> flo
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
     torch.manual_seed(0)

@@ -47,7 +47,7 @@ def param_stats(model: nn.Module) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=16)
     args = parser.parse_args()
     torch.manual_seed(0)

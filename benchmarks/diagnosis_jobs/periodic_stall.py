@@ -32,7 +32,7 @@ class CharLSTM(nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ WORDS = [f"w{i}" for i in range(VOCAB)]
 
 
 class Reviews(Dataset):
-    def __init__(self, n: int = 4096) -> None:
+    def __init__(self, n: int = 1024) -> None:
         rnd = random.Random(0)
         self.texts = [" ".join(rnd.choice(WORDS) for _ in range(rnd.randint(300, 900)))
                       for _ in range(n)]
@@ -68,7 +68,7 @@ class LSTMClassifier(nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=70)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
     torch.manual_seed(0)
