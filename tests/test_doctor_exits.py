@@ -241,3 +241,19 @@ def test_the_report_is_built_beside_a_half_imported_sympy(tmp_path: Path) -> Non
     assert p.returncode == 0, p.stderr[-3000:]
     assert "fsdp imported: False" in p.stdout
     assert json.loads(out.read_text())["measurements"]["timing"]["steps_measured"] == 4
+
+
+# -- torch.multiprocessing.spawn ---------------------------------------------------------------
+def test_processes_started_with_mp_spawn_are_measured_as_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    p = doctor("--warmup", "2", "--no-flops", "--json", str(out), "--",
+               "python", "spawn_train.py", "12", timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "spawned job done" in p.stdout  # the script ran on after its ranks, as without
+    assert "measured as ranks; rank 0 printed the job's merged report" in p.stderr
+    data = json.loads(out.read_text())
+    assert data["status"] == "completed"
+    ranks = data["ranks"]
+    assert ranks["world_size"] == 2 and ranks["missing"] == []
+    assert [(e["rank"], e["status"], e["steps_measured"]) for e in ranks["ranks"]] == [
+        (0, "completed", 10), (1, "completed", 10)]

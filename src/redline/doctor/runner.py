@@ -10,14 +10,15 @@ it) is raised from the step hook and the run ends there. A crash, ``sys.exit(n)`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import runpy
 import signal
 import sys
 import traceback
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from redline.doctor.exits import (
     exit_now,
 )
 from redline.doctor.launch import rank_command, run_launcher
+from redline.doctor.spawned import SpawnSettings, measure_spawned
 from redline.measure.config import WatchConfig
 from redline.measure.ranks import rank_info
 from redline.measure.system import cpu_budget
@@ -287,6 +289,13 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                     "ended there, after this report, without running the rest of the script", 0)
         exit_now(0)
 
+    spawned: list[int] = []
+    """Processes the script started through torch.multiprocessing, measured as ranks."""
+
+    def spawn_settings(store: str) -> SpawnSettings:
+        own = dataclasses.replace(config, metrics_port=None, trace_dir=None, keep_loaders=False)
+        return SpawnSettings(config=own, store=store, json_path=json_path, command=list(cmd))
+
     w = Watch(config, on_limit=stop)
     with Signals() as signals:
 
@@ -304,6 +313,14 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                 detail = (f"{detail}; {caught} first" if status == "step_limit" else
                           f"the limit of {steps} measured steps (--steps) was ignored: {caught} and "
                           "ran on, measured to its end" + (f"; {detail}" if detail else ""))
+            if not w.steps and spawned:
+                # the training ran in the spawned processes: rank 0 of them reported the job
+                w.close()
+                if show:
+                    print(f"redline doctor: the script's {' + '.join(map(str, spawned))} "
+                          "process(es) started with torch.multiprocessing were measured as "
+                          "ranks; rank 0 printed the job's merged report", file=sys.stderr)
+                return DoctorResult(None, code, None, error)
             if not w.steps:
                 status = "no_steps" if status in ("completed", "step_limit") else status
                 msg = never_stepped_message(w)
@@ -340,19 +357,21 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                 code = 128 + signals.received  # stopped while reporting: say so to the scheduler
             return DoctorResult(report, code, written, error)
 
+        extra = [] if info.distributed else [measure_spawned(spawn_settings, spawned)]
         return finish(*_run_script(w, target, steps, live=live and show, on_end=finish,
-                                   end_here=end_here))
+                                   end_here=end_here, contexts=extra))
 
 
 def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
                 on_end: Callable[[str, str | None, int, BaseException | None], object]
                 | None = None,
                 end_here: list[Callable[[str, str | None, int], None]] | None = None,
+                contexts: Sequence[AbstractContextManager[object]] = (),
                 ) -> tuple[str, str | None, int, BaseException | None]:
     """Run the target under ``w``: (status, detail, exit code, the script's exception);
     ``live``: with the live panel on stderr while it runs; ``on_end``: called with the same,
     in place, when the run ends where the script is (``os._exit``, or ``end_here[0]``, which
-    this sets); the process exits after it."""
+    this sets); the process exits after it; ``contexts``: entered around the script."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     saved_main = sys.modules.get("__main__")
 
@@ -393,6 +412,8 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
             if live and not shown:
                 print("redline: --live needs a terminal on stderr; running without the "
                       "live panel", file=sys.stderr, flush=True)
+            for c in contexts:
+                running.enter_context(c)
             with OsExitGuard(os_exit):
                 if target.kind == "path":
                     runpy.run_path(target.target, run_name="__main__")

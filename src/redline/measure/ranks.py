@@ -68,6 +68,12 @@ def rank_info(env: dict[str, str] | None = None) -> RankInfo:
                     host=e.get("REDLINE_HOSTNAME") or socket.gethostname(), run_id=run)
 
 
+STORE_ENV = "REDLINE_STORE"
+"""``host:port`` of a store redline serves itself, used instead of the job's when set: the
+processes a script starts with ``torch.multiprocessing.spawn`` under ``redline doctor`` have no
+launcher's store (their own, if any, lives in rank 0 and ends with its process group)."""
+
+
 class JobStore:
     """A client of the job's c10d store (see the module docstring), with bounded waits."""
 
@@ -76,6 +82,9 @@ class JobStore:
 
         host = os.environ.get("MASTER_ADDR")
         port = os.environ.get("MASTER_PORT")
+        own = os.environ.get(STORE_ENV)
+        if own:  # redline's own store (torch.multiprocessing.spawn under doctor)
+            host, _, port = own.rpartition(":")
         if host is None or port is None:
             raise RuntimeError("MASTER_ADDR / MASTER_PORT are not set: no job store to reach")
         self.info = info
