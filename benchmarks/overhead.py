@@ -1,8 +1,9 @@
 """Overhead of always-on `redline.watch` vs torch.profiler (CPU activities), per step.
 
 Method: one tiny CPU training loop with a DataLoader (a few hundred µs per step, so a cost of
-a microsecond per step is resolvable). Rounds interleave four modes — bare, under
-`redline.watch`, under `redline.watch(metrics_port=0)` with a scraper thread reading its
+a microsecond per step is resolvable). Rounds interleave five modes — bare, under
+`redline.watch`, under `redline.watch(stack_sample_interval_s=None)` (no stack sampler, no GC
+timing: the difference is their cost), under `redline.watch(metrics_port=0)` with a scraper thread reading its
 Prometheus endpoint every `--scrape-interval` seconds (Prometheus' default is 15 s; 1 s is the
 harsh case), under `torch.profiler.profile(activities=[CPU])` — so drift and neighbours'
 noise hit all of them alike. Each mode's steps after the first `--settle` of each round (every
@@ -114,6 +115,8 @@ def main() -> None:
     modes: dict[str, Callable[[], AbstractContextManager[object]]] = {
         "bare": nullcontext,
         "watch": lambda: redline.watch(warmup_steps=0, count_flops=False),
+        "watch-nostack": lambda: redline.watch(warmup_steps=0, count_flops=False,
+                                               stack_sample_interval_s=None),
         "watch+metrics": lambda: watch_scraped(args.scrape_interval),
         "profiler": lambda: torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU]),
@@ -164,6 +167,9 @@ def main() -> None:
     for name, est in (("quiet", quiet), ("paired medians", typical)):
         ratio = est["watch"] / est["profiler"] if est["profiler"] > 0 else float("nan")
         print(f"watch costs {ratio:.1%} of torch.profiler's per-step overhead ({name})")
+    print(f"stack sampler and GC timing (watch − watch-nostack): "
+          f"{(quiet['watch'] - quiet['watch-nostack']) * 1e6:+.1f} µs quiet, "
+          f"{(typical['watch'] - typical['watch-nostack']) * 1e6:+.1f} µs paired medians")
     for name in ("watch", "watch+metrics"):
         verdict = "MET" if quiet[name] <= 50e-6 else "NOT MET"
         print(f"target {name} ≤ 50 µs/step: {verdict} ({quiet[name] * 1e6:.1f} µs quiet-machine "

@@ -72,6 +72,13 @@ class WatchConfig:
     record and then every 2nd, 4th, ... step (a uniform sample; the report says so), while
     step counts stay exact and live metrics read every one of the last 1,024 steps."""
 
+    stack_sample_interval_s: float | None = 0.005
+    """Period of the stack sampler, seconds: while the training thread is outside every timed
+    phase, its Python stack is read this often from the CPU sampler's thread and the time is
+    charged to the user's line that spent it (docs/report.md, Definitions, "other"); inside a
+    phase a tick only reads one list length. With it, garbage-collection pauses are timed
+    through ``gc.callbacks``. None = neither."""
+
     def __post_init__(self) -> None:
         if self.steps_kept is not None and self.steps_kept < 1000:
             raise ValueError(f"steps_kept must be >= 1000 or None, got {self.steps_kept}")
@@ -86,5 +93,9 @@ class WatchConfig:
                 f"max_steps must be >= 1 (measured steps after warm-up) or None, got "
                 f"{self.max_steps}"
             )
+        if self.stack_sample_interval_s is not None and not (
+                0.0005 <= self.stack_sample_interval_s <= 1.0):
+            raise ValueError("stack_sample_interval_s must be within 0.0005..1 seconds or None, "
+                             f"got {self.stack_sample_interval_s}")
         if not self.sample_interval_s > 0:
             raise ValueError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")

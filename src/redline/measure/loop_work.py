@@ -30,8 +30,15 @@ plot."""
 SLOW_STEP_MIN_S = 0.001
 """…and at least this many seconds more than the median (timer noise on sub-ms steps)."""
 
-PERIOD_MIN_SLOW_STEPS = 3
+PERIOD_MIN_SLOW_STEPS = 4
 """Slow steps needed before a period is named."""
+
+PERIOD_OFF_RATE = 0.25
+"""Steps off the period may be slow at most a quarter as often as the steps on it."""
+
+PERIOD_SPREAD = 0.5
+"""The slow steps' extra times must agree: their median absolute deviation at most half their
+median (one recurring piece of work, not chance stalls of every size)."""
 
 PERIOD_AGREEMENT = 0.75
 """Share of the steps on the period's phase (step index mod k) that must be slow."""
@@ -126,6 +133,9 @@ def periodic_stall(steps: list[StepRecord], code: CodeSampler | None) -> Periodi
     # Every (period, residue) pair is tried: a step slowed by chance (a preempted host) lands
     # on any residue, a stall that comes back every k-th step on one. The pair kept is the one
     # whose slow steps add the most time (k = 5 beats k = 10, which holds half of them).
+    # A chance slow step (preemption on a loaded host) is told apart three ways: the slow
+    # steps of a period are most of the steps on it, rare elsewhere, and alike in size.
+    all_slow = sum(1 for s in steps if s.step_s > bar)
     best: tuple[float, int, list[StepRecord]] | None = None
     for period in range(2, min(PERIOD_MAX_STEPS, len(steps) // PERIOD_MIN_SLOW_STEPS) + 1):
         groups: defaultdict[int, list[StepRecord]] = defaultdict(list)
@@ -135,7 +145,15 @@ def periodic_stall(steps: list[StepRecord], code: CodeSampler | None) -> Periodi
             slow = [s for s in on if s.step_s > bar]
             if len(slow) < PERIOD_MIN_SLOW_STEPS or len(slow) < PERIOD_AGREEMENT * len(on):
                 continue
-            extra = sum(s.step_s - med for s in slow)
+            off = len(steps) - len(on)
+            if off and (all_slow - len(slow)) / off > PERIOD_OFF_RATE * len(slow) / len(on):
+                continue
+            extras = [s.step_s - med for s in slow]
+            typical = percentile(extras, 50)
+            spread = percentile([abs(e - typical) for e in extras], 50)
+            if spread > PERIOD_SPREAD * typical:
+                continue
+            extra = sum(extras)
             if best is None or extra > best[0] * 1.01:
                 best = (extra, period, slow)
     if best is None:

@@ -33,6 +33,7 @@ from redline.measure.hooks import Instrumentation
 from redline.measure.nvml import NvmlSampler, import_pynvml
 from redline.measure.profile import TraceCapture
 from redline.measure.ranks import ProgressBeacon, rank_info
+from redline.measure.stacks import CodeSampler, GcPauses
 from redline.measure.timeline import RECENT_STEPS, StepRecord, StepTracker
 
 T = TypeVar("T")
@@ -80,6 +81,9 @@ class Recorder:
         self.flops = FlopWindow()
         self.capture: TraceCapture | None = None
         self.cpu = CpuSampler(self.config.sample_interval_s)
+        self.code: CodeSampler | None = None
+        """Where the loop's time outside the phases went (None with stack sampling off)."""
+        self.gc_pauses: GcPauses | None = None
         self.cuda_timer: CudaStepTimer | None = None
         self.syncs: SyncCounter | None = None
         self.nvml: NvmlSampler | None = None
@@ -134,6 +138,7 @@ class Recorder:
             self.inst = Instrumentation(self.tracker, self.device.type, on_work,
                                         keep_loaders=self.config.keep_loaders, on_data=on_data)
             self.inst.install(stack)
+            self._start_code_sampler(stack)
             self.cpu.start()
             stack.callback(self.cpu.stop)
             self._start_beacon(stack)
@@ -179,6 +184,19 @@ class Recorder:
         self.parallel = snapshot(self._parallel_roots or (self.inst.roots if self.inst else []))
         self._parallel_roots = []  # the user's models are theirs again
         stack.close()
+
+    def _start_code_sampler(self, stack: ExitStack) -> None:
+        """GC timing and the stack sampler, which ticks on the CPU sampler's thread."""
+        period = self.config.stack_sample_interval_s
+        if period is None:
+            return
+        def measuring() -> bool:
+            return self._state == "measuring"
+        self.gc_pauses = GcPauses(self.tracker, measuring)
+        self.gc_pauses.install(stack)
+        self.code = CodeSampler(self.tracker, threading.get_ident(), measuring, self.gc_pauses,
+                                period)
+        self.cpu.set_ticker(self.code.tick, period)
 
     def _start_beacon(self, stack: ExitStack) -> None:
         """In a multi-process job, publish this rank's progress (see ProgressBeacon)."""

@@ -260,6 +260,11 @@ class StepTracker:
     def in_phase(self, phase: int) -> bool:
         return any(f[0] == phase for f in self._stack[_FLOOR:])
 
+    def outside_phases(self) -> bool:
+        """Whether the training thread is in no timed phase now. Read from the stack sampler's
+        thread: a list's length is read atomically under the GIL, and nothing is written."""
+        return len(self._stack) == _FLOOR
+
     def add_batch(self, samples: int | None) -> None:
         acc = self._acc
         acc.batches += 1

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from redline.core.findings import Finding
+from redline.core.measurements import Measurements
 from redline.core.report import RanksReport, Report
 
 _SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
@@ -90,6 +91,30 @@ def render_ranks(r: RanksReport, console: Console) -> None:
         console.print(f"[yellow]missing ranks:[/yellow] {', '.join(map(str, r.missing))}")
 
 
+LOOP_SITES_SHOWN = 5
+"""Lines shown under the breakdown, where the time outside the phases went."""
+
+
+def render_loop_sites(m: Measurements, console: Console) -> None:
+    """The user's lines that spent the time outside every phase ('other'), largest first."""
+    lw = m.loop
+    if lw is None or lw.other_fraction < 0.02 or not lw.sites:
+        return
+    table = Table(title=f"Where 'other' went ({lw.other_fraction:.1%} of each step; "
+                        f"{lw.samples} stack samples)", title_justify="left")
+    table.add_column("line")
+    table.add_column("kind")
+    table.add_column("share", justify="right")
+    table.add_column("code")
+    for site in lw.sites[:LOOP_SITES_SHOWN]:
+        table.add_row(escape(f"{site.file}:{site.line} ({site.function})"), site.kind,
+                      f"{site.step_fraction:.1%}", escape(site.text or site.via or ""))
+    gc_out = lw.kind_fractions.get("gc", 0.0)
+    if gc_out >= 0.005:
+        table.add_row("garbage collection", "gc", f"{gc_out:.1%}", "gc.callbacks (exact)")
+    console.print(table)
+
+
 def render(report: Report, console: Console) -> None:
     m = report.measurements
     t = m.timing
@@ -138,6 +163,7 @@ def render(report: Report, console: Console) -> None:
         for p in m.breakdown:
             table.add_row(p.phase, f"{p.mean_s * 1e3:.2f}", f"{p.fraction:.1%}", bar(p.fraction))
         console.print(table)
+        render_loop_sites(m, console)
 
     if report.ranks is not None:
         render_ranks(report.ranks, console)

@@ -102,6 +102,7 @@ def watch(
     metrics_address: str = _DEFAULTS.metrics_address,
     timeline_path: str | None = _DEFAULTS.timeline_path,
     steps_kept: int | None = _DEFAULTS.steps_kept,
+    stack_sample_interval_s: float | None = _DEFAULTS.stack_sample_interval_s,
 ) -> Watch:
     """Measure the training loop run inside the ``with`` block. See :class:`WatchConfig` for
     each argument."""
@@ -110,4 +111,5 @@ def watch(
         device=device, sample_interval_s=sample_interval_s, detect_syncs=detect_syncs,
         metrics_port=metrics_port, metrics_address=metrics_address,
         timeline_path=timeline_path, steps_kept=steps_kept,
+        stack_sample_interval_s=stack_sample_interval_s,
     ))
