@@ -254,3 +254,15 @@ def test_a_stored_sample_that_cannot_be_read_back_is_computed_again(tmp_path: Pa
         assert float(ds[2][0]) == 4.0
         assert torch.cat(ds.__getitems__([1, 2]))[::4].tolist() == [2.0, 4.0]
     assert float(ds[1][0]) == 2.0
+
+
+@pytest.mark.slow
+def test_spawned_workers_read_and_count(tmp_path: Path) -> None:
+    """A loader whose workers are spawned (``multiprocessing_context="spawn"``, the default
+    on macOS): the dataset crosses into them pickled, counters and all."""
+    ds = CachedDataset(Numbers(32), double, store=tmp_path / "c")
+    loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="spawn")
+    for _ in range(2):
+        assert torch.cat(list(loader))[:, 0].tolist() == [2.0 * i for i in range(32)]
+    s = ds.stats()
+    assert (s.misses, s.hits, s.uncached) == (32, 32, 0)

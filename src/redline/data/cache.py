@@ -154,7 +154,9 @@ class CachedDataset(Dataset[Any]):
         # The stored form's version too: a store written in another format is never misread.
         self._prefix = f"{self.fingerprint}:v{FORMAT_VERSION}:".encode()
         # Shared across forked/spawned DataLoader workers: hits, misses, read, written, uncached
-        self._counters = mp.Array("q", 5)
+        # A spawn-context array: it crosses into spawned workers (a fork-context lock refuses
+        # to be pickled for them) and is inherited by forked ones alike.
+        self._counters = mp.get_context("spawn").Array("q", 5)
         self._local: list[int] | None = None
         self._local_pid = -1
         self._writable = True
