@@ -295,6 +295,8 @@ def test_a_competing_process_is_contention_not_storage() -> None:
     assert alone.host.main_thread_run_delay_fraction is not None
     assert h.main_thread_run_delay_fraction > 0.25
     assert h.main_thread_run_delay_fraction > 3 * alone.host.main_thread_run_delay_fraction
+    # one finding over the whole step (the loop's own delay covers the fetch's), naming it
     f = next(f for f in shared.findings if f.id == "cpu_contention")
-    assert "other processes keep" in f.title
+    assert "training thread waits for a CPU" in f.title
+    assert f"pid {rival} " in str(f.evidence["competing_processes"])
     assert not {"storage_fetch", "fetch_wait"} & _ids(shared)

@@ -6,7 +6,7 @@ import pytest
 
 from factories import H2DMetrics, loader, measurements
 from redline.core.findings import CATALOGUE, ceiling_speedup
-from redline.core.measurements import DdpStats, FsdpStats
+from redline.core.measurements import CompetingProcess, DdpStats, FsdpStats
 from redline.diagnose import (
     JOB_RULES,
     NOT_DIAGNOSED,
@@ -367,6 +367,40 @@ def test_waiting_for_a_cpu_is_contention_and_names_the_competing_load() -> None:
     own = measurements(phases={"data_wait": 0.6, "forward": 0.2},
                        host={**host, "other_processes_cpu_cores": 0.05})
     assert "own threads outnumber" in get(own, "cpu_contention").title
+
+
+def test_the_training_threads_run_delay_is_contention_naming_the_processes() -> None:
+    """The loop's thread runnable without a CPU 50 % of the window while a child the script
+    started burns a core: one cpu_contention over the whole step, naming the child; the same
+    delay with nothing else on the CPUs is the job's own threads (not this finding); a small
+    delay beside a busy process is not worth one."""
+    burner = CompetingProcess(pid=4242, command="python burn.py", cpu_s=1.9, cpu_cores=0.95,
+                              child=True)
+    other = CompetingProcess(pid=777, command="rsync -a /data /backup", cpu_s=0.4,
+                             cpu_cores=0.2, child=False)
+    m = measurements(host={"main_thread_run_delay_fraction": 0.5,
+                           "competing_processes": [burner, other]})
+    f = get(m, "cpu_contention")
+    assert "pid 4242" in f.title and "a process the job started" in f.title
+    assert f.evidence["top_competing_pid"] == 4242
+    assert "pid 777 `rsync -a /data /backup`" in str(f.evidence["competing_processes"])
+    assert f.evidence["competing_cpu_cores"] == pytest.approx(1.15)
+    assert f.ceiling_speedup == pytest.approx(2.0)
+    assert "child process pid 4242" in f.fix
+    alone = measurements(host={"main_thread_run_delay_fraction": 0.5,
+                               "competing_processes": []})
+    assert "cpu_contention" not in ids(alone)
+    small = measurements(host={"main_thread_run_delay_fraction": 0.1,
+                               "competing_processes": [burner]})
+    assert "cpu_contention" not in ids(small)
+    # the fetch's part, where the loop's own delay is unknown, names them too
+    fetch = measurements(phases={"data_wait": 0.6, "forward": 0.2},
+                         host={"data_fetch_cpu_fraction": 0.2,
+                               "data_fetch_run_delay_fraction": 0.7,
+                               "other_processes_cpu_cores": 1.6,
+                               "competing_processes": [other]})
+    g = get(fetch, "cpu_contention")
+    assert g.evidence["top_competing_pid"] == 777 and "fetcher waits" in g.title
 
 
 def test_workers_queueing_for_their_own_cores_are_cpu_bound_not_contention() -> None:

@@ -113,6 +113,24 @@ class PhaseShare:
     """Seconds of this phase in that step."""
 
 
+@dataclass(slots=True, kw_only=True)
+class CompetingProcess:
+    """A process, other than the training process and its DataLoader workers, that used CPU
+    on the CPUs the job may run on during the measured window."""
+
+    pid: int
+    command: str
+    """Its command line, cut to 160 characters."""
+    cpu_s: float
+    """CPU seconds it used in the window on the job's CPUs (all its threads; /proc/<pid>/stat
+    at the window's start and end; a process allowed on n CPUs, k of them the job's, counts
+    k/n of its time)."""
+    cpu_cores: float
+    """``cpu_s`` ÷ the window's wall seconds."""
+    child: bool
+    """A child process of the job (not a DataLoader worker): one the script started."""
+
+
 @dataclass(slots=True)
 class HostMetrics:
     cpus_available: float
@@ -154,6 +172,11 @@ class HostMetrics:
     other_processes_cpu_cores: float | None = None
     """CPU seconds per wall second that other processes spent on the CPUs this job may use:
     everything on those CPUs (/proc/stat per CPU) minus this process and its workers."""
+    competing_processes: list[CompetingProcess] | None = None
+    """The processes other than this one and its DataLoader workers (the job's other children
+    all listed, at most 10 others) that used ≥ 2 % of a core on the job's CPUs during the
+    window, most CPU first; None where /proc could not be read."""
+
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ RULES: dict[str, Rule] = {
     "cpu_preprocessing": data.cpu_preprocessing,
     "storage_fetch": data.storage_fetch,
     "fetch_wait": data.fetch_wait,
-    "cpu_contention": data.cpu_contention,
+    "cpu_contention": host.cpu_contention,
     "h2d_copy": data.h2d_copy,
     "thread_oversubscription": host.thread_oversubscription,
     "shm_too_small": host.shm_too_small,

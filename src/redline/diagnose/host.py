@@ -1,11 +1,89 @@
-"""Pre-flight host findings: thread_oversubscription, shm_too_small, copy_on_access_dataset,
-worker_respawn: pre-flight checks of the host and the loaders."""
+"""Host findings: cpu_contention over the whole step (the training thread waiting for a CPU
+while other processes use the job's CPUs), and the pre-flight checks of the host and the
+loaders: thread_oversubscription, shm_too_small, copy_on_access_dataset, worker_respawn."""
 
 from __future__ import annotations
 
-from redline.core.findings import Finding, ceiling_speedup, severity_for
-from redline.core.measurements import Measurements
-from redline.diagnose.thresholds import WORKER_RESPAWN_MIN_FRACTION
+import dataclasses
+
+from redline.core.findings import Evidence, Finding, ceiling_speedup, severity_for
+from redline.core.measurements import CompetingProcess, Measurements
+from redline.diagnose import data
+from redline.diagnose.thresholds import (
+    MAIN_THREAD_RUN_DELAY_MIN_FRACTION,
+    OTHERS_MIN_CORES,
+    WORKER_RESPAWN_MIN_FRACTION,
+)
+
+
+def _named(procs: list[CompetingProcess], n: int = 12) -> str:
+    return "; ".join(f"pid {p.pid} `{p.command}` {p.cpu_cores:.2f} cores"
+                     + (" (a child process of the job)" if p.child else "") for p in procs[:n])
+
+
+def _competition(m: Measurements) -> tuple[float | None, list[CompetingProcess]]:
+    """CPU cores other processes used on the job's CPUs over the window — the listed ones
+    (the job's non-worker children included), else /proc/stat's remainder — and the list."""
+    h = m.host
+    procs = h.competing_processes
+    if procs is None:
+        return h.other_processes_cpu_cores, []
+    return sum(p.cpu_cores for p in procs), procs
+
+
+def cpu_contention(m: Measurements) -> list[Finding]:
+    """The training thread was runnable but waited for a CPU ≥ MAIN_THREAD_RUN_DELAY_MIN_FRACTION
+    of the measured window while other processes (the job's own non-worker children included)
+    used ≥ OTHERS_MIN_CORES of its CPUs: one finding over the whole step, naming them. Else the
+    data fetch's part of the wait (:func:`redline.diagnose.data.cpu_contention`), with the
+    competing processes named. Delay without competing processes is the job's own threads
+    (thread_oversubscription's), not reported here."""
+    h = m.host
+    delay = h.main_thread_run_delay_fraction
+    cores, procs = _competition(m)
+    step = m.timing.step_time_mean_s
+    if (delay is None or delay < MAIN_THREAD_RUN_DELAY_MIN_FRACTION or cores is None
+            or cores < OTHERS_MIN_CORES or step is None):
+        fetch = data.cpu_contention(m)
+        if not procs or not fetch:
+            return fetch
+        f = fetch[0]
+        named: Evidence = {**f.evidence, "competing_processes": _named(procs),
+                           "top_competing_pid": procs[0].pid}
+        return [dataclasses.replace(f, evidence=named)]
+    ev: Evidence = {
+        "main_thread_run_delay_fraction": round(delay, 4),
+        "run_delay_ms_per_step": round(delay * step * 1e3, 3),
+        "competing_cpu_cores": round(cores, 3),
+        "cpus_available": h.cpus_available,
+        "competing_processes": _named(procs) if procs else None,
+        "top_competing_pid": procs[0].pid if procs else None,
+        "top_competing_is_child": procs[0].child if procs else None,
+        "basis": ("the training thread's run delay over the measured window "
+                  "(/proc/self/task/<tid>/schedstat) ÷ its wall time; the processes' CPU "
+                  "seconds from /proc/<pid>/stat at the window's start and end, those allowed "
+                  "on the job's CPUs, DataLoader workers left out"),
+    }
+    if procs:
+        top = procs[0]
+        who = (f"pid {top.pid} (`{top.command[:60]}`) used {top.cpu_cores:.2f} cores of the "
+               f"job's CPUs" + (", a process the job started" if top.child else "")
+               + (f", {len(procs) - 1} more listed" if len(procs) > 1 else ""))
+    else:
+        who = f"other processes used {cores:.2f} of the {h.cpus_available:g} usable CPUs"
+    if procs and procs[0].child:
+        fix = (f"The job's own child process pid {procs[0].pid} competes with the training "
+               "loop for its CPUs: run it on other cores (os.sched_setaffinity / taskset), at "
+               "a lower priority (os.nice(10) in it), less often, or after training; if it is "
+               "data preparation, move it into DataLoader workers sized to the spare CPUs.")
+    else:
+        fix = ("Give the job CPUs of its own: stop or move the competing processes listed in "
+               "the evidence, pin them and this job to separate cores (taskset, cpusets, the "
+               "scheduler's CPU requests), or ask for dedicated cores.")
+    return [Finding(
+        "cpu_contention", severity_for(delay),
+        f"The training thread waits for a CPU {delay:.0%} of the step: {who}",
+        ev, ceiling_speedup(delay), fix)]
 
 
 def thread_oversubscription(m: Measurements) -> list[Finding]:

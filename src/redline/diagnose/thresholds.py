@@ -27,6 +27,15 @@ OTHERS_MIN_CORES = 0.25
 """Other processes count as the competing load when they keep ≥ a quarter of a core busy on
 the job's CPUs during the window; below that, run delay comes from the job's own threads."""
 
+MAIN_THREAD_RUN_DELAY_MIN_FRACTION = 0.2
+"""The training thread runnable but without a CPU ≥ 20 % of the measured window (its scheduler
+run delay, /proc/self/task/<tid>/schedstat) → cpu_contention over the whole step, when other
+processes use ≥ OTHERS_MIN_CORES of the job's CPUs. Run-queue latency is the USE method's
+measure of CPU saturation (Gregg, "Systems Performance", 2nd ed., the USE method for CPUs).
+A fifth of the step is a ceiling of 1.25×: set high so that a shared host's ordinary run-queue
+latency stays below it, while one CPU-bound process sharing the loop's CPU (CFS splits the CPU
+between them: ≈ 50 %) is well above it."""
+
 SECONDARY_MIN_SHARE = 0.3
 """The minor side of the split is reported too when it makes ≥ 30 % of the data wait (and
 ≥ 5 % of the step): a mixed pipeline needs both fixes."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from redline.measure.processes import ProcessCpu, Table, competitors, cpu_table
 from redline.measure.sched import process_run_delay, thread_run_delay, usable_cpus_busy_s
 
 
@@ -60,6 +61,9 @@ class CpuWindow:
     usable_cpus_busy_s: float | None = None
     """CPU seconds spent by anything (this job and every other process) on the CPUs this
     process may run on, during the window (/proc/stat per CPU); None where unreadable."""
+    processes: list[ProcessCpu] | None = None
+    """The other processes that used CPU on those CPUs during the window, children included,
+    most CPU first (:func:`redline.measure.processes.competitors`); None where unreadable."""
 
 
 def _read(p: psutil.Process, run_delay: bool = False) -> _ProcReading | None:
@@ -109,6 +113,7 @@ class CpuSampler:
         self._base: dict[int, _ProcReading] = {}
         self._main_base: _ProcReading | None = None
         self._busy_base: float | None = None
+        self._table_base: Table | None = None
         self._loop_tid = threading.get_native_id()
         self._loop_delay_base: float | None = None
         self._own_reads = 0
@@ -139,7 +144,9 @@ class CpuSampler:
     def mark(self) -> None:
         """Start a new window now (called at the end of warm-up)."""
         self.sample()
+        table = cpu_table()  # before the I/O baseline: its /proc reads are not the job's
         with self._lock:
+            self._table_base = table
             self._base = dict(self._last)
             self._busy_base = usable_cpus_busy_s()
             self._main_base = _read(self._proc)
@@ -211,6 +218,7 @@ class CpuSampler:
         self.sample()
         r0 = _own_read_chars()
         busy = usable_cpus_busy_s()
+        table = cpu_table()
         own = self._own_reads + max(0, (_own_read_chars() or 0) - (r0 or 0))
         main = _read(self._proc)
         loop_delay = thread_run_delay(self._loop_tid)
@@ -263,4 +271,6 @@ class CpuSampler:
                     else max(0.0, loop_delay - self._loop_delay_base)),
                 usable_cpus_busy_s=(None if busy is None or self._busy_base is None
                                     else max(0.0, busy - self._busy_base)),
+                processes=(None if table is None or self._table_base is None
+                           else competitors(self._table_base, table, wall, set(self._last))),
             )

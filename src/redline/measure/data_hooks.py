@@ -147,6 +147,8 @@ class DataHooks:
             if info.settings.num_workers > 0:
                 inst._worker_iters.add(it)
                 inst.workers_started = True
+                info.worker_pids.update(  # started in the iterator's __init__
+                    p.pid for p in getattr(it, "_workers", ()) if p.pid is not None)
             inst._iter_info[id(it)] = (weakref.ref(it), info, (t1 - t0) if spawns else None)
             return it
 

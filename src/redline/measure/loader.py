@@ -44,6 +44,9 @@ class LoaderInfo:
     """How many of those started worker processes."""
     startup_s: list[float] = field(default_factory=list)
     """Per started iterator: seconds in iter() plus the first batch (worker start-up)."""
+    worker_pids: set[int] = field(default_factory=set)
+    """Process ids of the worker processes its iterators started (told apart from the job's
+    other child processes, which compete with it for CPUs)."""
     batch_bytes: int | None = None
     """Tensor bytes of the first batch seen."""
     containers: list[ContainerAttr] = field(default_factory=list)

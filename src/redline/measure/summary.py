@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from redline.core.measurements import (
+    CompetingProcess,
     DeviceInfo,
     DeviceMetrics,
     EffectiveConfig,
@@ -173,6 +174,7 @@ def build_measurements(w: Recorder) -> Measurements:
                                  if win and wall and win.children_run_delay_s is not None
                                  else None),
         other_processes_cpu_cores=others,
+        competing_processes=_competing(w),
         workers_read_bytes_per_s=(win.children_read_bytes / wall
                                   if win and wall and win.io_available else None),
         workers_read_chars_per_s=(win.children_read_chars / wall
@@ -234,6 +236,18 @@ def build_measurements(w: Recorder) -> Measurements:
         fsdp=fsdp_stats(parallel, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
         evaluation=evaluation_metrics(steps),
     )
+
+
+def _competing(w: Recorder) -> list[CompetingProcess] | None:
+    """The window's other processes on the job's CPUs, its DataLoader workers left out."""
+    win, inst = w.cpu_window, w.inst
+    if win is None or win.processes is None or inst is None:
+        return None
+    workers = {pid for li in inst.loaders for pid in li.worker_pids}
+    wall = win.wall_s if win.wall_s > 0 else None
+    return [CompetingProcess(pid=p.pid, command=p.command, cpu_s=p.cpu_s,
+                             cpu_cores=p.cpu_s / wall if wall else 0.0, child=p.child)
+            for p in win.processes if p.pid not in workers]
 
 
 def _cache_stats(cache: object) -> dict[str, int | float | None] | None:
