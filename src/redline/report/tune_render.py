@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from redline.tune.result import TuneResult
+if TYPE_CHECKING:  # annotations only: `redline trace --html` reads TUNE_SCHEMA without torch
+    from redline.tune.result import TuneResult
 
 TUNE_SCHEMA = "redline.tune/1"
 
