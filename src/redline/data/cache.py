@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import multiprocessing.context as mpc
 import multiprocessing.util as mp_util
 import os
 import warnings
@@ -154,9 +155,9 @@ class CachedDataset(Dataset[Any]):
         # The stored form's version too: a store written in another format is never misread.
         self._prefix = f"{self.fingerprint}:v{FORMAT_VERSION}:".encode()
         # Shared across forked/spawned DataLoader workers: hits, misses, read, written, uncached
-        # A spawn-context array: it crosses into spawned workers (a fork-context lock refuses
-        # to be pickled for them) and is inherited by forked ones alike.
-        self._counters = mp.get_context("spawn").Array("q", 5)
+        self._counters = mp.Array("q", 5)
+        self._spawnable = False
+        """Whether the counters were moved to a spawn-context array (see __getstate__)."""
         self._local: list[int] | None = None
         self._local_pid = -1
         self._writable = True
@@ -172,6 +173,16 @@ class CachedDataset(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for spawned workers: what this process computed goes to the store first.
         self._write_pending()
+        if mpc.get_spawning_popen() is not None and not self._spawnable:
+            # A fork-context lock refuses to cross into a spawned process ("A SemLock created
+            # in a fork context…"): move the counters to a spawn-context array, once. Not
+            # made so from the start: a spawn-context lock starts multiprocessing's resource
+            # tracker, a child process that runs with forked workers needing none.
+            self._flush()
+            moved = mp.get_context("spawn").Array("q", 5)
+            with self._counters.get_lock():
+                moved[:] = self._counters[:]
+            self._counters, self._spawnable = moved, True
         return dict(self.__dict__)
 
     def flush(self) -> None:
