@@ -180,6 +180,7 @@ print(transform_fingerprint(t)[0], CachedDataset(Data(), t, store="/nonexistent"
 '''
 
 
+@pytest.mark.slow
 def test_the_key_is_the_same_under_every_hash_seed(tmp_path: Path) -> None:
     script = tmp_path / "seeded.py"
     script.write_text(SEEDED.format(src=SRC))
@@ -245,6 +246,7 @@ for x in (t, t.t()):
 '''
 
 
+@pytest.mark.slow
 def test_fingerprinting_a_large_tensor_costs_bounded_memory(tmp_path: Path) -> None:
     script = tmp_path / "rss.py"
     script.write_text(RSS.format(src=SRC))

@@ -134,6 +134,7 @@ def _child(shm: Path, how: str, tmp_path: Path) -> subprocess.Popen[str]:
                             stdin=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_the_last_process_using_a_memory_store_removes_it(shm: Path, tmp_path: Path) -> None:
     p = _child(shm, "exit", tmp_path)
     out, _ = p.communicate(timeout=180)
@@ -141,6 +142,7 @@ def test_the_last_process_using_a_memory_store_removes_it(shm: Path, tmp_path: P
     assert not (shm / "redline-cache").exists()  # nothing left in memory
 
 
+@pytest.mark.slow
 def test_a_store_left_by_a_killed_run_is_removed_and_a_live_one_kept(
         shm: Path, tmp_path: Path) -> None:
     p = _child(shm, "killed", tmp_path)
@@ -171,6 +173,7 @@ def test_a_store_left_by_a_killed_run_is_removed_and_a_live_one_kept(
     assert store_place.release(left) and not left.exists()
 
 
+@pytest.mark.slow
 def test_a_leftover_store_is_emptied_by_the_next_process_that_leases_it(
         shm: Path, tmp_path: Path) -> None:
     p = _child(shm, "killed", tmp_path)
