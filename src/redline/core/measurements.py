@@ -316,7 +316,7 @@ class Measurements:
     mfu: MfuResult
     tier: MetricTier
     counts: dict[str, int]
-    """Events seen: forward, backward, optimizer_step, batches, manual_step."""
+    """Events seen: forward, backward, optimizer_step, batches, manual_step, evaluation."""
     root_modules: list[str]
     sources: dict[str, str]
     notes: list[str] = field(default_factory=list)
