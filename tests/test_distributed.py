@@ -192,11 +192,16 @@ def test_the_rank_slow_to_compute_is_named_though_step_times_are_equal(
         tmp_path: Path, ranks: int) -> None:
     reps = _windows(tmp_path, "backward", ranks)
     assert _stragglers(reps) == [1] * 10
+    work = 0
     for r in reps:
         f = next(f for f in r["findings"] if f["id"] == "straggler")
         assert "more per step (forward + backward" in f["title"]
+        assert "device" not in f["title"] + f["fix"]  # CPU ranks: no device to blame
+        work += "more work than the others" in f["title"] and f["severity"] != "low"
         step = r["ranks"]["merged"]["step_time_mean_s"]
         assert step["spread"] < 0.1 * step["median"]  # per-rank step times hide it
+    # its extra compute shows as CPU time of its own; a window the scheduler dominates may not
+    assert work >= 8, [r["findings"] for r in reps]
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -205,9 +210,16 @@ def test_a_balanced_job_never_gets_a_straggler(tmp_path: Path, ranks: int) -> No
     and pytest) the scheduler can hold one rank back for a whole 30-step window and its peers
     really do wait for it; that is chance, not the job, and it moves between windows — unlike
     the slowed rank above, named in every one."""
-    named = _stragglers(_windows(tmp_path, "balanced", ranks))
+    reps = _windows(tmp_path, "balanced", ranks)
+    named = _stragglers(reps)
     assert sum(r is not None for r in named) <= 3, named
     assert max(named.count(r) for r in range(ranks)) <= 2, named
+    # one that is named says the ranks share the host's CPUs, is low and has no ceiling: no
+    # device is blamed on a host without one
+    found = [f for r in reps for f in r["findings"] if f["id"] == "straggler"]
+    assert all("device" not in f["title"] + f["fix"] for f in found), found
+    assert sum(f["severity"] != "low" or f["ceiling_speedup"] is not None for f in found) <= 1, \
+        found
 
 
 @pytest.mark.parametrize("slow", [1, -1])

@@ -292,3 +292,19 @@ def test_on_cpu_a_rank_alone_on_its_host_is_not_said_to_share_it() -> None:
     assert f is not None and f.rank == 1 and f.severity == "high"
     assert "on no more CPU time than the others: other processes or slower CPUs on node1" \
         in f.title and "share" not in f.title and "device" not in f.title + f.fix
+
+
+@pytest.mark.parametrize(("cpu_ms", "delay_ms", "verdict"),
+                         [(8.0, 15.0, "more work"), (10.0, 22.0, "share its 2 CPUs")])
+def test_on_a_loaded_host_cpu_time_and_run_delay_split_the_extra_compute(
+        cpu_ms: float, delay_ms: float, verdict: str) -> None:
+    """Rank 1 computes 25 ms more a step. 8 ms more CPU time with 15 ms more run delay: it has
+    work of its own, stretched by the load. 22 ms more run delay: the scheduler's doing
+    (≥ 80 % of it), whatever its CPU time."""
+    _, findings = _merge([
+        _on("cpu", _summary(0, bwd_s=0.055, cpu=0.07, run_delay_s=0.001)),
+        _on("cpu", _summary(1, late_s=0.025, bwd_s=0.055, cpu=0.07 + cpu_ms / 1e3 / STEP,
+                            run_delay_s=0.001 + delay_ms / 1e3))])
+    f = _straggler(findings)
+    assert f is not None and f.rank == 1 and verdict in f.title
+    assert (f.severity == "low") == (verdict != "more work")

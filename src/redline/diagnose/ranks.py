@@ -15,10 +15,12 @@ import statistics
 from redline.core.findings import Finding, ceiling_speedup, severity_for
 from redline.core.report import RankEntry, RanksReport
 from redline.diagnose.thresholds import (
+    STRAGGLER_HELD_DELAY_SHARE,
     STRAGGLER_MIN_CAUSED_SHARE,
     STRAGGLER_MIN_LAST_SHARE,
     STRAGGLER_MIN_SKEW,
     STRAGGLER_MIN_WAIT_S,
+    STRAGGLER_MORE_WORK_CPU_SHARE,
 )
 
 
@@ -146,24 +148,27 @@ def _on_shared_cpus(slow: RankEntry, others: list[RankEntry], computes: str,
     numbers["ranks_on_host"] = n_local
     numbers["host_ranks_cpu_cores"] = None if used is None else round(used, 3)
     numbers["cpus_available"] = slow.cpus_available
-    # runnable without a CPU for at least half of its extra compute: the scheduler held it
-    # back, whatever else its threads spent (gloo's, redline's own on rank 0)
-    queued = delay_excess is not None and delay_excess >= 0.5 * compute_excess
-    if n_local < 2:  # alone on its host: nothing of the job's shares its CPUs
-        got = ("while its training thread waits "
-               f"{(delay_excess or 0.0) * 1e3:,.1f} ms more per step than the others' for a CPU"
-               if queued else "on no more CPU time than the others")
-        return (f"{computes} {got}: other processes or slower CPUs on {slow.host}",
-                f"Find what else runs on {slow.host} (other jobs, too many DataLoader workers or "
-                f"threads for its cores) and whether its CPUs are slower (model, frequency) "
-                f"than the other hosts'.", numbers, True)
-    if not queued and cpu_excess is not None and cpu_excess >= 0.5 * compute_excess:
+    # the scheduler's run delay is (nearly) all of its extra compute: it was held off the
+    # CPUs, whatever else its process's threads spent; else CPU time to show for a part of it
+    # is work the others do not have
+    held = (delay_excess is not None
+            and delay_excess >= STRAGGLER_HELD_DELAY_SHARE * compute_excess)
+    if not held and cpu_excess is not None \
+            and cpu_excess >= STRAGGLER_MORE_WORK_CPU_SHARE * compute_excess:
         return (f"{computes} and uses {cpu_excess * 1e3:,.1f} ms more CPU time per step: more "
                 "work than the others",
                 f"Find what rank {slow.rank} computes that the others do not: larger inputs "
                 "(sequence lengths, image sizes) on its shard, or extra work only it does "
                 "(logging, evaluation, checkpointing).", numbers, True)
-    cpu = ("" if cpu_excess is None or queued else
+    if n_local < 2:  # alone on its host: nothing of the job's shares its CPUs
+        got = ("while its training thread waits "
+               f"{(delay_excess or 0.0) * 1e3:,.1f} ms more per step than the others' for a CPU"
+               if held else "on no more CPU time than the others")
+        return (f"{computes} {got}: other processes or slower CPUs on {slow.host}",
+                f"Find what else runs on {slow.host} (other jobs, too many DataLoader workers or "
+                f"threads for its cores) and whether its CPUs are slower (model, frequency) "
+                f"than the other hosts'.", numbers, True)
+    cpu = ("" if cpu_excess is None or held else
            f" on {'no more' if cpu_excess <= 0 else f'only {cpu_excess * 1e3:,.1f} ms more'} "
            "CPU time")
     delay = ("" if slow.run_delay_s is None else

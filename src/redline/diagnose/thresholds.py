@@ -126,6 +126,17 @@ A job with many collectives per step (FSDP's per-layer all-gathers and reduce-sc
 late rank at the first collective of each step and lockstep, order-by-chance arrivals at the
 rest: the count of last arrivals then hides it, the time it makes the others wait does not."""
 
+STRAGGLER_HELD_DELAY_SHARE = 0.8
+"""A rank training on CPU whose training thread's extra run delay (runnable without a CPU,
+/proc/<pid>/task/<tid>/schedstat) is ≥ 80 % of its extra compute was held off its CPUs: the
+wall time a CPU-bound step adds is its extra CPU time plus its extra run delay, and here the
+delay is (nearly) all of it."""
+
+STRAGGLER_MORE_WORK_CPU_SHARE = 0.25
+"""…otherwise, where ≥ 25 % of its extra compute shows as extra CPU time of its process, it has
+work the others do not (on a loaded host its run delay stretches that work further, so the CPU
+time is a part of the wall time, not all of it)."""
+
 # -- the stall note and the limits left after tuning -----------------------------------------
 
 HOST_GAP_MIN = 0.1
