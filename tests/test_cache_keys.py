@@ -295,6 +295,14 @@ def test_slots_and_namedtuple_fields_are_not_named_unseen() -> None:
 
     a, b = dataset_fingerprint(m["Slots"]([1, 2, 3])), dataset_fingerprint(m["Slots"]([1, 9, 3]))
     assert a[0] != b[0] and a[1] == b[1] == []
+    # nor a dataset's lock (around a lazily opened file) or event, nor a deque's items
+    import collections
+    import threading
+
+    guarded = Holder([threading.Lock(), threading.RLock(), threading.Event()])
+    assert dataset_fingerprint(guarded)[1] == []
+    assert dataset_fingerprint(Holder(collections.deque([1, 2])))[0] != dataset_fingerprint(
+        Holder(collections.deque([1, 3])))[0]
 
 
 class _Raising:

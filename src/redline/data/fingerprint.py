@@ -24,6 +24,7 @@ the cache can say once that the user should pass ``fingerprint=``.
 from __future__ import annotations
 
 import builtins
+import collections
 import dis
 import enum
 import functools
@@ -33,6 +34,7 @@ import os
 import site
 import sys
 import sysconfig
+import threading
 import types
 from functools import lru_cache
 from typing import Any
@@ -161,6 +163,9 @@ class _Hasher:
                                "seen)")
         elif isinstance(v, list | tuple):
             self._sequence(v, where, depth)
+        elif isinstance(v, collections.deque):
+            self.put("deque", v.maxlen)
+            self._sequence(list(v), where, depth)
         elif isinstance(v, set | frozenset):
             self._set(v, where, depth)
         elif isinstance(v, dict):
@@ -318,6 +323,9 @@ class _Hasher:
             attrs = {s: getattr(v, s) for s in slots if hasattr(v, s)}
         if not attrs:
             r = _plain_repr(v)
+            if isinstance(v, _NO_DATA):
+                self.put("no data", cls.__qualname__)
+                return
             if not users and not (r and isinstance(v, _DESCRIBED_BY_REPR)):
                 self.unseen.append(f"{where} (a {cls.__qualname__}, whose state cannot be "
                                    "read)")
@@ -480,6 +488,10 @@ def _described_by_repr() -> tuple[type, ...]:
 
 _DESCRIBED_BY_REPR = _described_by_repr()
 """Types without readable attributes whose repr says everything their behaviour depends on."""
+
+_NO_DATA: tuple[type, ...] = (type(threading.Lock()), type(threading.RLock()))
+"""Types without readable attributes that hold no data a sample depends on (a dataset's lock
+around a lazily opened file)."""
 
 
 def _plain_repr(v: Any) -> str:
