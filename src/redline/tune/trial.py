@@ -177,7 +177,10 @@ def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup
     measured, restart = (steps, False) if step_only else measured_window(
         plan, epoch_batches(loop.dataloader), steps)
     if restart:
-        warmup = max(1, warmup)  # the new epoch is begun inside the last excluded step
+        # The new epoch is begun inside the last excluded step. With one warm-up step the
+        # window begins where that step ended (learnt at the second optimizer step), and the
+        # FLOP step comes one measured step later: two keep the excluded steps contiguous.
+        warmup = max(2, warmup)
     rapl = RaplMeter()
     t0 = time.perf_counter()
     trace_dir = tempfile.mkdtemp(prefix="redline-tune-trace-") if trace else None
