@@ -132,10 +132,15 @@ def test_epoch_boundaries_do_not_decide_between_settings() -> None:
 def test_autotune_times_short_epochs_whole_for_every_setting() -> None:
     plan = autotune_loader(_epoch_loader(10), simulated_accelerator(0.002), cpus=1,
                            batches_per_trial=4)
-    assert all(t.whole_epochs == 1 and t.timed_batches == 10 for t in plan.trials)
+    # whole epochs, each with its epoch start; with workers more batches than are in flight
+    assert all(t.whole_epochs >= 1 and t.timed_batches == 10 * t.whole_epochs
+               for t in plan.trials)
+    assert all(t.timed_batches > t.settings.num_workers * (t.settings.prefetch_factor or 0)
+               for t in plan.trials)
     assert "whole epochs of 10 batches" in plan.reason
-    # 40 batches hold the deepest queue tried with 1 CPU (2 workers × 4 + 1) and 8 more: inside
-    long = autotune_loader(_epoch_loader(40), simulated_accelerator(0.002), cpus=1,
+    # 80 batches hold the deepest queue tried with 1 CPU (2 workers × 4: a skip of 9) and its
+    # 3 windows of 8 + 8 batches: inside
+    long = autotune_loader(_epoch_loader(80), simulated_accelerator(0.002), cpus=1,
                            batches_per_trial=4)
     assert all(t.whole_epochs == 0 for t in long.trials) and "whole epochs" not in long.reason
 
@@ -181,3 +186,66 @@ def test_a_fetch_that_waits_gets_more_workers_than_cores() -> None:
     assert plan.best.samples_per_s > 4 * plan.trials[0].samples_per_s
     assert all(t.worker_bytes is None or t.worker_bytes > 0 for t in plan.trials)
     assert any(t.settings.num_workers > 4 and t.cpu_cores_busy < 0.75 * 2 for t in plan.trials)
+
+
+class _SleepsPerSample(torch.utils.data.Dataset[torch.Tensor]):
+    """Each sample sleeps 5 ms (no CPU): 8 samples make a worker's batch take 40 ms."""
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.005)
+        return torch.zeros(4)
+
+
+class _SlowStartLoader(DataLoader):  # type: ignore[type-arg]
+    """A loader whose iterator takes 0.6 s to hand over after its workers start (as forking
+    many workers on few cores does): meanwhile the first workers fill their queues."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        it = super().__iter__()
+        time.sleep(0.6)
+        return it
+
+
+def test_a_full_queue_does_not_pass_for_the_pipeline_s_rate() -> None:
+    """4 workers × prefetch 8 = 32 batches queued during start-up; the pipeline makes a batch
+    every 10 ms (4 workers × 40 ms), the consumer takes 5 ms. Right after the skipped batches
+    about half the queue is still there (the workers refill it while they are consumed): a
+    window of 8 batches reads it at the consumer's pace, up to twice the pipeline's."""
+    from redline.data.autotune import in_flight, measure
+
+    ds = _SleepsPerSample()
+    s = LoaderSettings(num_workers=4, prefetch_factor=8, persistent_workers=True)
+
+    def make(_: LoaderSettings) -> DataLoader[Any]:
+        return _SlowStartLoader(ds, batch_size=8, **s.loader_kwargs())
+
+    consume = simulated_accelerator(0.005)
+    queued = in_flight(s)
+    assert queued == 32
+
+    def naive_and_steady() -> tuple[float, float]:
+        it = iter(make(s))
+        for _ in range(queued + 1):  # the old rule: skip what is in flight, then 8 batches
+            consume(next(it))
+        t = time.perf_counter()
+        for _ in range(8):
+            consume(next(it))
+        naive = 8 * 8 / (time.perf_counter() - t)
+        for _ in range(3 * queued):  # long past start-up: the pipeline's own pace
+            consume(next(it))
+        t = time.perf_counter()
+        for _ in range(48):
+            consume(next(it))
+        return naive, 48 * 8 / (time.perf_counter() - t)
+
+    naive, steady = naive_and_steady()
+    assert naive > 1.3 * steady  # the short window is fooled by the queue
+    trial = measure(make, consume, s, batches=8, whole_epochs=False)
+    assert trial.timed_batches >= 3 * (queued + 8)  # 3 windows, each longer than the queue
+    assert trial.samples_per_s == pytest.approx(steady, rel=0.2)
+    assert trial.data_wait_fraction > 0.25  # the consumer waits about half of each step
+    assert 0.6 <= trial.startup_s < trial.seconds
+    assert trial.spread_fraction < 0.3

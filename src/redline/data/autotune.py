@@ -37,8 +37,14 @@ IO_BOUND = 0.75
 """Below 75 % of the usable cores busy, the fetch mostly waits: workers beyond the core count
 (and a deeper prefetch) may still help."""
 MIN_TIMED_BATCHES = 8
-"""A window inside one epoch times at least 8 batches; an epoch too short for the skip plus 8 is
-timed whole (see ``measure``)."""
+"""A window inside one epoch times at least 8 batches; an epoch too short for the skip plus the
+window is timed whole (see ``measure``)."""
+WINDOWS = 3
+"""Consecutive windows timed per setting: the rate is their median and their spread is the
+noise a gain must exceed (see ``measure``)."""
+IN_FLIGHT_MARGIN = 8
+"""Batches each window times beyond what is in flight (workers × prefetch): a window no longer
+than the queue could be served from batches made before it began."""
 SHM_SHARE = 0.5
 """Batches in flight may use at most half of the free /dev/shm."""
 MAX_IO_WORKERS = 64
@@ -71,6 +77,12 @@ class Trial:
     trial; None without workers."""
     whole_epochs: int = 0
     """Epochs the window covers start to end (0: a window inside one epoch, see ``measure``)."""
+    spread_fraction: float = 0.0
+    """(max − min) / median of the samples/s of the windows after the first (see
+    ``measure``): the noise of this setting's rate; 0 when fewer than two such windows."""
+    startup_s: float = 0.0
+    """From building the loader to its first batch (worker start-up), paid by the search and
+    left out of the rate."""
 
 
 @dataclass(slots=True)
@@ -107,15 +119,35 @@ def _proc_cpu(p: psutil.Process) -> float:
     return total
 
 
+def in_flight(settings: LoaderSettings) -> int:
+    """Batches a loader with these settings holds in flight: num_workers × prefetch_factor."""
+    if not settings.num_workers:
+        return 0
+    return settings.num_workers * (settings.prefetch_factor or 2)  # 2: PyTorch's default
+
+
+def window_batches(settings: LoaderSettings, batches: int) -> int:
+    """Batches timed for one setting: ``batches``, and with workers at least ``WINDOWS``
+    windows of what is in flight plus ``IN_FLIGHT_MARGIN`` each."""
+    queued = in_flight(settings)
+    return batches if queued == 0 else max(batches, WINDOWS * (queued + IN_FLIGHT_MARGIN))
+
+
 def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             consume: Callable[[Any], None], settings: LoaderSettings, torch_threads: int = 1,
             batches: int = 24, skip: int | None = None,
             whole_epochs: bool | None = None) -> Trial:
-    """Throughput and data wait of one setting, in the real loop.
+    """Throughput and data wait of one setting, in the real loop, in steady state.
 
     The first batches are skipped: worker start-up is a one-off with persistent workers, and
     the workers fill their queues (num_workers × prefetch_factor batches) while it runs; timing
     from a full queue would credit deep queues with batches made before the clock started.
+    Skipping alone does not empty that queue (the workers keep refilling it while the skipped
+    batches are consumed), so the timed batches are at least ``WINDOWS`` windows each longer
+    than what is in flight (:func:`window_batches`): a window no longer than the queue measures
+    the queue, not the pipeline. The rate is the median of the windows' rates (the first may
+    still drain what start-up queued, which one window cannot move), the data wait that of
+    the median window, and the spread of the later windows is kept as the setting's noise.
 
     The window must not cross an epoch boundary for one setting and not for another: each new
     epoch drains the queues and refills them, and deeper queues skip more batches: a trial
@@ -127,7 +159,8 @@ def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     whatever was asked). ``autotune_loader`` chooses once for all its trials.
     """
     if skip is None:
-        skip = max(3, settings.num_workers * (settings.prefetch_factor or 0) + 1)
+        skip = max(3, in_flight(settings) + 1)
+    batches = window_batches(settings, batches)
     threads = torch.get_num_threads()
     torch.set_num_threads(torch_threads)
     proc = psutil.Process()
@@ -161,20 +194,34 @@ def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         epoch = epoch_batches(loader)
         whole = 0
         if epoch is not None:
+            # the shortest window that still drains the queue (with workers), else 8 batches
+            least = batches if in_flight(settings) else MIN_TIMED_BATCHES
             if whole_epochs is None:
-                whole_epochs = epoch < skip + MIN_TIMED_BATCHES
-            if whole_epochs or epoch < skip + MIN_TIMED_BATCHES:
+                whole_epochs = epoch < skip + least
+            if whole_epochs or epoch < skip + least:
                 skip = math.ceil(skip / epoch) * epoch
                 whole = math.ceil(batches / epoch)
                 batches = whole * epoch
             else:
                 batches = min(batches, epoch - skip)
-        for _ in range(skip):
+        startup = 0.0
+        if skip:
             consume(nxt())
+            startup = time.perf_counter() - t_start
+        for _ in range(skip - 1):
+            consume(nxt())
+        if whole:  # windows of whole epochs, each with its refill, as training pays it
+            n_windows = min(WINDOWS, whole)
+            ends = [epoch * round(whole * (k + 1) / n_windows)  # type: ignore[operator]
+                    for k in range(n_windows)]
+        else:
+            n_windows = min(WINDOWS, batches)
+            ends = [round(batches * (k + 1) / n_windows) for k in range(n_windows)]
+        windows: list[tuple[float, float, int]] = []  # (wait s, step s, samples) per window
         wait = step = 0.0
         samples = 0
         c0, w0 = _proc_cpu(proc), time.perf_counter()
-        for _ in range(batches):
+        for i in range(batches):
             t0 = time.perf_counter()
             b = nxt()
             t1 = time.perf_counter()
@@ -183,13 +230,23 @@ def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             wait += t1 - t0
             step += t2 - t0
             samples += batch_samples(b) or 1
+            if i + 1 == ends[len(windows)]:
+                windows.append((wait, step, samples))
+                wait = step = 0.0
+                samples = 0
         busy = (_proc_cpu(proc) - c0) / max(1e-9, time.perf_counter() - w0)
         per_worker = _worker_bytes(proc) if settings.num_workers else None
     finally:
         torch.set_num_threads(threads)
-    return Trial(settings, torch_threads, samples / step, wait / step, busy,
+    rates = [n / max(1e-12, s) for _, s, n in windows]
+    median = sorted(range(len(rates)), key=rates.__getitem__)[len(rates) // 2]
+    later = rates[1:]
+    spread = (max(later) - min(later)) / rates[median] if len(later) >= 2 else 0.0
+    w_s, s_s, _ = windows[median]
+    return Trial(settings, torch_threads, rates[median], w_s / max(1e-12, s_s), busy,
                  time.perf_counter() - t_start,
-                 timed_batches=batches, whole_epochs=whole, worker_bytes=per_worker)
+                 timed_batches=batches, whole_epochs=whole, worker_bytes=per_worker,
+                 spread_fraction=spread, startup_s=startup)
 
 
 def _worker_bytes(proc: psutil.Process) -> int | None:
@@ -266,7 +323,9 @@ def merge_rank_trials(trials: list[Trial]) -> Trial:
                  max(t.data_wait_fraction for t in trials),
                  max(t.cpu_cores_busy for t in trials), max(t.seconds for t in trials),
                  timed_batches=min(t.timed_batches for t in trials),
-                 whole_epochs=min(t.whole_epochs for t in trials))
+                 whole_epochs=min(t.whole_epochs for t in trials),
+                 spread_fraction=max(t.spread_fraction for t in trials),
+                 startup_s=max(t.startup_s for t in trials))
 
 
 def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
@@ -301,9 +360,12 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     consume_s = job.max(consume_s, "loader consume time")
     plan = LoaderPlan(LoaderSettings(), max(1, int(budget)), consume_s)
     # One window rule for every trial (see measure): whole epochs when the deepest queue this
-    # search may try (cap workers × prefetch 4) would leave no room inside an epoch.
+    # search may try (cap workers × prefetch 4: its skip and its windows) would leave no room
+    # inside an epoch.
     epoch = epoch_batches(make_loader(LoaderSettings()))
-    whole = epoch is not None and epoch < cap * 4 + 1 + MIN_TIMED_BATCHES
+    deepest = LoaderSettings(num_workers=cap, prefetch_factor=4)
+    whole = epoch is not None and \
+        epoch < in_flight(deepest) + 1 + window_batches(deepest, batches_per_trial)
 
     def measure_(s: LoaderSettings, threads: int) -> Trial:
         return merge_rank_trials(job.run(
@@ -349,14 +411,14 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                       f"would use over half of the {fd_free:,} free file descriptors "
                       "(raise `ulimit -n`)")
             break
-        in_flight = workers * prefetch * batch_bytes
-        if shm_free is not None and in_flight > SHM_SHARE * shm_free:
+        in_flight_bytes = workers * prefetch * batch_bytes
+        if shm_free is not None and in_flight_bytes > SHM_SHARE * shm_free:
             reason = (f"{workers} workers × prefetch {prefetch} × {batch_bytes / 2**20:.1f} MiB "
                       f"batches would use over half of /dev/shm ({shm_free / 2**20:.0f} "
                       "MiB free)")
 
             break
-        if in_flight > 0.25 * ram:
+        if in_flight_bytes > 0.25 * ram:
             reason = "batches in flight would use over a quarter of the free RAM"
             break
         s = LoaderSettings(num_workers=workers, prefetch_factor=prefetch, pin_memory=pin,
@@ -364,7 +426,9 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         trial = measure_(s, max(1, int(budget) - workers))
         plan.trials.append(trial)
         last = trial
-        gained = trial.samples_per_s >= best.samples_per_s * (1 + MIN_GAIN)
+        # a gain counts only beyond the noise of both rates (their windows' spread)
+        needed = max(MIN_GAIN, best.spread_fraction, trial.spread_fraction)
+        gained = trial.samples_per_s >= best.samples_per_s * (1 + needed)
         if gained:
             best, stalls = trial, 0
         else:
@@ -383,7 +447,8 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             # row, with CPUs to spare, mean the fetch is not what limits.
             reason = (f"{workers} workers gave {trial.samples_per_s:,.0f} samples/s vs "
                       f"{best.samples_per_s:,.0f} with {best.settings.num_workers}: no gain "
-                      f"≥ {MIN_GAIN:.0%} twice in a row")
+                      f"≥ {needed:.0%} (the larger of {MIN_GAIN:.0%} and the windows' "
+                      "spread) twice in a row")
             break
         if workers >= budget and trial.cpu_cores_busy >= IO_BOUND * budget:
             # More workers than cores only pay when they mostly wait (I/O-bound fetches).
@@ -397,7 +462,8 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         deeper = dataclasses.replace(best.settings, prefetch_factor=4)
         trial = measure_(deeper, best.torch_threads)
         plan.trials.append(trial)
-        if trial.samples_per_s >= best.samples_per_s * (1 + MIN_GAIN):
+        needed = max(MIN_GAIN, best.spread_fraction, trial.spread_fraction)
+        if trial.samples_per_s >= best.samples_per_s * (1 + needed):
             best = trial
             reason += "; prefetch_factor 4 helped"
     plan.settings, plan.torch_threads = best.settings, best.torch_threads
