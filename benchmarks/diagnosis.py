@@ -50,6 +50,7 @@ Run:
     .venv/bin/python benchmarks/diagnosis.py --setup-peers          # once: the peers' venvs
     .venv/bin/python benchmarks/diagnosis.py [--jobs a,b] [--tools redline,traceml,gpuprof]
         [--repeat N] [--timeout 300] [--json PATH]
+    .venv/bin/python benchmarks/diagnosis.py --table-from a.json b.json   # runs done in parts
 Prints one row per job (detected / ranked first / false alarms per tool) and the totals. Each
 run has a timeout; a tool that fails on a job gets "error" in its cell (the reason in the
 JSON); every process the harness started is killed when it ends, however it ends.
@@ -494,6 +495,20 @@ def setup_peers(tools: Sequence[str]) -> None:
         print(f"{tool}: installed in {venv}")
 
 
+def table_from(paths: Sequence[Path]) -> str:
+    """The table of the jobs that every tool finished in earlier runs' --json files."""
+    merged: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    tools: list[str] = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        tools = tools or list(data["tools"])
+        for job, by_tool in data["results"].items():
+            if all(by_tool.get(t) for t in tools):
+                merged[job] = by_tool
+    order = [k.script.removesuffix(".py") for k in KEY]
+    return table({j: merged[j] for j in order if j in merged}, tools)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", help="comma-separated job names (default: all)")
@@ -503,7 +518,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every raw result here")
     ap.add_argument("--keep", type=Path, help="keep each run's folder (logs, reports) under this one")
     ap.add_argument("--setup-peers", action="store_true", help="make the peers' venvs, then stop")
+    ap.add_argument("--table-from", type=Path, nargs="+", metavar="JSON",
+                    help="print the table of earlier runs' --json files (jobs merged, later files win)")
     args = ap.parse_args(argv)
+    if args.table_from:
+        print(table_from(args.table_from))
+        return 0
     tools = [t for t in args.tools.split(",") if t]
     unknown = [t for t in tools if t not in TOOLS]
     if unknown:
