@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -257,3 +258,33 @@ def test_processes_started_with_mp_spawn_are_measured_as_ranks(tmp_path: Path) -
     assert ranks["world_size"] == 2 and ranks["missing"] == []
     assert [(e["rank"], e["status"], e["steps_measured"]) for e in ranks["ranks"]] == [
         (0, "completed", 10), (1, "completed", 10)]
+
+
+# -- a rank that hangs -------------------------------------------------------------------------
+def test_at_ctrl_c_the_report_names_the_rank_that_stopped_progressing(tmp_path: Path) -> None:
+    """Rank 1 sleeps forever after 6 steps, rank 0 waits for it in the next all-reduce; Ctrl-C
+    to doctor (torchrun passes it on): the report says rank 1 held the job up, and where.
+    Rank 0's main thread is blocked in gloo's wait, where Python cannot run its signal
+    handler: the report is then made from another thread (BlockedWatch)."""
+    out = tmp_path / "r.json"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redline.cli.main", "doctor", "--warmup", "1", "--no-flops",
+         "--json", str(out), "--", "torchrun", "--nproc-per-node", "2", "--master-port",
+         str(port), "ddp_one_rank_hangs.py"],
+        cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    _wait_for(proc, "RANK 1 HANGS", timeout=120)
+    time.sleep(3)  # both ranks' beacons publish where they are (every second)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    data = json.loads(out.read_text())
+    assert data["status"] == "interrupted"
+    detail = data["status_detail"]
+    assert "rank(s) 1 stopped progressing (the others wait for them)" in detail, detail
+    assert "rank 1: 6 step(s), last progress" in detail
+    assert "ddp_one_rank_hangs.py:" in detail  # where each rank was
+    assert "rank(s) 1 stopped progressing" in " ".join(err.split())
+

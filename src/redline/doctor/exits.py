@@ -150,3 +150,76 @@ def exit_now(code: int) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing to say
             stream.flush()
     REAL_EXIT(code)
+
+
+STUCK_GRACE_S = 3.0
+"""How long after SIGINT/SIGTERM the main thread may take to run Python again before it is
+taken as blocked in native code (a collective waiting for a rank that never comes)."""
+
+
+class BlockedWatch:
+    """For a rank of a multi-process job: a signal the main thread cannot take still ends the
+    run with the report.
+
+    Python runs signal handlers in the main thread between bytecodes; a rank blocked in a
+    collective (gloo or NCCL waiting for a rank that hangs) never gets there, and the launcher
+    kills it after its grace period, reportless. The C-level handler still writes the signal
+    to a wakeup fd (``signal.set_wakeup_fd``): a thread reading it sees the signal, waits
+    :data:`STUCK_GRACE_S` for the main thread's handler (``signals.received``), and when it
+    has not run calls ``on_blocked(signum)`` (which reports and exits). A script that sets its
+    own wakeup fd (asyncio) replaces this one."""
+
+    def __init__(self, signals: Signals, on_blocked: Callable[[int], None],
+                 grace_s: float = STUCK_GRACE_S) -> None:
+        self._signals, self._on_blocked, self._grace = signals, on_blocked, grace_s
+        self._fds: tuple[int, int] | None = None
+        self._previous = -1
+        self._closing = False
+
+    def __enter__(self) -> BlockedWatch:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            self._previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):  # not possible here: nothing watched
+            os.close(r)
+            os.close(w)
+            return self
+        self._fds = (r, w)
+        threading.Thread(target=self._run, name="redline-blocked", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fds is None:
+            return
+        self._closing = True
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(self._previous)
+        with contextlib.suppress(OSError):
+            os.write(self._fds[1], b"\0")  # wakes the thread, which closes the pipe
+
+    def _run(self) -> None:
+        assert self._fds is not None
+        r, w = self._fds
+        try:
+            while not self._closing:
+                got = os.read(r, 64)
+                if self._closing or not got:
+                    return
+                sig = next((b for b in got if b in (signal.SIGINT, signal.SIGTERM)), None)
+                if sig is None or self._signals.received is not None:
+                    continue
+                deadline = threading.Event()
+                for _ in range(int(self._grace / 0.05)):
+                    if self._signals.received is not None or self._closing:
+                        break
+                    deadline.wait(0.05)
+                else:
+                    self._on_blocked(sig)
+                    return
+        finally:
+            for fd in (r, w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)

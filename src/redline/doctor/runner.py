@@ -16,6 +16,7 @@ import re
 import runpy
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
@@ -31,6 +32,8 @@ from redline.core.report import Report
 from redline.data.advise import tune_starved_loader
 from redline.doctor.exits import (
     STOP_ATTEMPTS,
+    STUCK_GRACE_S,
+    BlockedWatch,
     OsExitGuard,
     Signals,
     StopMeasurement,
@@ -40,7 +43,7 @@ from redline.doctor.exits import (
 from redline.doctor.launch import rank_command, run_launcher
 from redline.doctor.spawned import SpawnSettings, measure_spawned
 from redline.measure.config import WatchConfig
-from redline.measure.ranks import rank_info
+from redline.measure.ranks import JobStore, code_position, progress_line, rank_info, read_progress
 from redline.measure.system import cpu_budget
 from redline.report.html import HtmlReportError, write_html
 from redline.report.html import check_available as check_html
@@ -200,6 +203,16 @@ def never_stepped_message(w: Watch) -> str:
             "(redline.watch API).")
 
 
+def ranks_progress(w: Watch) -> str | None:
+    """The job's ranks' progress from their beacons, the stuck one(s) named (see
+    :func:`redline.measure.ranks.progress_line`); None when the store cannot be read."""
+    try:
+        store = JobStore(w.rank, timeout_s=5.0)
+        return progress_line(read_progress(store, w.progress_key, w.rank.world_size))
+    except Exception:  # best effort: the report stands without it
+        return None
+
+
 def _exit_code(code: object) -> int:
     if code is None:
         return 0
@@ -297,12 +310,17 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
         return SpawnSettings(config=own, store=store, json_path=json_path, command=list(cmd))
 
     w = Watch(config, on_limit=stop)
+    finishing = threading.Lock()
     with Signals() as signals:
 
         def finish(status: str, detail: str | None, code: int,
                    error: BaseException | None) -> DoctorResult:
             """The report of what ran, printed and written (also called in place by
-            ``os._exit``: see OsExitGuard)."""
+            ``os._exit``: see OsExitGuard). Once: a second caller (the main thread unwinding
+            while a rank's run ends on another thread) waits for the first to end the
+            process."""
+            if not finishing.acquire(blocking=False):
+                threading.Event().wait()
             signals.reporting()
             swallowed = 0 if stops[0] > STOP_ATTEMPTS else (
                 stops[0] - (1 if status == "step_limit" else 0))
@@ -321,6 +339,10 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                           "process(es) started with torch.multiprocessing were measured as "
                           "ranks; rank 0 printed the job's merged report", file=sys.stderr)
                 return DoctorResult(None, code, None, error)
+            if status == "interrupted" and info.distributed and info.rank == 0:
+                line = ranks_progress(w)  # at Ctrl-C or SIGTERM: which rank held the job up
+                if line and detail and "blocked in native code" not in detail:
+                    detail = f"{detail}; {line}"
             if not w.steps:
                 status = "no_steps" if status in ("completed", "step_limit") else status
                 msg = never_stepped_message(w)
@@ -357,9 +379,41 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                 code = 128 + signals.received  # stopped while reporting: say so to the scheduler
             return DoctorResult(report, code, written, error)
 
-        extra = [] if info.distributed else [measure_spawned(spawn_settings, spawned)]
+        def blocked(signum: int) -> None:
+            # off the main thread, which is blocked in native code (see BlockedWatch)
+            signals.reporting()
+            name = signal.Signals(signum).name
+            main = threading.main_thread().ident
+            why = (f"{name} arrived while rank {info.rank}'s main thread was blocked in native "
+                   f"code at {code_position(main) if main is not None else 'unknown'} (no "
+                   f"Python ran for {STUCK_GRACE_S:g} s)")
+            line = ranks_progress(w)
+            print(f"redline doctor: {why}" + (f"; {line}" if line else ""), file=sys.stderr,
+                  flush=True)
+            if end_here:
+                end_here[0]("interrupted", f"terminated ({name}); {why}"
+                            + (f"; {line}" if line else ""), 128 + signum)
+            exit_now(128 + signum)
+
+        extra: list[AbstractContextManager[object]] = (
+            [BlockedWatch(signals, blocked)] if info.distributed
+            else [measure_spawned(spawn_settings, spawned)])
         return finish(*_run_script(w, target, steps, live=live and show, on_end=finish,
                                    end_here=end_here, contexts=extra))
+
+
+class _Locked:
+    """``with stack:`` whose exit holds ``lock``."""
+
+    def __init__(self, stack: ExitStack, lock: threading.Lock) -> None:
+        self._stack, self._lock = stack, lock
+
+    def __enter__(self) -> ExitStack:
+        return self._stack
+
+    def __exit__(self, *exc: Any) -> bool:
+        with self._lock:
+            return bool(self._stack.__exit__(*exc))
 
 
 def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
@@ -388,9 +442,13 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
     status, detail, code = "completed", None, 0
     error: BaseException | None = None
     running = ExitStack()
+    closing = threading.Lock()
+    """Held while ``running`` closes: the run may end in place on another thread (a rank's
+    main thread blocked in native code) while the main thread unwinds."""
 
     def end_in_place(status: str, detail: str | None, code: int) -> None:
-        running.close()  # the live panel, then the watch: every hook removed, readings taken
+        with closing:  # the live panel, then the watch: every hook removed, readings taken
+            running.close()
         restore()
         if on_end is not None:
             on_end(status, detail, code, None)
@@ -403,7 +461,7 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
         end_here[:] = [end_in_place]
 
     try:
-        with running:
+        with _Locked(running, closing):
             running.enter_context(w)
             if w.metrics_server is not None and w.rank.rank == 0:
                 print(f"redline: live metrics at {w.metrics_server.url}", file=sys.stderr,

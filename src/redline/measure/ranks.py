@@ -12,11 +12,14 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 GATHER_TIMEOUT_S = float(os.environ.get("REDLINE_GATHER_TIMEOUT_S", "120"))
@@ -134,6 +137,8 @@ class ProgressBeacon:
                  interval_s: float = 1.0) -> None:
         self._store = JobStore(info, timeout_s=5.0)
         self._info, self._steps, self._key, self._interval = info, steps, key, interval_s
+        self._tid = threading.get_ident()
+        """The training thread (the beacon is made where the watch is entered)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="redline-progress", daemon=True)
         self.clock: tuple[int, int] | None = (0, 0) if not info.multi_node or info.rank == 0 \
@@ -150,15 +155,22 @@ class ProgressBeacon:
                 serve_clock(self._store, self._key, self._info.world_size)
             elif self._info.multi_node:
                 self.clock = clock_offset(self._store, self._key, self._info.rank)
-        last = -1
+        last, last_where = -1, ""
+        rank = self._info.rank
         while not self._stop.wait(self._interval):
             n = self._steps()
-            if n != last:
-                try:
-                    self._store.put(f"{self._key}/progress{self._info.rank}", str(n).encode())
-                except Exception:  # the store went away (the job ends): stop publishing
-                    return
-                last = n
+            where = code_position(self._tid)
+            try:
+                if n != last:
+                    self._store.put(f"{self._key}/progress{rank}", str(n).encode())
+                    self._store.put(f"{self._key}/progress_at{rank}",
+                                    str(time.time_ns()).encode())
+                    last = n
+                if where != last_where:
+                    self._store.put(f"{self._key}/progress_where{rank}", where.encode())
+                    last_where = where
+            except Exception:  # the store went away (the job ends): stop publishing
+                return
 
     def stop(self) -> None:
         self._stop.set()
@@ -166,6 +178,86 @@ class ProgressBeacon:
         with contextlib.suppress(Exception):  # the final count: exact for a rank that ends
             self._store.put(f"{self._key}/progress{self._info.rank}",
                             str(self._steps()).encode())
+
+
+def code_position(thread_id: int) -> str:
+    """Where a thread is now: its innermost Python line, and the script's own line that led
+    there when they differ (a rank blocked in a collective shows torch's frame and the
+    user's line that called it)."""
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return "unknown"
+    inner = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} ({frame.f_code.co_name})"
+    f: Any = frame
+    while f is not None and _library(f.f_code.co_filename):
+        f = f.f_back
+    if f is None or f is frame:
+        return inner
+    return (f"{Path(f.f_code.co_filename).name}:{f.f_lineno} ({f.f_code.co_name}), "
+            f"inside {inner}")
+
+
+def _library(path: str) -> bool:
+    """A frame of torch, of redline, or of Python's own library, not of the user's script."""
+    return ("site-packages" in path or "/redline/" in path
+            or path.startswith(("<frozen", _STDLIB)))
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankProgress:
+    """How far one rank got, from its progress beacon."""
+
+    rank: int
+    steps: int | None
+    """Steps it completed, as last published; None: it never published."""
+    idle_s: float | None
+    """Seconds since its step count last changed (to within the beacon's interval); None
+    when unknown."""
+    where: str | None
+    """Where its training thread was at the last beacon (see :func:`code_position`)."""
+
+
+def read_progress(store: JobStore, key: str, world_size: int) -> list[RankProgress]:
+    """Every rank's progress as its beacon last published it."""
+    now = time.time_ns()
+    out = []
+    for r in range(world_size):
+        steps, at, where = (store.peek(f"{key}/{k}{r}")
+                            for k in ("progress", "progress_at", "progress_where"))
+        out.append(RankProgress(rank=r, steps=int(steps) if steps else None,
+                                idle_s=(now - int(at)) / 1e9 if at else None,
+                                where=where.decode(errors="replace") if where else None))
+    return out
+
+
+def stalled(progress: list[RankProgress]) -> list[int]:
+    """The ranks the others wait for: those with the fewest steps when counts differ, else
+    those outside torch (in the script's own code) while the others are inside it (blocked in
+    a collective, a backward that reduces); [] when no rank stands out."""
+    known = [p for p in progress if p.steps is not None]
+    if not known:
+        return []
+    least = min(p.steps for p in known if p.steps is not None)
+    behind = [p.rank for p in known if p.steps == least]
+    if len(behind) < len(known):
+        return behind
+    outside = [p.rank for p in known if p.where and ", inside " not in p.where]
+    return outside if 0 < len(outside) < len(known) else []
+
+
+def progress_line(progress: list[RankProgress]) -> str:
+    """The ranks' progress in one sentence, the stuck one(s) named."""
+    parts = [f"rank {p.rank}: " + ("no step published" if p.steps is None else
+                                   f"{p.steps} step(s), last progress "
+                                   + ("unknown" if p.idle_s is None else f"{p.idle_s:.1f} s ago"))
+             + (f", at {p.where}" if p.where else "") for p in progress]
+    stuck = stalled(progress)
+    verdict = (f"rank(s) {', '.join(map(str, stuck))} stopped progressing (the others wait for "
+               "them)" if stuck else "no rank stands out")
+    return f"{verdict}; " + "; ".join(parts)
 
 
 CLOCK_ROUNDS = 8
