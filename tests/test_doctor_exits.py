@@ -288,3 +288,21 @@ def test_at_ctrl_c_the_report_names_the_rank_that_stopped_progressing(tmp_path: 
     assert "ddp_one_rank_hangs.py:" in detail  # where each rank was
     assert "rank(s) 1 stopped progressing" in " ".join(err.split())
 
+
+
+def test_processes_started_with_fork_are_said_to_be_unmeasured(tmp_path: Path) -> None:
+    script = _script(tmp_path, LOOP + """
+import torch.multiprocessing as mp
+def train(i):
+    for _ in range(3):
+        step()
+if __name__ == "__main__":
+    mp.start_processes(train, nprocs=2, start_method="fork")
+""")
+    out = tmp_path / "r.json"
+    p = doctor("--no-flops", "--json", str(out), "--", "python", str(script))
+    assert p.returncode == 0, p.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["status"] == "no_steps"
+    assert ("started 2 process(es) with torch.multiprocessing's start_method='fork', which "
+            "redline does not measure") in data["status_detail"]

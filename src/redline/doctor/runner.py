@@ -303,6 +303,7 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
         exit_now(0)
 
     spawned: list[int] = []
+    forked: list[int] = []
     """Processes the script started through torch.multiprocessing, measured as ranks."""
 
     def spawn_settings(store: str) -> SpawnSettings:
@@ -346,6 +347,12 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
             if not w.steps:
                 status = "no_steps" if status in ("completed", "step_limit") else status
                 msg = never_stepped_message(w)
+                if forked:
+                    msg += (f" The script started {sum(forked)} process(es) with "
+                            "torch.multiprocessing's start_method='fork', which redline does "
+                            "not measure (a forked child holds a copy of this process's "
+                            "watch): start them with 'spawn' (mp.spawn) to have each measured "
+                            "as a rank.")
                 detail = msg if detail is None else f"{detail}. {msg}"
             report = w.report(show=False, command=list(cmd), status=status, status_detail=detail)
             if tune_loader and w.inst is not None and status != "interrupted" \
@@ -397,7 +404,7 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
 
         extra: list[AbstractContextManager[object]] = (
             [BlockedWatch(signals, blocked)] if info.distributed
-            else [measure_spawned(spawn_settings, spawned)])
+            else [measure_spawned(spawn_settings, spawned, forked)])
         return finish(*_run_script(w, target, steps, live=live and show, on_end=finish,
                                    end_here=end_here, contexts=extra))
 

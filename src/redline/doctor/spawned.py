@@ -91,11 +91,12 @@ class MeasuredProcess:
 
 
 @contextlib.contextmanager
-def measure_spawned(settings: Callable[[str], SpawnSettings], started: list[int]
-                    ) -> Iterator[None]:
+def measure_spawned(settings: Callable[[str], SpawnSettings], started: list[int],
+                    forked: list[int] | None = None) -> Iterator[None]:
     """While the block runs, ``torch.multiprocessing.start_processes`` (and so ``spawn``)
     runs each process under :class:`MeasuredProcess`; ``settings(store)`` builds what they
-    get; ``started`` gets the number of processes of each measured start."""
+    get; ``started`` gets the number of processes of each measured start, ``forked`` those of
+    each start left unmeasured (the ``fork`` method)."""
     try:
         import torch.multiprocessing as tmp
     except ImportError:  # torch without multiprocessing: nothing to measure
@@ -112,6 +113,8 @@ def measure_spawned(settings: Callable[[str], SpawnSettings], started: list[int]
                         join: bool = True, daemon: bool = False,
                         start_method: str = "spawn") -> Any:
         if start_method not in MEASURED_METHODS or isinstance(fn, MeasuredProcess):
+            if forked is not None and not isinstance(fn, MeasuredProcess):
+                forked.append(nprocs)
             return original(fn, args, nprocs, join, daemon, start_method)
         if not server:
             from torch._C._distributed_c10d import TCPStore
