@@ -109,7 +109,7 @@ def test_validation_every_10_steps_is_evaluation_not_training_forward() -> None:
         assert f.evidence["period_steps"] == PERIOD
         assert f"every {PERIOD} steps" in f.title
         assert f.ceiling_speedup is not None
-        assert abs(f.ceiling_speedup - 1 / (1 - share)) < 1e-3
+        assert abs(f.ceiling_speedup - 1 / (1 - m.fraction("evaluation"))) < 1e-9
         assert "less often" in f.fix
 
 
