@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from factories import H2DMetrics, loader, measurements
 from redline.core.findings import CATALOGUE, ceiling_speedup
-from redline.core.measurements import CompetingProcess, DdpStats, FsdpStats
+from redline.core.measurements import (
+    CodeSite,
+    CompetingProcess,
+    DdpStats,
+    FsdpStats,
+    LoopWork,
+    PeriodicStall,
+)
 from redline.diagnose import (
     JOB_RULES,
     NOT_DIAGNOSED,
@@ -133,6 +142,17 @@ def test_each_rule_reports_only_its_own_id() -> None:
                                     "data_fetch_run_delay_fraction": 0.7,
                                     "other_processes_cpu_cores": 1.5}))
     cases.append(measurements(phases={"evaluation": 0.3, "forward": 0.2}))
+    sites = [CodeSite(file="t.py", line=i, function="f", kind=k, via=None, step_fraction=0.15,
+                      samples=10, text=None)
+             for i, k in enumerate(("checkpoint", "logging", "batch", "code"))]
+    periodic = PeriodicStall(period_steps=4, slow_steps=5, extra_s_per_slow_step=0.1,
+                             step_fraction=0.1, phase="data_wait", site=None)
+    loop = LoopWork(other_fraction=0.6, sampled_s=1.0, samples=40, interval_s=0.005,
+                    sites=sites, kind_fractions={s.kind: 0.15 for s in sites},
+                    gc_pause_fraction=0.2, gc_collections=[10, 2, 5], gc_full_sites=[],
+                    periodic=periodic)
+    cases.append(dataclasses.replace(measurements(phases={"forward": 0.3}, data_source="not seen"),
+                                     loop=loop))
     fired = set()
     for m in cases:
         for fid, rule in RULES.items():

@@ -16,7 +16,8 @@ CATALOGUE: tuple[str, ...] = (
     "sync_every_microbatch", "thread_oversubscription", "shm_too_small",
     "copy_on_access_dataset", "worker_respawn", "unused_parameter_search", "small_ddp_buckets",
     "gradient_bucket_copies", "ddp_static_graph", "fetch_wait", "cpu_contention",
-    "evaluation_in_loop",
+    "evaluation_in_loop", "checkpoint_in_loop", "logging_in_loop", "gc_pauses",
+    "batches_built_in_loop", "host_work_in_loop", "periodic_stall",
 )
 """Stable finding ids (docs/report.md lists what each means); a report may add more."""
 

@@ -178,7 +178,6 @@ class HostMetrics:
     window, most CPU first; None where /proc could not be read."""
 
 
-
 @dataclass(slots=True)
 class H2DMetrics:
     copies_per_step: float
@@ -301,6 +300,75 @@ class EvaluationMetrics:
     """Mean evaluation seconds in the steps that held one (the cost of one evaluation)."""
 
 
+@dataclass(slots=True, kw_only=True)
+class CodeSite:
+    """One line of the user's code where the training loop spent time outside every timed
+    phase (sampled stacks; torch, the standard library and redline folded into it)."""
+
+    file: str
+    """The source file, relative to the working folder where it lies under it."""
+    line: int
+    function: str
+    kind: str
+    """'checkpoint' | 'logging' | 'gc' | 'batch' | 'loss' | 'optimizer' | 'loader' | 'code'
+    (:data:`redline.measure.stacks.KINDS`): what the calls under the line, or the line itself,
+    show the work to be."""
+    via: str | None
+    """The library call under the line that named the kind ('torch.serialization:_save'), or
+    the innermost third-party package call ('numpy:mean'); None when neither was seen."""
+    step_fraction: float
+    """Share of the measured step time spent at this line, 0..1: the exact time outside the
+    phases, split between lines by their sampled time."""
+    samples: int
+    text: str | None = None
+    """The source line, stripped and cut to 120 characters; None where unreadable."""
+
+
+@dataclass(slots=True, kw_only=True)
+class PeriodicStall:
+    """Every k-th measured step much slower than the others."""
+
+    period_steps: int
+    slow_steps: int
+    """Measured steps that were slow."""
+    extra_s_per_slow_step: float
+    """Mean seconds a slow step took beyond the median step."""
+    step_fraction: float
+    """Those extra seconds ÷ the measured step time, 0..1."""
+    phase: str
+    """The phase (or 'other') whose time grew most in the slow steps."""
+    site: CodeSite | None
+    """The line that spent the most time outside the phases in the slow steps, where the
+    growth is outside the phases."""
+
+
+@dataclass(slots=True, kw_only=True)
+class LoopWork:
+    """Where the time outside every timed phase went ('other' in the breakdown)."""
+
+    other_fraction: float
+    """Share of the measured step time outside every phase, 0..1 (the breakdown's 'other')."""
+    sampled_s: float
+    """Seconds of stack samples outside the phases (GC pauses taken out)."""
+    samples: int
+    interval_s: float
+    """The stack sampler's period."""
+    sites: list[CodeSite]
+    """The lines that spent it, largest first (at most 10)."""
+    kind_fractions: dict[str, float]
+    """Share of the measured step time per kind of work outside the phases, GC pauses outside
+    the phases as 'gc'."""
+    gc_pause_fraction: float | None
+    """Seconds in garbage collections (every generation, inside and outside the phases) ÷ the
+    measured step time; None where GC was not timed."""
+    gc_collections: list[int]
+    """Collections per generation (0, 1, 2) in the measured window."""
+    gc_full_sites: list[CodeSite]
+    """The user's lines that were running when full collections (generation 2, e.g.
+    ``gc.collect()``) began, with their share of the step time in those collections."""
+    periodic: PeriodicStall | None = None
+
+
 @dataclass(slots=True)
 class Measurements:
     """Everything measured, before diagnosis."""
@@ -326,6 +394,8 @@ class Measurements:
     """Set when the loop trains an FSDP2 (``fully_shard``) model (multi-process jobs)."""
     evaluation: EvaluationMetrics | None = None
     """Set when evaluation ran inside the measured steps."""
+    loop: LoopWork | None = None
+    """Where the time outside the phases went; None where stacks were not sampled."""
 
     def fraction(self, phase: str) -> float:
         for p in self.breakdown:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from redline.core.findings import Finding, rank
 from redline.core.measurements import Measurements
 from redline.core.report import RanksReport
-from redline.diagnose import data, ddp, device, evaluation, host, ranks, trace_rules
+from redline.diagnose import data, ddp, device, evaluation, host, loop, ranks, trace_rules
 from redline.trace.analyze import RankAnalysis, TraceAnalysis
 
 Rule = Callable[[Measurements], list[Finding]]
@@ -33,6 +33,12 @@ RULES: dict[str, Rule] = {
     "copy_on_access_dataset": host.copy_on_access_dataset,
     "worker_respawn": host.worker_respawn,
     "evaluation_in_loop": evaluation.evaluation_in_loop,
+    "checkpoint_in_loop": loop.checkpoint_in_loop,
+    "logging_in_loop": loop.logging_in_loop,
+    "gc_pauses": loop.gc_pauses,
+    "batches_built_in_loop": loop.batches_built_in_loop,
+    "host_work_in_loop": loop.host_work_in_loop,
+    "periodic_stall": loop.periodic_stall,
     "host_sync": device.host_sync,
     "small_batch": device.small_batch,
     "no_mixed_precision": device.no_mixed_precision,

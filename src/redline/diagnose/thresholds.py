@@ -75,6 +75,22 @@ EVALUATION_MIN_FRACTION = 0.05
 the materiality of the data-wait rule (the TensorBoard profiler plugin's 5 % rule), applied to
 another share of the step that is not training."""
 
+HOST_WORK_MIN_FRACTION = 0.05
+"""A recognised kind of host work between the phases (checkpoint saves, logging and host reads
+of values, garbage collection, batches assembled in the loop) ≥ 5 % of the measured step time
+→ its finding: the materiality of the data-wait rule (the TensorBoard profiler plugin's 5 %
+rule), since on an accelerator each is a stretch where the device waits for the host."""
+
+HOST_CODE_MIN_FRACTION = 0.10
+"""Other code between the phases (no recognisable kind) ≥ 10 % of the step →
+``host_work_in_loop`` naming its lines. Twice the bar of a recognised kind: every loop spends
+some time outside the phases (zero_grad, moving tensors, Python between calls), and only a share
+this large is worth reading code for."""
+
+PERIODIC_MIN_FRACTION = 0.05
+"""Every k-th step slower, the extra time ≥ 5 % of the measured step time → ``periodic_stall``
+(same materiality as the other host findings)."""
+
 MIN_COMPUTE_FRACTION = 0.3
 """Precision findings need the device to compute ≥ 30 % of the step; below that, faster math
 changes little (Amdahl) and the data or host findings come first (the path's order)."""

@@ -12,6 +12,7 @@ import collections
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
@@ -124,11 +125,19 @@ class CpuSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ticker: Callable[[float], None] | None = None
+        self._tick_s = interval_s
         self.series: collections.deque[tuple[float, float, float]] = collections.deque(
             maxlen=SERIES_MAX)
         """(host perf_counter s, CPU seconds of this process, of its children) per sample,
         cumulative since each process started, warm-up included (for the timeline export).
         Children that exited leave the sum: rates are clamped at zero by the reader."""
+
+    def set_ticker(self, ticker: Callable[[float], None], period_s: float) -> None:
+        """Call ``ticker(perf_counter())`` every ``period_s`` on this sampler's thread, between
+        its own samples (the stack sampler rides on it: no thread of its own)."""
+        self._ticker = ticker
+        self._tick_s = min(period_s, self._interval)
 
     def start(self) -> None:
         self.mark()
@@ -159,8 +168,18 @@ class CpuSampler:
             self._peak_children = 0
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.sample()
+        ticker, clock = self._ticker, time.perf_counter
+        if ticker is None:
+            while not self._stop.wait(self._interval):
+                self.sample()
+            return
+        due = clock() + self._interval
+        while not self._stop.wait(self._tick_s):
+            now = clock()
+            ticker(now)
+            if now >= due:
+                self.sample()
+                due = clock() + self._interval
 
     def _child_pids(self) -> list[int]:
         """Descendant pids. Linux lists each thread's children in /proc/<pid>/task/<tid>/children

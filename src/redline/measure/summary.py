@@ -27,6 +27,7 @@ from redline.core.measurements import (
 from redline.core.report import TraceSummary
 from redline.measure.ddp import ddp_stats, fsdp_stats, snapshot
 from redline.measure.evaluation import evaluation_metrics
+from redline.measure.loop_work import loop_work
 from redline.measure.mfu import mfu_for
 from redline.measure.stats import percentile, span_fraction, step_times
 from redline.measure.system import cpu_budget, cpu_flags, shm_info
@@ -235,6 +236,7 @@ def build_measurements(w: Recorder) -> Measurements:
         ddp=ddp_stats(parallel, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
         fsdp=fsdp_stats(parallel, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
         evaluation=evaluation_metrics(steps),
+        loop=loop_work(w, steps),
     )
 
 
@@ -341,6 +343,13 @@ def _sources(w: Recorder) -> dict[str, str]:
                "(the measured window's wall time ÷ its steps) ÷ peak from "
                "redline/data/peak_flops.json",
     }
+    if w.config.stack_sample_interval_s is not None:
+        src["other"] = ("step time in no phase above, split between the user's lines by the "
+                        "training thread's Python stack, read every "
+                        f"{w.config.stack_sample_interval_s * 1e3:g} ms from the CPU sampler's "
+                        "thread while outside the phases (torch, stdlib and redline frames "
+                        "folded into the calling line)")
+        src["gc"] = "gc.callbacks around every collection (exact pause time)"
     if w.device.type == "cuda":
         src["device_span"] = ("torch.cuda.Event pairs (first device work → step end), "
                               "read with query(); upper bound of busy time")
