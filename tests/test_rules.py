@@ -423,6 +423,50 @@ def test_the_training_threads_run_delay_is_contention_naming_the_processes() -> 
     assert g.evidence["top_competing_pid"] == 777 and "fetcher waits" in g.title
 
 
+def test_the_jobs_other_ranks_are_not_contention() -> None:
+    """Two ranks of one job on a 2-core host wait for each other's CPU: that is the straggler
+    rule's to explain (ranks sharing their host's CPUs), never cpu_contention against a process
+    of the job itself."""
+    rank1 = CompetingProcess(pid=5150, command="python -m redline.cli.main doctor -- train.py",
+                             cpu_s=1.8, cpu_cores=0.9, child=False, same_job=True)
+    m = measurements(host={"main_thread_run_delay_fraction": 0.45,
+                           "competing_processes": [rank1]})
+    assert "cpu_contention" not in ids(m)
+    outsider = CompetingProcess(pid=31, command="ffmpeg -i a.mp4", cpu_s=1.0, cpu_cores=0.5,
+                                child=False)
+    both = measurements(host={"main_thread_run_delay_fraction": 0.45,
+                              "competing_processes": [rank1, outsider]})
+    f = get(both, "cpu_contention")
+    assert f.evidence["top_competing_pid"] == 31 and "5150" not in str(f.evidence)
+
+
+def test_a_process_of_the_same_job_is_known_by_its_rendezvous_variables(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from redline.measure import processes
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    other = {**env, "MASTER_PORT": "29999"}
+    code = "import time; time.sleep(30)"
+    same = subprocess.Popen([sys.executable, "-c", code], env=env)
+    diff = subprocess.Popen([sys.executable, "-c", code], env=other)
+    try:
+        mine = processes._job_key({b"MASTER_ADDR": b"127.0.0.1", b"MASTER_PORT": b"29511"})
+        assert mine is not None
+        assert processes._job_key(processes._environ(same.pid)) == mine
+        assert processes._job_key(processes._environ(diff.pid)) != mine
+        assert processes._job_key({}) is None  # not a multi-process job: nothing excluded
+    finally:
+        same.kill()
+        diff.kill()
+        same.wait()
+        diff.wait()
+
+
 def test_workers_queueing_for_their_own_cores_are_cpu_bound_not_contention() -> None:
     """4 CPU-bound workers on 2 CPUs wait for a CPU half the time: that delay is the workers'
     own oversubscription (CPU work at capacity); delay beyond it is contention."""

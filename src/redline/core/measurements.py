@@ -129,6 +129,9 @@ class CompetingProcess:
     """``cpu_s`` ÷ the window's wall seconds."""
     child: bool
     """A child process of the job (not a DataLoader worker): one the script started."""
+    same_job: bool = False
+    """Another rank of this multi-process job (or its workers, its launcher), found by the
+    rendezvous variables in its environment: listed, never counted as competition."""
 
 
 @dataclass(slots=True)

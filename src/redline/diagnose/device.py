@@ -68,7 +68,7 @@ def _amortization(m: Measurements) -> Finding | None:
     if m.device.type == "cuda" and (dm.device_span_fraction is None
                                     or dm.device_span_fraction >= SMALL_BATCH_MAX_BUSY):
         return None  # host time hidden under a busy device is not what the step waits for
-    loop = getattr(m, "loop", None)  # the stack sampler's attribution, where it ran
+    loop = m.loop  # the stack sampler's attribution, where it ran
     kinds: dict[str, float] = loop.kind_fractions if loop is not None else {}
     helpers = kinds.get("optimizer", 0.0)
     fixed_f = sum(m.fraction(p) for p in FIXED_PHASES) + helpers

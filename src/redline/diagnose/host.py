@@ -28,6 +28,7 @@ def _competition(m: Measurements) -> tuple[float | None, list[CompetingProcess]]
     procs = h.competing_processes
     if procs is None:
         return h.other_processes_cpu_cores, []
+    procs = [p for p in procs if not p.same_job]  # the job's other ranks: the straggler rule's
     return sum(p.cpu_cores for p in procs), procs
 
 

@@ -35,6 +35,10 @@ class ProcessCpu:
     spreads a process over the CPUs it may use; /proc has no per-CPU time of a process)."""
     child: bool
     """A descendant of the training process."""
+    same_job: bool = False
+    """Another rank of this multi-process job, or one of its workers or its launcher: the same
+    ``TORCHELASTIC_RUN_ID``, or ``MASTER_ADDR``:``MASTER_PORT``, in its environment. Ranks that
+    share CPUs are the straggler rule's to explain, not competition from outside the job."""
 
 
 def cpu_table() -> Table | None:
@@ -71,6 +75,34 @@ def _command(pid: int) -> str:
     return cmd if len(cmd) <= COMMAND_CHARS else cmd[:COMMAND_CHARS - 1] + "…"
 
 
+_JOB_VARS = (b"TORCHELASTIC_RUN_ID", b"MASTER_ADDR", b"MASTER_PORT")
+
+
+def _job_key(environ: dict[bytes, bytes]) -> tuple[bytes | None, ...] | None:
+    key = tuple(environ.get(v) for v in _JOB_VARS)
+    return key if key[0] is not None or key[2] is not None else None
+
+
+def _environ(pid: int) -> dict[bytes, bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    out: dict[bytes, bytes] = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep and name in _JOB_VARS:
+            out[name] = value
+    return out
+
+
+def own_job_key() -> tuple[bytes | None, ...] | None:
+    """This process's job: its rendezvous variables as it started (None outside a
+    multi-process job)."""
+    return _job_key(_environ(os.getpid()))
+
+
 def competitors(base: Table, end: Table, wall_s: float, children: set[int]) -> list[ProcessCpu]:
     """Processes other than this one that used ≥ LISTED_MIN_CORES on the CPUs this process may
     run on between the two tables, most CPU first (the job's children all, at most LISTED_MAX
@@ -100,11 +132,14 @@ def competitors(base: Table, end: Table, wall_s: float, children: set[int]) -> l
             weighted.append((used * share, pid))
     out: list[ProcessCpu] = []
     others = 0
+    job = own_job_key()
     for used, pid in sorted(weighted, reverse=True):
         child = pid in children
         if not child:
             if others == LISTED_MAX:
                 continue
             others += 1
-        out.append(ProcessCpu(pid=pid, command=_command(pid), cpu_s=used, child=child))
+        same = job is not None and _job_key(_environ(pid)) == job
+        out.append(ProcessCpu(pid=pid, command=_command(pid), cpu_s=used, child=child,
+                              same_job=same))
     return out

@@ -248,7 +248,8 @@ def _competing(w: Recorder) -> list[CompetingProcess] | None:
     workers = {pid for li in inst.loaders for pid in li.worker_pids}
     wall = win.wall_s if win.wall_s > 0 else None
     return [CompetingProcess(pid=p.pid, command=p.command, cpu_s=p.cpu_s,
-                             cpu_cores=p.cpu_s / wall if wall else 0.0, child=p.child)
+                             cpu_cores=p.cpu_s / wall if wall else 0.0, child=p.child,
+                             same_job=p.same_job)
             for p in win.processes if p.pid not in workers]
 
 
