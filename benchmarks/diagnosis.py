@@ -372,6 +372,8 @@ def run_tool(tool: str, key: JobKey, wd: Path, timeout_s: float) -> dict[str, An
     result["wall_s"] = round(time.monotonic() - t0, 1)
     result["rc"] = rc
     result["timed_out"] = rc is None
+    # other sessions' load on a shared host: a reader can tell a contention finding's cause
+    result["host_loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     if findings is None:
         result["reason"] = reason
         return result
