@@ -28,9 +28,9 @@ Definitions (the same for every tool):
 - *false alarm*: a finding of severity high or medium that is neither accepted nor tolerated
   for the job; on a control, any high/medium finding (a peer's "compute-bound" verdict, which
   is right for a control, excepted). Severity: traceml crit/warn/info = high/medium/low;
-  gpuprof's own high/medium/low. Entries that say nothing was found (traceml NORMAL, NO_GPU,
-  INSUFFICIENT_*; gpuprof "No major bottlenecks detected", "No rank skew detected") are not
-  findings.
+  gpuprof's own high/medium/low. Entries that say nothing was found (traceml's neutral states
+  NORMAL, BALANCED, NO_DATA, WARMUP, NO_GPU and its INSUFFICIENT_* abstentions; gpuprof
+  "No major bottlenecks detected", "No rank skew detected") are not findings.
 
 Peer labels -> cause classes (from their docs and rule code, not from results):
 - traceml: INPUT_BOUND -> data, storage; RESIDUAL_HEAVY (time in the step outside its phases)
@@ -156,7 +156,9 @@ TRACEML_CLASSES: dict[str, tuple[str, ...]] = {
     "COMPUTE_STRAGGLER": ("straggler",), "H2D_STRAGGLER": ("straggler",),
     "HIGH_CPU": ("contention", "data"), "COMPUTE_BOUND": ("control",),
 }
-TRACEML_NOT_FINDINGS = ("NORMAL", "NO_GPU", "OK", "BALANCED", "INSUFFICIENT", "INCOMPLETE")
+# its neutral states (traceml_ai/diagnostics/common.py) and its abstentions
+TRACEML_NOT_FINDINGS = ("NORMAL", "NO_GPU", "NO_DATA", "WARMUP", "OK", "BALANCED", "INSUFFICIENT",
+                        "INCOMPLETE")
 TRACEML_SEVERITY = {"crit": "high", "critical": "high", "warn": "medium", "warning": "medium"}
 
 
