@@ -306,3 +306,37 @@ if __name__ == "__main__":
     assert data["status"] == "no_steps"
     assert ("started 2 process(es) with torch.multiprocessing's start_method='fork', which "
             "redline does not measure") in data["status_detail"]
+
+
+def test_an_optional_section_that_fails_is_unknown_and_said_not_a_lost_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from torch import nn
+
+    import redline
+    import redline.measure.summary as summary
+    from redline.measure.ddp import ParallelSnapshot, ddp_stats
+    from redline.measure.optional import SectionUnknown, optional_section
+    from redline.report.json_io import write_json
+
+    with pytest.warns(SectionUnknown, match="the DDP section could not be built"):
+        assert ddp_stats(ParallelSnapshot(ddp_logging={"bucket_sizes": "x,y"}), [], 3, {}) is None
+
+    def broken(*args: object) -> None:
+        raise AttributeError("module 'sympy' has no attribute 'printing'")
+
+    monkeypatch.setattr(summary, "fsdp_stats", optional_section("FSDP")(broken))
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with redline.watch(warmup_steps=1, count_flops=False) as w:
+        for _ in range(4):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    report = w.report(show=False)
+    assert report.measurements.fsdp is None
+    assert ("the FSDP section could not be built (AttributeError: module 'sympy' has no "
+            "attribute 'printing'); it is unknown in this report") in report.measurements.notes
+    assert report.measurements.timing.steps_measured == 3
+    write_json(report, tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text())["measurements"]["fsdp"] is None

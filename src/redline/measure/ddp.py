@@ -22,6 +22,7 @@ import torch
 
 from redline.core.measurements import DdpStats, FsdpStats
 from redline.measure.collectives import Arrival
+from redline.measure.optional import optional_section
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +83,7 @@ def snapshot(roots: list[Any]) -> ParallelSnapshot:
                             fsdp_groups=groups)
 
 
+@optional_section("DDP")
 def ddp_stats(snap: ParallelSnapshot, arrivals: list[Arrival], measured_steps: int,
               counts: dict[str, int]) -> DdpStats | None:
     """DDP's statistics with the counted collectives, or None without a DDP model."""
@@ -123,6 +125,7 @@ def _per_step(arrivals: list[Arrival], measured_steps: int,
     return sum(1 for a in arrivals if any(k in a.name for k in kinds)) / measured_steps
 
 
+@optional_section("FSDP")
 def fsdp_stats(snap: ParallelSnapshot, arrivals: list[Arrival], measured_steps: int,
                counts: dict[str, int]) -> FsdpStats | None:
     """The FSDP2 (``fully_shard``) model's parameter groups and the gradient reductions per

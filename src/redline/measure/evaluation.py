@@ -7,6 +7,7 @@ from collections import Counter
 from itertools import pairwise
 
 from redline.core.measurements import EvaluationMetrics
+from redline.measure.optional import optional_section
 from redline.measure.timeline import EVALUATION, StepRecord
 
 PERIOD_MIN_EVALUATIONS = 3
@@ -17,6 +18,7 @@ PERIOD_MIN_AGREEMENT = 0.75
 that ran late once, or the last one cut by the end of the run, leaves it standing)."""
 
 
+@optional_section("evaluation")
 def evaluation_metrics(steps: list[StepRecord]) -> EvaluationMetrics | None:
     """The measured steps' evaluations: how many steps held one, every how many steps, and
     what one cost; None where no step held any."""

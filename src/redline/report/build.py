@@ -4,6 +4,7 @@ one was recorded), ranked, with how the run ended."""
 from __future__ import annotations
 
 import datetime as _dt
+import warnings
 
 import torch
 
@@ -17,6 +18,7 @@ from redline.core.report import (
     StepTimeline,
 )
 from redline.diagnose import diagnose, diagnose_trace, stall_note
+from redline.measure.optional import SectionUnknown
 from redline.measure.recorder import Recorder
 from redline.measure.summary import build_measurements, recorded_trace
 from redline.measure.timeline import PHASES
@@ -57,7 +59,14 @@ def step_timeline(w: Recorder) -> StepTimeline | None:
 def build_report(w: Recorder, command: list[str] | None = None, status: str | None = None,
                  status_detail: str | None = None) -> Report:
     """Measure, diagnose and assemble the report of a closed recorder."""
-    m = build_measurements(w)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SectionUnknown)
+        m = build_measurements(w)
+    for c in caught:  # an optional section that failed is said; other warnings pass on
+        if issubclass(c.category, SectionUnknown):
+            m.notes.append(str(c.message))
+        else:
+            warnings.warn_explicit(c.message, c.category, c.filename, c.lineno)
     note = stall_note(m)
     if note is not None:
         m.notes.append(note)
