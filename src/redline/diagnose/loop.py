@@ -172,18 +172,23 @@ def host_work_in_loop(m: Measurements) -> list[Finding]:
         return []
     ev = _evidence(m, lw, f, sites)
     p = _period(lw, "code", m)
-    every = ""
-    if p is not None and p.step_fraction >= PERIODIC_MIN_FRACTION:
-        every = f" (every {p.period_steps} steps: {p.extra_s_per_slow_step * 1e3:.0f} ms)"
-        ev["period_steps"] = p.period_steps
+    if _mostly_periodic(p, f):
+        return []  # periodic_stall names it: the period is the more precise diagnosis
     return [Finding(
         "host_work_in_loop", severity_for(f),
-        f"Host code between the training phases takes {f:.0%} of each step{every}: "
+        f"Host code between the training phases takes {f:.0%} of each step: "
         f"{_sites_text(sites)}",
         ev, ceiling_speedup(_removable(m, f)),
         "This code runs in the training thread between steps, while the device waits for it: "
         "run it every k steps, move it to a background thread or into the DataLoader's "
         "workers, or vectorize it (tensor operations instead of Python loops).")]
+
+
+def _mostly_periodic(p: PeriodicStall | None, code_share: float) -> bool:
+    """Whether a periodic stall of other code makes at least half of that code's share: then
+    it is reported as the periodic stall (with its period and line), not as host code."""
+    return (p is not None and p.step_fraction >= PERIODIC_MIN_FRACTION
+            and p.step_fraction >= 0.5 * code_share)
 
 
 def gc_pauses(m: Measurements) -> list[Finding]:
@@ -230,8 +235,11 @@ def periodic_stall(m: Measurements) -> list[Finding]:
         return []
     if p.phase == "evaluation":
         return []  # evaluation_in_loop names it, with its period
-    if p.phase == "other" and p.site is not None and _kind_of(p.site, m) in (
-            *_SPECIFIC, "code"):
+    if (p.phase == "other" and p.site is not None and _kind_of(p.site, m) == "code"
+            and not _mostly_periodic(p, _kind_share(m, lw, "code"))
+            and _kind_share(m, lw, "code") >= HOST_CODE_MIN_FRACTION):
+        return []  # a small part of a larger share of host code: host_work_in_loop names it
+    if p.phase == "other" and p.site is not None and _kind_of(p.site, m) in _SPECIFIC:
         # told inside that kind's finding, when the kind reaches its own bar
         kind = _kind_of(p.site, m)
         bar = HOST_CODE_MIN_FRACTION if kind == "code" else HOST_WORK_MIN_FRACTION
