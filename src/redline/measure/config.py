@@ -21,8 +21,9 @@ class WatchConfig:
     None = no limit."""
 
     count_flops: bool = True
-    """Count the FLOPs of one step with ``torch.utils.flop_counter`` for MFU. That one step is
-    slowed by the counting and is excluded from timing statistics."""
+    """Count the FLOPs of one step with ``torch.utils.flop_counter`` for MFU: over its first
+    forward+backward, scaled to the step's backward passes (see ``redline.measure.flops``).
+    That one step is slowed by the counting and is excluded from timing statistics."""
 
     device: str | None = None
     """Device the job trains on ('cuda', 'cuda:1', 'cpu'); None = CUDA if available, else CPU."""

@@ -121,6 +121,9 @@ class Instrumentation:
         self.device_type = device_type
         self._on_work = on_work
         self._on_data = on_data
+        self.after_backward: Callable[[], None] | None = None
+        """Called on the training thread when an outermost backward returns (the FLOP count
+        ends its slice there, see :class:`redline.measure.flops.FlopWindow`); None = nothing."""
         self._tid = threading.get_ident()
         self._clock = time.perf_counter
         self._depth = 0
@@ -410,6 +413,9 @@ class Instrumentation:
                         if not self._gc_scanned:
                             self._scan_for_optimizers()
                         tracker.on_backward_end(t)
+                    after = self.after_backward
+                    if after is not None:
+                        after()
 
         return wrapper
 

@@ -74,6 +74,8 @@ class Recorder:
         self._limit = self.config.max_steps
         self._warmup = 0
         self._excluded = 0
+        self._flop_backwards = 0
+        """Outermost backwards before the counted step (its passes are the difference)."""
         self._stride = 1
         self.tracker = StepTracker(time.perf_counter, self._on_close, self._on_reset,
                                    keep=self.config.steps_kept)
@@ -163,7 +165,7 @@ class Recorder:
         stack, self._stack = self._stack, None  # from here on, no step may stop the run
         self.exit_error = error
         t = time.perf_counter()
-        self.flops.stop()
+        self._stop_flops()
         if self.capture is not None and not self.capture.done:
             self.capture.stop()  # the run ended inside the trace: keep what it recorded
         self.tracker.finish(t)
@@ -294,6 +296,10 @@ class Recorder:
             self.flops.start()
             if self.flops.active:
                 self._state = "flops"
+                # the count ends with the step's first backward and is scaled to its passes
+                self._flop_backwards = self.tracker.counts["backward"]
+                if self.inst is not None:
+                    self.inst.after_backward = self.flops.backward_ended
                 return True
         if self.config.trace_dir is not None and self.capture is None:
             self.capture = TraceCapture(self.config.trace_dir, self.device.type,
@@ -369,7 +375,7 @@ class Recorder:
         elif state == "flops":
             rec.kind = "excluded"
             self._excluded += 1
-            self.flops.stop()
+            self._stop_flops()
             if not self._start_extras():
                 self._resume()
         elif state == "tracing":
@@ -390,6 +396,13 @@ class Recorder:
                 self._extras_pending = self._start_extras()
         self._steady = (self._state == "measuring" and self._discovered
                         and not self._extras_pending)
+
+    def _stop_flops(self) -> None:
+        """End the FLOP count at the counted step's close: scaled to the backward passes the
+        step made (see :class:`~redline.measure.flops.FlopWindow`)."""
+        if self.inst is not None:
+            self.inst.after_backward = None
+        self.flops.stop(self.tracker.counts["backward"] - self._flop_backwards)
 
     def _stop_at_limit(self) -> None:
         if self._on_limit is None or self._stack is None:

@@ -124,6 +124,13 @@ def build_measurements(w: Recorder) -> Measurements:
                 f"Only {len(steps)} step(s) ran, none after the {w.config.warmup_steps} warm-up "
                 "step(s): statistics below include warm-up steps and are less reliable."
             )
+        elif w.step_counts[2]:
+            notes.append(
+                f"Step time unknown: the only {w.step_counts[2]} step(s) that ran were slowed "
+                "on purpose (FLOP counting or a trace) and are left out of the statistics; run "
+                "more steps, or without FLOP counting (count_flops=False, doctor --no-flops), "
+                "to time them."
+            )
     stride = w.tracker.stride
     if stride > 1:
         notes.append(
@@ -340,8 +347,10 @@ def _sources(w: Recorder) -> dict[str, str]:
                       "gradients disabled or in eval mode and no backward after them in the step",
         "cpu": "psutil /proc readings every "
                f"{w.config.sample_interval_s:g} s; an exiting worker may lose one interval",
-        "mfu": "torch.utils.flop_counter.FlopCounterMode over one step ÷ mean step time "
-               "(the measured window's wall time ÷ its steps) ÷ peak from "
+        "mfu": "torch.utils.flop_counter.FlopCounterMode over one step's first "
+               "forward+backward × the step's backward passes"
+               + (f" ({w.flops.passes} in the counted step)" if w.flops.passes else "")
+               + " ÷ mean step time (the measured window's wall time ÷ its steps) ÷ peak from "
                "redline/data/peak_flops.json",
     }
     if w.config.stack_sample_interval_s is not None:

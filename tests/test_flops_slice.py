@@ -1,0 +1,115 @@
+"""FLOP counting on a step that makes many small calls: the count covers one forward+backward
+and is scaled to the step's backward passes, the counted step is left out of the timing
+statistics, and its cost is that of one pass, not of the whole step (issue 29)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import redline
+from redline.measure.stats import percentile
+
+PASSES = 8
+"""Backward passes per optimizer step (gradient accumulation), as an LBFGS step's closures."""
+
+
+class Recurrent(nn.Module):
+    """An ``LSTMCell`` stepped over 60 time steps: ~200 small operator calls per forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.LSTMCell(1, 32)
+        self.out = nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = c = torch.zeros(x.size(0), 32)
+        outs = []
+        for t in x.split(1, dim=1):
+            h, c = self.cell(t, (h, c))
+            outs.append(self.out(h))
+        return torch.cat(outs, 1)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    # many tiny operators on an oversubscribed 2-core runner: intra-op threads would spin
+    # waiting for each other and make step times noise; one thread keeps them comparable
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _setup() -> tuple[Recurrent, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    m = Recurrent()
+    w = torch.arange(61.0).expand(4, -1) + torch.arange(4.0)[:, None] * 7
+    d = torch.sin(w / 5.0)
+    return m, torch.optim.SGD(m.parameters(), lr=0.01), d[:, :-1], d[:, 1:]
+
+
+def _step(m: Recurrent, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    for _ in range(PASSES):
+        ((m(x) - y) ** 2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_a_counted_step_of_many_small_calls_costs_one_pass_and_is_left_out(
+        one_thread: None) -> None:
+    m, opt, x, y = _setup()
+    # the FLOPs of one forward+backward and the cost of counting a whole step, measured here
+    with FlopCounterMode(display=False) as one:  # (also pays the counter's one-off set-up)
+        ((m(x) - y) ** 2).mean().backward()
+    opt.zero_grad()
+    t = time.perf_counter()
+    _step(m, opt, x, y)
+    bare_s = time.perf_counter() - t
+    t = time.perf_counter()
+    with FlopCounterMode(display=False):
+        _step(m, opt, x, y)
+    whole_overhead_s = time.perf_counter() - t - bare_s
+    assert whole_overhead_s > 0.5 * bare_s  # counting every call is costly on this loop
+
+    with redline.watch(warmup_steps=2, sample_interval_s=0.05) as w:
+        for _ in range(9):
+            _step(m, opt, x, y)
+    report = w.report(show=False)
+    timing = report.measurements.timing
+
+    assert w.flops.passes == PASSES
+    assert w.flops.flops == PASSES * one.get_total_flops() > 0
+    assert report.measurements.mfu.flops_per_step == w.flops.flops
+    steps = w.steps
+    excluded = [s for s in steps if s.kind == "excluded"]
+    measured = [s for s in steps if s.kind == "measured"]
+    assert len(excluded) == 1 and timing.steps_excluded == 1
+    assert timing.steps_measured == len(measured) >= 5
+    # the statistic is over the measured steps alone
+    times = [s.step_s for s in measured]
+    assert timing.step_time_p50_s == pytest.approx(percentile(times, 50))
+    assert timing.step_time_mean_s == pytest.approx(sum(times) / len(times))
+    # the counted step paid for one pass of eight, not for the whole step
+    counted_overhead_s = excluded[0].step_s - percentile(times, 50)
+    assert counted_overhead_s < 0.5 * whole_overhead_s, (counted_overhead_s, whole_overhead_s)
+
+
+def test_without_a_measured_step_the_counted_step_is_not_the_step_time(
+        one_thread: None) -> None:
+    m, opt, x, y = _setup()
+    with redline.watch(warmup_steps=2, sample_interval_s=0.05) as w:
+        for _ in range(3):  # two warm-up steps, then the counted one: none measured
+            _step(m, opt, x, y)
+    report = w.report(show=False)
+    timing = report.measurements.timing
+    assert timing.steps_measured == 0 and timing.steps_excluded == 1
+    warm = [s.step_s for s in w.steps if s.kind == "warmup"]
+    assert len(warm) == 2
+    assert timing.step_time_p50_s == pytest.approx(percentile(warm, 50))
+    assert any("warm-up" in n for n in report.measurements.notes)
