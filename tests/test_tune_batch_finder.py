@@ -11,7 +11,7 @@ from torch import nn
 
 from redline.tune.batch_finder import BatchDoesNotFitError, find_batch_size
 from redline.tune.memory_budget import MemoryBudget
-from redline.tune.trial import state_tensors
+from redline.tune.samples import state_tensors
 
 
 def _mlp(width: int = 256, depth: int = 3) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -97,8 +97,8 @@ def test_batch_one_not_fitting_names_the_options() -> None:
 def test_probe_batches_are_built_from_the_largest_sample() -> None:
     from torch.utils.data import DataLoader
 
+    from redline.tune.samples import probe_batch
     from redline.tune.setup import TrainSetup
-    from redline.tune.trial import probe_batch
 
     lengths = [5, 9, 40, 7, 12]
     data = [torch.ones(n) for n in lengths]

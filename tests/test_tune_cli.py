@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from redline.tune import apply_plan, load_plan
-from redline.tune.plan import PlanMismatchError
+from redline.tune.tuned import PlanMismatchError
 
 SCRIPT = Path(__file__).parent / "scripts" / "tune_tiny.py"
 
@@ -92,7 +92,7 @@ def test_plan_from_another_model_is_refused(tmp_path: Path) -> None:
         import tune_tiny  # type: ignore[import-not-found]
     finally:
         sys.path.pop(0)
-    from redline.tune.plan import TunePlan, plan_key, save_plan
+    from redline.tune.tuned import TunePlan, plan_key, save_plan
 
     s = tune_tiny.redline_setup()
     first = next(iter(s.loader))

@@ -16,8 +16,10 @@ from redline.tune import TrainSetup
 from redline.tune.config import TuneConfig
 from redline.tune.cuda_graphs import dynamic_shapes, graph_blockers, graph_refusal
 from redline.tune.decision import Knob
+from redline.tune.knobs.compile import COMPILE, compile_trial
+from redline.tune.knobs.cuda_graphs import CUDA_GRAPHS
 from redline.tune.path import TunePath, baseline_plan
-from redline.tune.plan import TunePlan
+from redline.tune.tuned import TunePlan
 from test_tune_path import speeds
 
 THIS = Path(__file__).name
@@ -108,8 +110,8 @@ def test_graphs_are_kept_when_the_run_pays_for_the_recording(tmp_path: Path) -> 
     # eager 10 ms, compiled 8 ms, replayed graphs 4 ms a step
     p, base = _path(tmp_path, lambda pl: 0.004 if pl.compile_mode else
                     0.008 if pl.compile else 0.010)
-    plan = p.compile(base)
-    plan = p.compile(plan, mode="reduce-overhead")
+    plan = COMPILE.run(p, base)
+    plan = compile_trial(p, plan, mode="reduce-overhead")
     c, g = plan.decisions
     assert (c.knob, g.knob) == (Knob.COMPILE, Knob.CUDA_GRAPHS) and c.kept and g.kept
     assert plan.compile and plan.compile_mode == "reduce-overhead"
@@ -124,7 +126,7 @@ def test_graphs_that_fail_to_capture_are_recorded_not_kept(tmp_path: Path) -> No
         return 0.01
 
     p, base = _path(tmp_path, rule)
-    plan = p.compile(base, mode="reduce-overhead")
+    plan = compile_trial(p, base, mode="reduce-overhead")
     (d,) = plan.decisions
     assert d.knob is Knob.CUDA_GRAPHS and not d.kept and not plan.compile
     assert d.reason.startswith("failed: RuntimeError: operator not supported")
@@ -132,4 +134,4 @@ def test_graphs_that_fail_to_capture_are_recorded_not_kept(tmp_path: Path) -> No
 
 def test_off_cuda_graphs_are_not_tried(tmp_path: Path) -> None:
     p, base = _path(tmp_path, lambda pl: 0.01)
-    assert p.cuda_graphs(base) is base and base.decisions == []
+    assert CUDA_GRAPHS.run(p, base) is base and base.decisions == []

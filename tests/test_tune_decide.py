@@ -10,8 +10,8 @@ from redline.core.loader import LoaderSettings
 from redline.tune.config import TuneConfig
 from redline.tune.decide import ABPolicy, MeasureFn
 from redline.tune.decision import Decision, Knob
-from redline.tune.plan import TunePlan
-from redline.tune.trial import TrialMetrics
+from redline.tune.result import TrialMetrics
+from redline.tune.tuned import TunePlan
 
 
 def test_rank_test_matches_scipy_and_knows_when_samples_are_too_few() -> None:
@@ -31,8 +31,11 @@ def _fixed(times: dict[int, list[float]]) -> MeasureFn:
     """A measuring function with known per-step times: plan → its times (one sample each)."""
     def measure(plan: TunePlan, label: str, step_only: bool) -> TrialMetrics:
         t = times[id(plan)]
-        return TrialMetrics(label, len(t) / sum(t), sorted(t)[len(t) // 2], None, None, None,
-                            None, "", None, "", len(t), sum(t), step_times_s=list(t))
+        return TrialMetrics(label=label, throughput_samples_per_s=len(t) / sum(t),
+                            step_time_s=sorted(t)[len(t) // 2], data_wait_fraction=None,
+                            device_busy_fraction=None, mfu=None,
+                            peak_memory_bytes=None, peak_memory_source="", energy_j_per_step=None,
+                            energy_source="", steps=len(t), wall_s=sum(t), step_times_s=list(t))
     return measure
 
 
@@ -48,7 +51,7 @@ def test_a_gain_inside_the_noise_is_not_kept() -> None:
         base = TunePlan(key=_key(), effective_batch=8, micro_batch=8)
         cand = TunePlan(key=_key(), effective_batch=8, micro_batch=8, precision="bf16")
         policy = ABPolicy(TuneConfig(rounds=2), _fixed({id(base): a, id(cand): b}))
-        out = policy.decide(base, cand, Decision(Knob.PRECISION, False, "", value="bf16"))
+        out = policy.decide(base, cand, Decision(knob=Knob.PRECISION, kept=False, reason="", value="bf16"))
         assert (out is cand) is kept
         d = out.decisions[-1]
         assert d.kept is kept and d.measured == "step alone" and d.p_value is not None
@@ -60,7 +63,7 @@ def test_a_gain_inside_the_noise_is_not_kept() -> None:
     cand = TunePlan(key=_key(), effective_batch=8, micro_batch=8,
                     loader=LoaderSettings(num_workers=2))
     policy = ABPolicy(TuneConfig(), _fixed({id(base): noisy_a, id(cand): noisy_b}))
-    out = policy.decide(base, cand, Decision(Knob.LOADER, False, ""), step_only=False)
+    out = policy.decide(base, cand, Decision(knob=Knob.LOADER, kept=False, reason=""), step_only=False)
     assert out is cand and "threshold only" in out.decisions[-1].reason
     assert out.decisions[-1].p_value is None
 
@@ -72,6 +75,7 @@ def test_a_knob_that_cannot_run_is_refused_with_the_error() -> None:
     def broken(plan: TunePlan, label: str, step_only: bool) -> TrialMetrics:
         raise RuntimeError("no C compiler")
 
-    out = ABPolicy(TuneConfig(), broken).decide(base, cand, Decision(Knob.COMPILE, False, ""))
+    out = ABPolicy(TuneConfig(), broken).decide(base, cand, Decision(knob=Knob.COMPILE, kept=False,
+                                                                     reason=""))
     assert out is base and not out.decisions[-1].kept
     assert out.decisions[-1].reason == "failed: RuntimeError: no C compiler"

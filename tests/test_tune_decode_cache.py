@@ -20,8 +20,9 @@ from redline.data.cache_split import Reindexed, cached_dataset, fill
 from redline.tune import TrainSetup, apply_plan
 from redline.tune.config import TuneConfig
 from redline.tune.decision import Knob
+from redline.tune.knobs.decode_cache import DECODE_CACHE
 from redline.tune.path import TunePath, baseline_plan
-from redline.tune.plan import PlanMismatchError
+from redline.tune.tuned import PlanMismatchError
 from redline.workloads.vision import SyntheticJpegDataset, VisionConfig
 from test_tune_path import speeds
 
@@ -65,7 +66,7 @@ def _factory(cached: bool = False) -> Any:
         return TrainSetup(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                           loader=DataLoader(ds, batch_size=4, shuffle=True),
                           loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]),
-                          cache_split=CacheSplit(_Raw(), _decode, _jitter))
+                          cache_split=CacheSplit(source=_Raw(), deterministic=_decode, random=_jitter))
     return factory
 
 
@@ -85,7 +86,7 @@ def _path(tmp_path: Path, run_steps: int, cached: bool = False) -> tuple[TunePat
 def test_the_cache_is_kept_when_the_run_pays_for_its_fill(tmp_path: Path) -> None:
     p, base = _path(tmp_path, run_steps=10_000)
     try:
-        plan = p.decode_cache(base)
+        plan = DECODE_CACHE.run(p, base)
         store = p.cache_store
         assert store is not None and Path(store).is_dir()
     finally:
@@ -104,7 +105,7 @@ def test_the_cache_is_not_kept_when_the_fill_costs_more_than_the_run_saves(
     # 5 steps: 0.4 s uncached, 0.25 s cached plus a ≥ 0.32 s fill
     p, base = _path(tmp_path, run_steps=5)
     try:
-        plan = p.decode_cache(base)
+        plan = DECODE_CACHE.run(p, base)
     finally:
         p.close()
     (d,) = plan.decisions
@@ -115,7 +116,7 @@ def test_the_cache_is_not_kept_when_the_fill_costs_more_than_the_run_saves(
 
 def test_a_dataset_already_cached_is_not_cached_again(tmp_path: Path) -> None:
     p, base = _path(tmp_path, run_steps=10_000, cached=True)
-    plan = p.decode_cache(base)
+    plan = DECODE_CACHE.run(p, base)
     (d,) = plan.decisions
     assert not d.kept and "already is a CachedDataset" in d.reason
     assert p.cache_store is None
@@ -142,11 +143,11 @@ def test_vision_samples_through_the_cache_are_the_samples_without_it(tmp_path: P
 
 def test_a_split_whose_source_differs_in_length_needs_an_index(tmp_path: Path) -> None:
     ds = SyntheticJpegDataset(VisionConfig(num_images=4, length=12, crop=32))
-    split = CacheSplit(ds.source, ds.cache_split().deterministic, ds.augment)
+    split = CacheSplit(source=ds.source, deterministic=ds.cache_split().deterministic, random=ds.augment)
     with pytest.raises(ValueError, match="give CacheSplit an index"):
         cached_dataset(split, len(ds), str(tmp_path / "c"))
     with pytest.raises(TypeError, match="map-style dataset"):
-        CacheSplit(iter([1, 2]), len)
+        CacheSplit(source=iter([1, 2]), deterministic=len)
 
 
 def test_a_plan_with_the_cache_needs_the_split_to_be_applied(tmp_path: Path) -> None:

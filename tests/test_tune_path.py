@@ -15,17 +15,22 @@ from torch import nn
 from factories import plan_key as _key
 from redline.tune.decide import MeasureFn
 from redline.tune.decision import Decision, Knob
+from redline.tune.knobs.channels_last import ChannelsLastKnob
+from redline.tune.knobs.precision import PrecisionKnob
 from redline.tune.path import TunePath
-from redline.tune.plan import TunePlan
-from redline.tune.trial import TrialMetrics
+from redline.tune.result import TrialMetrics
+from redline.tune.tuned import TunePlan
 
 
 def speeds(rule: Callable[[TunePlan], float]) -> MeasureFn:
     """A measuring function with known speeds: ``rule(plan)`` seconds per step, every step."""
     def measure(plan: TunePlan, label: str, step_only: bool) -> TrialMetrics:
         t = rule(plan)
-        return TrialMetrics(label, plan.effective_batch / t, t, None, None, None, None, "",
-                            None, "", 12, 12 * t, step_times_s=[t] * 12)
+        return TrialMetrics(label=label, throughput_samples_per_s=plan.effective_batch / t,
+                            step_time_s=t, data_wait_fraction=None, device_busy_fraction=None,
+                            mfu=None, peak_memory_bytes=None, peak_memory_source="",
+                            energy_j_per_step=None, energy_source="", steps=12, wall_s=12 * t,
+                            step_times_s=[t] * 12)
     return measure
 
 
@@ -40,18 +45,18 @@ def test_batch_is_searched_again_after_a_16_bit_precision_is_kept(
     here — this tests the order of the path, not this machine's timings.)"""
     import dataclasses
 
-    from redline.tune.path import TuneConfig
+    from redline.tune.config import TuneConfig
     from redline.tune.run import tune
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "scripts"))
     import tune_tiny
 
-    def bf16(self: TunePath, plan: TunePlan) -> tuple[TunePlan, list[Any]]:
-        return dataclasses.replace(plan, precision="bf16"), []
+    def bf16(self: PrecisionKnob, path: TunePath, plan: TunePlan) -> TunePlan:
+        return dataclasses.replace(plan, precision="bf16")
 
     # Each larger micro-batch is faster: the batch knob is kept whenever it grows.
     faster = speeds(lambda plan: 1.0 / plan.micro_batch)
-    monkeypatch.setattr(TunePath, "precision", bf16)
+    monkeypatch.setattr(PrecisionKnob, "run", bf16)
     cfg = TuneConfig(steps_per_trial=2, rounds=1, warmup_steps=1, tune_loader=False,
                      tune_kernels=False, reuse=False, store_dir=str(tmp_path))
     res = tune(lambda: tune_tiny.redline_setup(limit=200_000, width=256), cfg,
@@ -63,16 +68,16 @@ def test_batch_is_searched_again_after_a_16_bit_precision_is_kept(
     assert res.plan.micro_batch == 32 and res.plan.accumulation_steps == 1
     assert res.plan.precision == "bf16"
 
-    # bf16 kept only in the kernels step (precision_again, with channels_last): the batch is
+    # bf16 kept only in the kernels stage (precision again, with channels_last): the batch is
     # looked at again there, once.
-    def fp32(self: TunePath, plan: TunePlan) -> tuple[TunePlan, list[Any]]:
-        return plan, []
+    def fp32(self: PrecisionKnob, path: TunePath, plan: TunePlan) -> TunePlan:
+        return plan
 
-    def kernels_bf16(self: TunePath, plan: TunePlan) -> tuple[TunePlan, list[Any]]:
-        return dataclasses.replace(plan, precision="bf16"), []
+    def kernels_bf16(self: ChannelsLastKnob, path: TunePath, plan: TunePlan) -> TunePlan:
+        return dataclasses.replace(plan, precision="bf16")
 
-    monkeypatch.setattr(TunePath, "precision", fp32)
-    monkeypatch.setattr(TunePath, "kernels", kernels_bf16)
+    monkeypatch.setattr(PrecisionKnob, "run", fp32)
+    monkeypatch.setattr(ChannelsLastKnob, "run", kernels_bf16)
     cfg = dataclasses.replace(cfg, tune_kernels=True, try_compile=False)
     res = tune(lambda: tune_tiny.redline_setup(limit=200_000, width=256), cfg,
                measure_fn=faster)
@@ -85,7 +90,7 @@ def test_compile_is_measured_against_the_eager_step_and_amortized(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole compile knob on the CPU (inductor): a real compiled trial, the eager side
     measured on the step alone like it, and the decision from one_off_pays over run_steps."""
-    from redline.tune.path import TuneConfig
+    from redline.tune.config import TuneConfig
     from redline.tune.run import tune
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "scripts"))
@@ -124,7 +129,7 @@ def test_bf16_is_tried_again_once_channels_last_is_kept(
     faster, and then faster once channels_last is kept. A precision that passed the numerics
     guard is tried once more after channels_last. (Known speeds: this tests the path.)"""
 
-    from redline.tune.path import TuneConfig
+    from redline.tune.config import TuneConfig
     from redline.tune.run import tune
 
     # channels_last halves the step; bf16 halves it again, but only in channels_last
@@ -149,9 +154,9 @@ def test_cudnn_benchmark_is_a_measured_knob_for_conv_nets_on_cuda(
     kept when measured faster, and the tuned loop sets it only while it runs. (The CUDA check
     is patched and the speeds faked: this tests the path and the runtime on CPU.)"""
 
-    from redline.tune import path as path_mod
+    from redline.tune.config import TuneConfig
     from redline.tune.kernels import cudnn_benchmark_applies
-    from redline.tune.path import TuneConfig
+    from redline.tune.knobs import cudnn_benchmark as cudnn_knob
     from redline.tune.run import tune
     from redline.tune.runtime import TunedLoop
 
@@ -175,7 +180,7 @@ def test_cudnn_benchmark_is_a_measured_knob_for_conv_nets_on_cuda(
                      store_dir=str(tmp_path))
     res = tune(factory, cfg, measure_fn=measure)
     assert not any(d.knob is Knob.CUDNN_BENCHMARK for d in res.plan.decisions)
-    monkeypatch.setattr(path_mod, "cudnn_benchmark_applies", lambda conv, dev: conv)
+    monkeypatch.setattr(cudnn_knob, "cudnn_benchmark_applies", lambda conv, dev: conv)
     res = tune(factory, cfg, measure_fn=measure)
     steps = by_label(res.plan)
     assert steps["cudnn.benchmark"].kept and res.plan.cudnn_benchmark
@@ -195,7 +200,8 @@ def test_before_is_the_users_loader_not_a_worker_less_stand_in(tmp_path: Path) -
     of 0 workers would credit the tuner with what the user had already done."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from redline.tune.path import TuneConfig, baseline_plan
+    from redline.tune.config import TuneConfig
+    from redline.tune.path import baseline_plan
     from redline.tune.run import tune
     from redline.tune.setup import TrainSetup
 
@@ -230,8 +236,8 @@ def test_tf32_and_fp16_are_decided_by_the_guard_and_the_measured_speed(
     """On a (faked) pre-Ampere GPU fp16 + GradScaler is the candidate; on an Ampere one TF32 is
     tried before bf16: each passes the numerics guard (run for real on this CPU) and is kept
     only when measured faster (faked speeds: this tests the path, not this machine)."""
-    from redline.tune import path as path_mod
-    from redline.tune.path import TuneConfig
+    from redline.tune.config import TuneConfig
+    from redline.tune.knobs import precision as precision_knob
     from redline.tune.run import tune
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "scripts"))
@@ -242,7 +248,7 @@ def test_tf32_and_fp16_are_decided_by_the_guard_and_the_measured_speed(
                      store_dir=str(tmp_path))
     pre_ampere = {"fp32": None, "tf32": "TF32 needs compute capability >= 8.0, have 7.0",
                   "bf16": "this GPU has no bf16 support", "fp16": None}
-    monkeypatch.setattr(path_mod, "supported", lambda device: pre_ampere)
+    monkeypatch.setattr(precision_knob, "supported", lambda device: pre_ampere)
     fp16_fast = speeds(lambda plan: 0.5 if plan.precision == "fp16" else 1.0)
     res = tune(lambda: tune_tiny.redline_setup(limit=None), cfg, measure_fn=fp16_fast)
     steps = by_label(res.plan)
@@ -253,7 +259,7 @@ def test_tf32_and_fp16_are_decided_by_the_guard_and_the_measured_speed(
 
     ampere = {"fp32": None, "tf32": None, "bf16": None,
               "fp16": "bf16 is supported: fp16 + GradScaler is only tried where it is not"}
-    monkeypatch.setattr(path_mod, "supported", lambda device: ampere)
+    monkeypatch.setattr(precision_knob, "supported", lambda device: ampere)
     tf32_fast = speeds(lambda plan: 0.6 if plan.precision == "tf32" else 1.0)
     res = tune(lambda: tune_tiny.redline_setup(limit=None), cfg, measure_fn=tf32_fast)
     steps = by_label(res.plan)
@@ -285,7 +291,7 @@ def test_a_16_bit_precision_whose_step_does_not_fit_is_reverted(tmp_path: Path) 
     """bf16 is faster (faked) and passes the numerics guard, but under this budget its step
     does not fit even at micro-batch 1 (weights' 16-bit copies): the search again finds so and
     the plan goes back to fp32, saying why, instead of failing the whole tune."""
-    from redline.tune.path import TuneConfig
+    from redline.tune.config import TuneConfig
     from redline.tune.run import tune
 
     cfg = TuneConfig(steps_per_trial=2, rounds=1, warmup_steps=1, tune_loader=False,

@@ -3,6 +3,7 @@ settings (a one-process gloo group: DDP's own code, on CPU)."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Iterator
 
@@ -15,16 +16,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from redline.core.loader import LoaderSettings
 from redline.data.autotune import Trial, merge_rank_trials
 from redline.tune.ddp import bucket_candidate, cannot_rewrap, rewrap
-from redline.tune.plan import DdpSettings
 from redline.tune.precision import NumericsCheck, worst_check
-from redline.tune.result import merge_ranks
-from redline.tune.trial import TrialMetrics
+from redline.tune.result import TrialMetrics, merge_ranks
+from redline.tune.tuned import DdpSettings
 
 
 def _m(tp: float, step: float, wait: float, peak: int, energy: float | None, times: list[float],
        esrc: str = "RAPL CPU packages over 8 steps") -> TrialMetrics:
-    return TrialMetrics("after", tp, step, wait, None, None, peak, "counted", energy, esrc, 8,
-                        2.0, step_times_s=times)
+    return TrialMetrics(label="after", throughput_samples_per_s=tp, step_time_s=step,
+                        data_wait_fraction=wait, device_busy_fraction=None, mfu=None,
+                        peak_memory_bytes=peak, peak_memory_source="counted",
+                        energy_j_per_step=energy, energy_source=esrc, steps=8,
+                        wall_s=2.0, step_times_s=times)
 
 
 def test_the_job_row_adds_throughput_and_waits_for_the_slowest_rank() -> None:
@@ -47,14 +50,19 @@ def test_the_job_row_adds_throughput_and_waits_for_the_slowest_rank() -> None:
 
 def test_the_loader_trial_of_the_job_is_its_laggiest_rank() -> None:
     s = LoaderSettings(num_workers=2)
-    t = merge_rank_trials([Trial(s, 1, 100.0, 0.01, 0.5, 3.0, 16), Trial(s, 1, 80.0, 0.3, 0.9,
-                                                                         4.0, 12)])
+    fast = Trial(settings=s, torch_threads=1, samples_per_s=100.0, data_wait_fraction=0.01,
+                 cpu_cores_busy=0.5, seconds=3.0, timed_batches=16)
+    slow = Trial(settings=s, torch_threads=1, samples_per_s=80.0, data_wait_fraction=0.3,
+                 cpu_cores_busy=0.9, seconds=4.0, timed_batches=12)
+    t = merge_rank_trials([fast, slow])
     assert (t.samples_per_s, t.data_wait_fraction, t.cpu_cores_busy, t.seconds,
             t.timed_batches) == (180.0, 0.3, 0.9, 4.0, 12)
 
 
 def _check(passed: bool, rel: float, reason: str) -> NumericsCheck:
-    return NumericsCheck("bf16", 4, [], [], [], [], 0, rel, 0.0, passed, reason)
+    return NumericsCheck(precision="bf16", steps=4, loss_fp32=[], loss_candidate=[],
+                         grad_norm_fp32=[], grad_norm_candidate=[], overflow_steps=0,
+                         max_loss_rel=rel, max_grad_norm_rel=0.0, passed=passed, reason=reason)
 
 
 def test_a_precision_passes_only_if_it_passes_on_every_rank() -> None:
@@ -105,3 +113,35 @@ def test_a_model_with_a_comm_hook_is_not_rewrapped(gloo: None) -> None:
     assert "communication hook is registered" in (cannot_rewrap(m) or "")
     with pytest.raises(ValueError, match="communication hook"):
         rewrap(m, DdpSettings(bucket_cap_mb=1.0))
+
+
+def test_the_tuned_loop_rewraps_a_ddp_model_with_the_plans_buckets(gloo: None) -> None:
+    """The DDP knob's apply stage: the loop trains the user's DDP model re-wrapped with the
+    plan's bucket settings, and a plan without DDP settings leaves it as built."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from factories import plan_key
+    from redline.tune.knobs.ddp import DDP as DDP_KNOB
+    from redline.tune.runtime import TunedLoop
+    from redline.tune.tuned import TunePlan
+
+    assert DDP_KNOB.records and "ddp" in DDP_KNOB.plan_fields
+    net = nn.Linear(8, 2)
+    user = DDP(net)
+    loader = DataLoader(TensorDataset(torch.randn(16, 8), torch.randint(0, 2, (16,))),
+                        batch_size=8)
+
+    def loss(model: nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
+        return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+    settings = DdpSettings(bucket_cap_mb=1.0, gradient_as_bucket_view=True)
+    plan = TunePlan(key=plan_key(), effective_batch=8, micro_batch=8, ddp=settings)
+    with TunedLoop(plan, user, torch.optim.SGD(net.parameters(), lr=0.1), loader, loss,
+                   torch.device("cpu")) as loop:
+        assert isinstance(loop.model, DDP) and loop.model is not user
+        assert loop.model.bucket_bytes_cap == 2**20 and loop.model.gradient_as_bucket_view
+        assert torch.isfinite(loop.step(next(iter(loop.loader))))
+    plain = dataclasses.replace(plan, ddp=DdpSettings())
+    with TunedLoop(plain, user, torch.optim.SGD(net.parameters(), lr=0.1), loader, loss,
+                   torch.device("cpu")) as loop:
+        assert loop.model is user

@@ -28,7 +28,7 @@ from redline.tune import (
     tune,
 )
 from redline.tune.decision import Decision, Knob
-from redline.tune.plan import PlanStore, plan_key
+from redline.tune.tuned import PlanStore, plan_key
 
 
 def _setup(loss: Any = None, scale: float = 1.0, offset: float = 0.0,
@@ -120,7 +120,7 @@ def _plan_dict() -> dict[str, Any]:
     plan = TunePlan(key=plan_key(s.model, torch.device("cpu"), "fp32", first),
                     effective_batch=32, micro_batch=16, source_batch_size=8,
                     loader=LoaderSettings(num_workers=2, prefetch_factor=2),
-                    decisions=[Decision(Knob.BATCH, True, "1.4×", value="16")])
+                    decisions=[Decision(knob=Knob.BATCH, kept=True, reason="1.4×", value="16")])
     return plan.to_dict()
 
 

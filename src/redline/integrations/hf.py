@@ -81,7 +81,7 @@ class RedlineCallback(TrainerCallback):  # type: ignore[misc]
                                    f"{type(trainer).__name__}")
         self._trainer = trainer
         self._config = watch_config(config)
-        self._fit = FitWatch(self._config, json_path=json_path, html_path=html_path,
+        self._fit = FitWatch(config=self._config, json_path=json_path, html_path=html_path,
                              show=show, window_steps=window_steps)
         self._log = log_metrics
         self._due = False

@@ -78,7 +78,7 @@ class RedlineCallback(Callback):  # type: ignore[misc]
                  html_path: str | None = None) -> None:
         super().__init__()
         self._config = watch_config(config)
-        self._fit = FitWatch(self._config, json_path=json_path, html_path=html_path,
+        self._fit = FitWatch(config=self._config, json_path=json_path, html_path=html_path,
                              show=show, window_steps=window_steps)
         self._log = log_metrics
         self._global_step = 0

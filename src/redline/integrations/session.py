@@ -29,7 +29,7 @@ from redline.report.html import HtmlReportError, write_html
 from redline.report.html import check_available as check_html
 from redline.report.json_io import to_dict, write_json
 from redline.report.terminal import print_report
-from redline.report.watch import Watch
+from redline.runs.watch import Watch
 
 
 def check_report_path(path: str | None, name: str = "json_path") -> None:
@@ -80,7 +80,7 @@ def watch_config(config: WatchConfig | Mapping[str, Any] | None) -> WatchConfig:
                            f"None, got {type(config).__name__}")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class FitWatch:
     """A :class:`redline.Watch` over one training run whose steps the framework marks."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from redline.tune.plan import TunePlan
+from redline.tune.tuned import TunePlan
 
 LIGHTNING_PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed",
                        "fp16": "16-mixed"}
@@ -21,7 +21,7 @@ TF32 matmuls, set by one line of code: Lightning has no flag for it)."""
 TF32_LINE = 'torch.set_float32_matmul_precision("high")  # TF32 matmuls'
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FrameworkSettings:
     """What to pass to the framework to train as the plan says."""
 
@@ -75,7 +75,15 @@ def _common_code(plan: TunePlan, *, compile_arg: bool) -> list[str]:
 
 def lightning_settings(plan: TunePlan) -> FrameworkSettings:
     """``Trainer`` and ``DataLoader`` arguments (and code lines) that train as ``plan`` says:
-    micro-batch × ``accumulate_grad_batches`` = the plan's effective batch."""
+    micro-batch × ``accumulate_grad_batches`` = the plan's effective batch.
+
+    Args:
+        plan: the tuned plan.
+
+    Returns:
+        :class:`FrameworkSettings` for Lightning: ``Trainer`` arguments (precision,
+        accumulation, benchmark, DDP strategy), ``DataLoader`` arguments and code lines.
+    """
     args: dict[str, Any] = {"precision": LIGHTNING_PRECISION[plan.precision],
                             "accumulate_grad_batches": _accumulation(plan)}
     if plan.cudnn_benchmark:
@@ -94,13 +102,23 @@ def lightning_settings(plan: TunePlan) -> FrameworkSettings:
     if plan.prefetch_to_device:
         code.append("# the plan copies batches to the GPU ahead of the step: Lightning copies "
                     "at the step; pin_memory=True makes that copy asynchronous")
-    return FrameworkSettings("lightning", args, _loader_kwargs(plan), code,
-                             plan.effective_batch)
+    return FrameworkSettings(framework="lightning", arguments=args, dataloader=_loader_kwargs(plan),
+                             code=code,
+                             effective_batch=plan.effective_batch)
 
 
 def hf_settings(plan: TunePlan) -> FrameworkSettings:
     """``TrainingArguments`` that train as ``plan`` says: ``per_device_train_batch_size`` ×
-    ``gradient_accumulation_steps`` = the plan's effective batch."""
+    ``gradient_accumulation_steps`` = the plan's effective batch.
+
+    Args:
+        plan: the tuned plan.
+
+    Returns:
+        :class:`FrameworkSettings` for Hugging Face's Trainer: the ``TrainingArguments``
+        fields (batch, accumulation, precision, loader workers, compile, optimizer, DDP bucket,
+        warm-up steps) and the code lines that have no field.
+    """
     ls = plan.loader
     args: dict[str, Any] = {
         "per_device_train_batch_size": _micro(plan),
@@ -128,7 +146,8 @@ def hf_settings(plan: TunePlan) -> FrameworkSettings:
     if plan.ddp.gradient_as_bucket_view:
         code.append("# DDP gradient_as_bucket_view=True has no TrainingArguments field: "
                     "wrap the model yourself or leave it")
-    return FrameworkSettings("hf", args, {}, code, plan.effective_batch)
+    return FrameworkSettings(framework="hf", arguments=args, dataloader={}, code=code,
+                             effective_batch=plan.effective_batch)
 
 
 def _micro(plan: TunePlan) -> int:

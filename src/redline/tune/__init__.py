@@ -11,12 +11,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from redline.tune.accumulate import accumulate, micro_sizes, split_batch
+    from redline.tune.accumulate import accumulate, micro_sizes, split_batch, train_step
     from redline.tune.batch_finder import BatchDoesNotFitError, BatchSearch, find_batch_size
     from redline.tune.config import NumericsTolerance, TuneConfig
     from redline.tune.decision import Decision, Knob
     from redline.tune.memory_budget import MemoryBudget
-    from redline.tune.plan import (
+    from redline.tune.precision import NonFiniteLossError, check_numerics
+    from redline.tune.result import Projection, TuneResult
+    from redline.tune.run import tune
+    from redline.tune.runtime import TunedLoop, apply_plan
+    from redline.tune.setup import SetupError, TrainSetup, load_factory
+    from redline.tune.tuned import (
         PlanError,
         PlanMismatchError,
         PlanStore,
@@ -24,11 +29,6 @@ if TYPE_CHECKING:
         load_plan,
         save_plan,
     )
-    from redline.tune.precision import NonFiniteLossError, check_numerics
-    from redline.tune.result import Projection, TuneResult
-    from redline.tune.run import tune
-    from redline.tune.runtime import TunedLoop, apply_plan, train_step
-    from redline.tune.setup import SetupError, TrainSetup, load_factory
 
 _LAZY = {
     "accumulate": "accumulate", "micro_sizes": "accumulate", "split_batch": "accumulate",
@@ -38,11 +38,11 @@ _LAZY = {
     "Decision": "decision", "Knob": "decision",
     "MemoryBudget": "memory_budget",
     "tune": "run",
-    "PlanError": "plan", "PlanMismatchError": "plan", "PlanStore": "plan", "TunePlan": "plan",
-    "load_plan": "plan", "save_plan": "plan",
+    "PlanError": "tuned", "PlanMismatchError": "tuned", "PlanStore": "tuned", "TunePlan": "tuned",
+    "load_plan": "tuned", "save_plan": "tuned",
     "NonFiniteLossError": "precision", "check_numerics": "precision",
     "Projection": "result", "TuneResult": "result",
-    "TunedLoop": "runtime", "apply_plan": "runtime", "train_step": "runtime",
+    "TunedLoop": "runtime", "apply_plan": "runtime", "train_step": "accumulate",
     "SetupError": "setup", "TrainSetup": "setup", "load_factory": "setup",
 }
 

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from redline.data.prefetcher import map_tensors
+from redline.tune.accumulate import train_step
 from redline.tune.precision import restored
-from redline.tune.runtime import train_step
 
 MAX_GROWTH = 8
 """The effective batch grows at most 8-fold: Goyal et al. kept ImageNet's accuracy to a 32-fold
@@ -52,7 +52,7 @@ WARMUP_SHARE = 0.05
 _ADAPTIVE = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "RMSprop")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LrRule:
     """How the learning rate follows the batch, and where the rule comes from."""
 
@@ -67,13 +67,13 @@ class LrRule:
         return max(1, round(WARMUP_SHARE * run_steps)) if self.name == "linear" else 0
 
 
-LINEAR = LrRule("linear", "Goyal et al. 2017, linear scaling with gradual warm-up")
-SQRT = LrRule("sqrt", "Malladi et al. 2022, square-root scaling for adaptive methods")
+LINEAR = LrRule(name="linear", source="Goyal et al. 2017, linear scaling with gradual warm-up")
+SQRT = LrRule(name="sqrt", source="Malladi et al. 2022, square-root scaling for adaptive methods")
 
 
 def lr_rule(optimizer: torch.optim.Optimizer) -> LrRule | None:
     """The rule for this optimizer's class (by its base classes' names too), or None."""
-    names = {c.__name__ for c in type(optimizer).__mro__}
+    names = {cls.__name__ for cls in type(optimizer).__mro__}
     if "SGD" in names:
         return LINEAR
     if names & set(_ADAPTIVE):
@@ -88,13 +88,14 @@ def concat(batches: Sequence[Any]) -> Any:
     if isinstance(first, torch.Tensor):
         return torch.cat(list(batches))
     if isinstance(first, tuple | list):
-        return type(first)(concat([b[k] for b in batches]) for k in range(len(first)))
+        return type(first)(concat([batch[index] for batch in batches])
+                           for index in range(len(first)))
     if isinstance(first, dict):
-        return {k: concat([b[k] for b in batches]) for k in first}
+        return {index: concat([batch[index] for batch in batches]) for index in first}
     raise TypeError(f"cannot join batches of {type(first).__name__}")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class BatchChangeCheck:
     """The guard's verdict for one larger effective batch."""
 
@@ -132,25 +133,27 @@ def check_batch_change(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     learning rate × ``lr_scale`` (no warm-up: the scaled rate itself is what is checked);
     compare the held-out loss. Batches are moved to ``device`` as they are used (None: where
     they are). ``model`` and ``optimizer`` are left as they were."""
-    def on(b: Any) -> Any:
-        return b if device is None else map_tensors(b, lambda t: t.to(device))
+    def on(batch: Any) -> Any:
+        return batch if device is None else map_tensors(batch, lambda tensor: tensor.to(device))
 
-    n = len(batches) // ratio * ratio
-    if n == 0:
+    used = len(batches) // ratio * ratio
+    if used == 0:
         raise ValueError(f"need at least {ratio} batches, got {len(batches)}")
     heldout = on(heldout)
     start = _heldout(model, heldout, loss_fn)
     with restored(model, optimizer) as reset:
-        for x in batches[:n]:
-            train_step(model, optimizer, on(x), micro, loss_fn)
+        for batch in batches[:used]:
+            train_step(model, optimizer, on(batch), micro, loss_fn)
         before = _heldout(model, heldout, loss_fn)
         reset()
-        for g in optimizer.param_groups:
-            g["lr"] = g["lr"] * lr_scale  # undone on exit: the optimizer's state holds its rates
-        for k in range(0, n, ratio):
-            train_step(model, optimizer, on(concat(batches[k:k + ratio])), to_micro, loss_fn)
+        for group in optimizer.param_groups:
+            # undone on exit: the optimizer's state holds its rates
+            group["lr"] = group["lr"] * lr_scale
+        for first in range(0, used, ratio):
+            train_step(model, optimizer, on(concat(batches[first:first + ratio])), to_micro,
+                       loss_fn)
         after = _heldout(model, heldout, loss_fn)
-    samples = n * effective
+    samples = used * effective
     fell = start - before
     if not math.isfinite(after):
         progress = -math.inf
@@ -159,13 +162,14 @@ def check_batch_change(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     else:  # the user's batch made no progress on these samples: the larger must not lose any
         progress = 1.0 if after <= start else -math.inf
     passed = math.isfinite(before) and progress >= min_progress
-    common = (f"held-out loss {start:.4g} → {before:.4g} at the user's batch ({n} steps) and → "
-              f"{after:.4g} at the larger one ({n // ratio} steps, learning rate × "
+    common = (f"held-out loss {start:.4g} → {before:.4g} at the user's batch ({used} steps) and → "
+              f"{after:.4g} at the larger one ({used // ratio} steps, learning rate × "
               f"{lr_scale:.3g}) over the same {samples:,} samples")
     reason = (f"{common}: {progress:.0%} of the user's progress (≥ {min_progress:.0%})"
               if passed else
               f"refused: {common}: " + ("not finite" if not math.isfinite(after) else
                                         f"{progress:.0%} of the user's progress")
               + f" (needs ≥ {min_progress:.0%})")
-    return BatchChangeCheck(effective, effective * ratio, lr_scale, samples, start, before,
-                            after, progress, passed, reason)
+    return BatchChangeCheck(from_batch=effective, to_batch=effective * ratio, lr_scale=lr_scale,
+                            samples=samples, heldout_loss_start=start, heldout_loss_before=before,
+                            heldout_loss_after=after, progress=progress, passed=passed, reason=reason)

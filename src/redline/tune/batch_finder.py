@@ -60,7 +60,7 @@ class BatchDoesNotFitError(RedlineError, RuntimeError):
     """Samples per optimizer step over the whole job."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Probe:
     batch: int
     peak_bytes: int | None
@@ -71,7 +71,7 @@ class Probe:
     """'probe' | 'verify'."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class BatchSearch:
     """What the finder chose and how."""
 
@@ -102,10 +102,10 @@ class BatchSearch:
 
     @property
     def ooms(self) -> int:
-        return sum(p.oom for p in self.probes)
+        return sum(probe.oom for probe in self.probes)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class _Timeline:
     batch: int
     points: list[int]
@@ -129,48 +129,52 @@ class _Prober:
         self.probes: list[Probe] = []
         self.cuda_reserved_peak = 0
 
-    def run(self, b: int, role: str) -> _Timeline | None:
+    def run(self, batch: int, role: str) -> _Timeline | None:
         """One probe on every rank of the job: it fits only if it fit on all of them, and the
         job's timeline is the one of the rank with the highest peak (so every rank predicts
         the same batch from the same numbers)."""
-        t0 = time.perf_counter()
-        here = self._here(b)
-        got = self.agree.gather((here, self.cuda_reserved_peak), f"batch probe {b}")
-        self.cuda_reserved_peak = max(r for _, r in got)
-        oom = [r for r, (tl, _) in enumerate(got) if tl is None]
-        seconds = self.agree.max(time.perf_counter() - t0, f"batch probe {b} time")
+        start_s = time.perf_counter()
+        here = self._here(batch)
+        got = self.agree.gather((here, self.cuda_reserved_peak), f"batch probe {batch}")
+        self.cuda_reserved_peak = max(reserved for _, reserved in got)
+        oom = [rank for rank, (timeline, _) in enumerate(got) if timeline is None]
+        seconds = self.agree.max(time.perf_counter() - start_s, f"batch probe {batch} time")
         if oom:
             where = f" (rank {', '.join(map(str, oom))})" if self.agree.world_size > 1 else ""
-            self.probes.append(Probe(b, None, True, seconds, role + where))
+            self.probes.append(Probe(batch=batch, peak_bytes=None, oom=True, seconds=seconds,
+                                     role=role + where))
             return None
-        tl = max((t for t, _ in got if t is not None), key=lambda t: t.peak)
-        self.probes.append(Probe(b, tl.peak, False, seconds, role))
-        return tl
+        timeline = max((rank_timeline for rank_timeline, _ in got if rank_timeline is not None),
+                       key=lambda rank_timeline: rank_timeline.peak)
+        self.probes.append(Probe(batch=batch, peak_bytes=timeline.peak, oom=False,
+                                 seconds=seconds, role=role))
+        return timeline
 
-    def _here(self, b: int) -> _Timeline | None:
+    def _here(self, batch: int) -> _Timeline | None:
         """This process's probe: its timeline, or None after an out-of-memory error."""
         # On CUDA the real allocator enforces the limit; the mode only counts (no limit).
         budget_limit = None if self.cuda is not None else self.limit
         try:
-            with MemoryBudget(budget_limit, existing=self.state()) as mb:
+            with MemoryBudget(budget_limit, existing=self.state()) as budget:
                 if not self.warm:
                     # The first step builds lazy optimizer state (Adam moments): constant in
                     # the batch, and present in every later step, so it is not recorded.
-                    self.step(b)
+                    self.step(batch)
                     self.warm = True
-                    mb.reset_peak()
+                    budget.reset_peak()
                 if self.cuda is not None:
                     torch.cuda.reset_peak_memory_stats(self.cuda)
-                mb.record()
-                self.step(b)
-                assert mb.timeline is not None
-                tl = _Timeline(b, list(mb.timeline), mb.peak, list(mb.timeline_ops))
+                budget.record()
+                self.step(batch)
+                assert budget.timeline is not None
+                timeline = _Timeline(batch=batch, points=list(budget.timeline), peak=budget.peak,
+                                     ops=list(budget.timeline_ops))
             if self.cuda is not None:
                 self.cuda_reserved_peak = torch.cuda.max_memory_reserved(self.cuda)
         except torch.OutOfMemoryError:
             _cuda_cleanup()
             return None
-        return tl
+        return timeline
 
 
 def _fit(lo: _Timeline, hi: _Timeline) -> tuple[str, list[tuple[float, float]]]:
@@ -260,22 +264,27 @@ def find_batch_size(step: Callable[[int], None], *,
             while its peers wait in that step's collective stops the job (as any such error
             does under DDP); with equal devices and shards, all ranks run out together.
 
+    Returns:
+        A :class:`BatchSearch`: the chosen micro-batch (1..``max_batch``), the limit and usable
+        bytes, the allocator overhead, the predicted batch, every probe and the reason.
+
     Raises:
         BatchDoesNotFitError: batch 1 does not fit; the message lists the options.
+        ValueError: ``max_batch`` is below 1.
     """
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     t_begin = time.perf_counter()
-    persistent = sum(int(t.untyped_storage().nbytes()) for t in
-                     {id(t.untyped_storage()): t for t in state()}.values())
+    persistent = sum(int(tensor.untyped_storage().nbytes()) for tensor in
+                     {id(tensor.untyped_storage()): tensor for tensor in state()}.values())
     job = agree or Agreement()
-    limits = [x for x in job.gather(limit_bytes, "batch limit") if x is not None]
+    limits = [limit for limit in job.gather(limit_bytes, "batch limit") if limit is not None]
     limit_bytes = min(limits) if limits else None
-    pr = _Prober(step, state, limit_bytes, cuda_device, job)
+    prober = _Prober(step, state, limit_bytes, cuda_device, job)
 
     res = BatchSearch(batch=0, max_batch=max_batch, limit_bytes=limit_bytes, usable_bytes=None,
                       allocator_overhead=None, overhead_source="", persistent_bytes=persistent,
-                      predicted_batch=None, fit="none", probes=pr.probes)
+                      predicted_batch=None, fit="none", probes=prober.probes)
 
     def done(batch: int, reason: str) -> BatchSearch:
         res.batch, res.reason = batch, reason
@@ -284,13 +293,13 @@ def find_batch_size(step: Callable[[int], None], *,
 
     if limit_bytes is None:
         res.overhead_source = "no memory limit: nothing to leave headroom for"
-        tl = pr.run(max_batch, "verify")
-        if tl is None:
+        timeline = prober.run(max_batch, "verify")
+        if timeline is None:
             raise RuntimeError("out of memory without a memory limit (host RAM?)")
         return done(max_batch, f"no device-memory limit: the micro-batch is the effective batch "
-                               f"({max_batch}); its step peaked at {tl.peak / 2**20:,.1f} MiB")
+                               f"({max_batch}); its step peaked at {timeline.peak / 2**20:,.1f} MiB")
 
-    one = pr.run(1, "probe")
+    one = prober.run(1, "probe")
     if one is None:
         raise _does_not_fit(limit_bytes, persistent)
     overhead = 0.0
@@ -302,39 +311,39 @@ def find_batch_size(step: Callable[[int], None], *,
         res.allocator_overhead = overhead
         return done(1, "the effective batch is 1")
     per_sample = max(1, one.peak - persistent)
-    b2 = min(max_batch, max(2, math.floor((usable - persistent) / per_sample)))
-    two = pr.run(b2, "probe")
+    predicted = min(max_batch, max(2, math.floor((usable - persistent) / per_sample)))
+    two = prober.run(predicted, "probe")
     if two is None:
         # The safety bound assumes c_j ≥ E; a model that frees persistent tensors mid-step can
         # break it. Fall back to batch 1's result rather than guess.
-        return done(1, f"probe at {b2} ran out of memory although the bound said it was safe: "
+        return done(1, f"probe at {predicted} ran out of memory although the bound said it was safe: "
                        "keeping batch 1")
-    if pr.cuda is not None:
-        overhead = max(0.0, pr.cuda_reserved_peak / max(1, two.peak) - 1.0)
-        res.overhead_source = (f"CUDA allocator: reserved {pr.cuda_reserved_peak / 2**20:,.1f} "
-                               f"MiB for {two.peak / 2**20:,.1f} MiB counted at batch {b2}")
+    if prober.cuda is not None:
+        overhead = max(0.0, prober.cuda_reserved_peak / max(1, two.peak) - 1.0)
+        res.overhead_source = (f"CUDA allocator: reserved {prober.cuda_reserved_peak / 2**20:,.1f} "
+                               f"MiB for {two.peak / 2**20:,.1f} MiB counted at batch {predicted}")
     usable = limit_bytes / (1.0 + overhead)
     res.allocator_overhead, res.usable_bytes = overhead, int(usable)
-    if b2 == max_batch:
-        return done(b2, f"the effective batch ({max_batch}) fits: peak "
+    if predicted == max_batch:
+        return done(predicted, f"the effective batch ({max_batch}) fits: peak "
                         f"{two.peak / 2**20:,.1f} MiB of {usable / 2**20:,.1f} MiB usable")
     good, fit_from = two, (one, two)
-    if _fit(one, two)[0] == "peak-secant" and b2 >= 4:
+    if _fit(one, two)[0] == "peak-secant" and predicted >= 4:
         # The step at batch 1 took another path than at b2 (whole sequences of operators
         # differ, e.g. a model that works in chunks above some batch): a secant from batch 1
         # would mix the two. A probe at b2/2 (safe: below b2, which fit) gives a second point
         # on b2's side to fit through.
-        half = pr.run(b2 // 2, "probe")
+        half = prober.run(predicted // 2, "probe")
         if half is not None:
             fit_from = (half, two)
-    while len(pr.probes) < MAX_TRIALS:
+    while len(prober.probes) < MAX_TRIALS:
         method, lines = _fit(*fit_from)
         res.fit = method
         pred = _predict(lines, usable, max_batch)
         res.predicted_batch = pred if res.predicted_batch is None else res.predicted_batch
         if pred <= good.batch:
             break
-        left = MAX_TRIALS - len(pr.probes)
+        left = MAX_TRIALS - len(prober.probes)
         if left >= 2 and pred > LONG_REACH * good.batch:
             # A long extrapolation (a model whose memory grows other than linearly far from
             # the probes, or takes another path there): first verify most of the way, then
@@ -345,32 +354,32 @@ def find_batch_size(step: Callable[[int], None], *,
             # point a secant of a convex peak under-states the slope, so it overshoots): an
             # out-of-memory error there would gain nothing; stop short of the prediction.
             pred = good.batch + max(1, math.floor(SECANT_SHARE * (pred - good.batch)))
-        tl = pr.run(pred, "verify")
-        if tl is not None and tl.peak <= usable:
-            prev, good = good, tl
-            if pred == max_batch or len(pr.probes) >= MAX_TRIALS:
+        timeline = prober.run(pred, "verify")
+        if timeline is not None and timeline.peak <= usable:
+            prev, good = good, timeline
+            if pred == max_batch or len(prober.probes) >= MAX_TRIALS:
                 break
             # Verified: one more step up only if the re-fit through the two largest verified
             # probes predicts more.
-            fit_from = (prev, tl)
+            fit_from = (prev, timeline)
             method, lines = _fit(*fit_from)
             if _predict(lines, usable, max_batch) <= pred:
                 break
             continue
         # Overshot (or the real allocator said no): re-fit through the two largest probes.
-        if tl is None:
+        if timeline is None:
             # Out of memory: no timeline to fit. Halve the gap to the largest verified batch
             # with the trials left (each verified probe is kept; never less than it).
             failed = pred
-            while len(pr.probes) < MAX_TRIALS and failed - good.batch > 1:
+            while len(prober.probes) < MAX_TRIALS and failed - good.batch > 1:
                 mid = (good.batch + failed) // 2
-                got = pr.run(mid, "verify")
+                got = prober.run(mid, "verify")
                 if got is not None and got.peak <= usable:
                     good = got
                 else:
                     failed = mid
             break
-        fit_from = (good, tl)
+        fit_from = (good, timeline)
     return done(good.batch, f"{res.fit} fit predicted {res.predicted_batch}; verified "
                             f"{good.batch} at {good.peak / 2**20:,.1f} MiB of "
                             f"{usable / 2**20:,.1f} MiB usable")

@@ -49,7 +49,7 @@ for _name in ("_unique2", "unique_dim", "unique_consecutive", "_unique"):
         _HOST_READS[_op.default] = "unique: an output size set by the data"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GraphBlocker:
     """One place in the step a CUDA graph cannot replay."""
 
@@ -84,20 +84,21 @@ def graph_blockers(model: torch.nn.Module, batch: Any,
             loss.backward()
     finally:
         model.zero_grad(set_to_none=True)
-    return [GraphBlocker(loc, what, n) for (loc, what), n in sorted(spy.seen.items())]
+    return [GraphBlocker(location=loc, what=what, count=count)
+            for (loc, what), count in sorted(spy.seen.items())]
 
 
 def sample_shapes(batch: Any) -> tuple[tuple[int, ...], ...]:
     """Per-sample shapes of a batch's tensors (the batch dimension dropped)."""
-    return tuple(tuple(t.shape[1:]) for t in tree_leaves(batch) if isinstance(t, torch.Tensor))
+    return tuple(tuple(tensor.shape[1:]) for tensor in tree_leaves(batch) if isinstance(tensor, torch.Tensor))
 
 
 def dynamic_shapes(batches: Sequence[Any]) -> str | None:
     """Why the batches' shapes are not static (per sample), or None."""
-    shapes = {sample_shapes(b) for b in batches}
+    shapes = {sample_shapes(batch) for batch in batches}
     if len(shapes) <= 1:
         return None
-    shown = ", ".join(str(list(map(list, s))) for s in sorted(shapes)[:3])
+    shown = ", ".join(str(list(map(list, shape))) for shape in sorted(shapes)[:3])
     return (f"dynamic shapes: {len(shapes)} different per-sample shapes in {len(batches)} "
             f"batches ({shown}{' …' if len(shapes) > 3 else ''}): each needs its own graph")
 
@@ -108,8 +109,8 @@ def graph_refusal(batches: Sequence[Any], blockers: Sequence[GraphBlocker]) -> s
     if why is not None:
         return why
     if blockers:
-        b = blockers[0]
+        blocker = blockers[0]
         more = f" (and {len(blockers) - 1} more)" if len(blockers) > 1 else ""
-        return (f"the step {b.what} at {b.location}, {b.count}× per step{more}: a graph "
+        return (f"the step {blocker.what} at {blocker.location}, {blocker.count}× per step{more}: a graph "
                 "replays kernels, not decisions taken on the host from tensor values")
     return None

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from redline.tune.plan import DdpSettings
+from redline.tune.tuned import DdpSettings
 
 DDP_DEFAULT_BUCKET_MB = 25.0
 """DistributedDataParallel's default ``bucket_cap_mb``."""
@@ -50,7 +50,8 @@ def cannot_rewrap(ddp: Any) -> str | None:
 
 
 def gradient_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return sum(param.numel() * param.element_size() for param in model.parameters()
+               if param.requires_grad)
 
 
 def bucket_candidate(ddp: Any) -> tuple[float, str] | None:
@@ -58,15 +59,15 @@ def bucket_candidate(ddp: Any) -> tuple[float, str] | None:
     cap = int(getattr(ddp, "bucket_bytes_cap", DDP_DEFAULT_BUCKET_MB * 2**20))
     grads = gradient_bytes(ddp.module)
     if grads <= cap:
-        mb = grads / MIN_BUCKETS_FOR_OVERLAP / 2**20
-        return mb, (f"all {grads / 2**20:,.2f} MiB of gradients fit one {cap / 2**20:g} MiB "
-                    "bucket, so their all-reduce starts only after the whole backward: "
-                    f"{MIN_BUCKETS_FOR_OVERLAP} buckets let it overlap")
+        bucket_mb = grads / MIN_BUCKETS_FOR_OVERLAP / 2**20
+        return bucket_mb, (f"all {grads / 2**20:,.2f} MiB of gradients fit one "
+                           f"{cap / 2**20:g} MiB bucket, so their all-reduce starts only after "
+                           f"the whole backward: {MIN_BUCKETS_FOR_OVERLAP} buckets let it overlap")
     if grads >= LARGER_BUCKET_FACTOR * cap:
-        mb = LARGER_BUCKET_FACTOR * cap / 2**20
-        return mb, (f"{grads / 2**20:,.0f} MiB of gradients in {cap / 2**20:g} MiB buckets: "
-                    f"about {grads // cap} all-reduce launches per step; larger buckets launch "
-                    "fewer")
+        bucket_mb = LARGER_BUCKET_FACTOR * cap / 2**20
+        return bucket_mb, (f"{grads / 2**20:,.0f} MiB of gradients in {cap / 2**20:g} MiB "
+                           f"buckets: about {grads // cap} all-reduce launches per step; larger "
+                           "buckets launch fewer")
     return None
 
 
@@ -84,17 +85,17 @@ def rewrap(model: torch.nn.Module, settings: DdpSettings) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     accepted = inspect.signature(DistributedDataParallel.__init__).parameters
-    kw: dict[str, Any] = {k: getattr(ddp, k) for k in _KEPT
-                          if k in accepted and hasattr(ddp, k)}
+    kwargs: dict[str, Any] = {name: getattr(ddp, name) for name in _KEPT
+                              if name in accepted and hasattr(ddp, name)}
     # Buffer syncing: ``forward_sync_buffers`` in newer torch, ``broadcast_buffers`` before.
-    for k in ("forward_sync_buffers", "broadcast_buffers"):
-        if k in accepted and hasattr(ddp, k):
-            kw[k] = getattr(ddp, k)
+    for name in ("forward_sync_buffers", "broadcast_buffers"):
+        if name in accepted and hasattr(ddp, name):
+            kwargs[name] = getattr(ddp, name)
             break
-    kw["bucket_cap_mb"] = (settings.bucket_cap_mb if settings.bucket_cap_mb is not None
-                           else ddp.bucket_bytes_cap / 2**20)
+    kwargs["bucket_cap_mb"] = (settings.bucket_cap_mb if settings.bucket_cap_mb is not None
+                               else ddp.bucket_bytes_cap / 2**20)
     if settings.gradient_as_bucket_view is not None:
-        kw["gradient_as_bucket_view"] = settings.gradient_as_bucket_view
+        kwargs["gradient_as_bucket_view"] = settings.gradient_as_bucket_view
     # The old wrapper's gradient hooks stay registered but idle: DDP's reducer only reduces
     # after its own forward prepared the backward, which is never called again.
-    return DistributedDataParallel(ddp.module, **kw)
+    return DistributedDataParallel(ddp.module, **kwargs)

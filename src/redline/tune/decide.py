@@ -14,18 +14,18 @@ from dataclasses import dataclass
 from redline.measure.agree import RanksDivergedError
 from redline.tune.config import TuneConfig
 from redline.tune.decision import Decision
-from redline.tune.plan import TunePlan
 from redline.tune.precision import NonFiniteLossError
 from redline.tune.rank_test import p_smaller, smallest_p
+from redline.tune.result import TrialMetrics
 from redline.tune.setup import SetupError
-from redline.tune.trial import TrialMetrics
+from redline.tune.tuned import TunePlan
 
 MeasureFn = Callable[[TunePlan, str, bool], TrialMetrics]
 """``measure(plan, label, step_only)``: one trial of ``plan`` (see :func:`redline.tune.trial.
 measure`; ``step_only`` times the training step alone, on batches fetched beforehand)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Comparison:
     """Both sides of an A/B comparison over alternating rounds."""
 
@@ -50,7 +50,7 @@ class ABPolicy:
     knob is held to it)."""
 
     def __init__(self, cfg: TuneConfig, measure: MeasureFn,
-                 log: Callable[[str], None] = lambda s: None) -> None:
+                 log: Callable[[str], None] = lambda message: None) -> None:
         self.cfg, self.measure, self.log = cfg, measure, log
         self.current_tp: float | None = None
         self.current_step_only = False
@@ -64,15 +64,16 @@ class ABPolicy:
         tot = {"a": [0.0, 0.0], "b": [0.0, 0.0]}
         times: dict[str, list[float]] = {"a": [], "b": []}
         for _ in range(self.cfg.rounds):
-            for side, pl in (("a", plan), ("b", candidate)):
-                m = self.measure(pl, label, step_only)
-                if m.throughput_samples_per_s and m.step_time_s:
-                    tot[side][0] += m.throughput_samples_per_s * m.steps
-                    tot[side][1] += m.steps
-                    times[side] += m.step_times_s
+            for side, side_plan in (("a", plan), ("b", candidate)):
+                metrics = self.measure(side_plan, label, step_only)
+                if metrics.throughput_samples_per_s and metrics.step_time_s:
+                    tot[side][0] += metrics.throughput_samples_per_s * metrics.steps
+                    tot[side][1] += metrics.steps
+                    times[side] += metrics.step_times_s
         cur = tot["a"][0] / tot["a"][1] if tot["a"][1] else 0.0
         new = tot["b"][0] / tot["b"][1] if tot["b"][1] else 0.0
-        return Comparison(cur, new, times["a"], times["b"])
+        return Comparison(current_samples_per_s=cur, candidate_samples_per_s=new,
+                          current_step_times_s=times["a"], candidate_step_times_s=times["b"])
 
     def decide(self, plan: TunePlan, candidate: TunePlan, decision: Decision, *,
                step_only: bool = True) -> TunePlan:
@@ -87,7 +88,7 @@ class ABPolicy:
         asked to go faster). The data pipeline is tuned again for the final step."""
         what = decision.label
         try:
-            c = self.compare(plan, candidate, what, step_only)
+            comparison = self.compare(plan, candidate, what, step_only)
         except (SetupError, NonFiniteLossError, RanksDivergedError):
             raise  # the job itself is broken, whatever the knob: say so, do not tune on
         except Exception as e:  # a knob that cannot run here (compile without a compiler…)
@@ -95,20 +96,20 @@ class ABPolicy:
             plan.decisions.append(decision)
             self.log(f"  {what}: failed ({type(e).__name__}), not kept")
             return plan
-        cur, new = c.current_samples_per_s, c.candidate_samples_per_s
+        cur, new = comparison.current_samples_per_s, comparison.candidate_samples_per_s
         # per sample: a candidate with a larger effective batch takes longer steps of more
         # samples (for every other knob both sides divide by the same batch)
-        t_cur = [t / plan.effective_batch for t in c.current_step_times_s]
-        t_new = [t / candidate.effective_batch for t in c.candidate_step_times_s]
+        t_cur = [step_s / plan.effective_batch for step_s in comparison.current_step_times_s]
+        t_new = [step_s / candidate.effective_batch for step_s in comparison.candidate_step_times_s]
         scope = "step alone" if step_only else "end to end"
         gain = bool(cur) and new >= cur * (1 + self.cfg.min_gain)
-        p = p_smaller(t_cur, t_new)
+        p_value = p_smaller(t_cur, t_new)
         # End to end, loader workers deliver batches in bursts: per-step times alternate
         # between waits and none, so they are not comparable one by one; the throughput over
         # alternating rounds decides.
         testable = step_only and smallest_p(len(t_cur), len(t_new)) < self.cfg.max_p
-        kept = gain and (p < self.cfg.max_p or not testable)
-        sig = (f"Mann–Whitney p={p:.3g} over {len(t_cur)}+{len(t_new)} steps" if testable
+        kept = gain and (p_value < self.cfg.max_p or not testable)
+        sig = (f"Mann–Whitney p={p_value:.3g} over {len(t_cur)}+{len(t_new)} steps" if testable
                else "threshold only: per-step times are bursty end to end" if not step_only
                else f"too few steps ({len(t_cur)}+{len(t_new)}) for a significance test")
         reason = (f"{new / cur:.2f}× throughput ({scope}; {sig})" if kept else
@@ -117,7 +118,7 @@ class ABPolicy:
                   f"{new / cur:.2f}× but not above the noise ({sig} ≥ {self.cfg.max_p:g})")
         done = dataclasses.replace(decision, kept=kept, reason=reason, samples_per_s_before=cur,
                                    samples_per_s_after=new, measured=scope,
-                                   p_value=p if testable else None)
+                                   p_value=p_value if testable else None)
         self.log(f"  {what}: {cur:,.0f} → {new:,.0f} samples/s ({scope}) — "
                  f"{'kept' if kept else 'not kept'}"
                  + ("" if kept or not gain else f" (not above the noise: {sig})"))

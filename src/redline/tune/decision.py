@@ -33,7 +33,7 @@ _VALUE_IN_LABEL = (Knob.PRECISION, Knob.OPTIMIZER, Knob.DDP_BUCKET, Knob.BATCH_C
 
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Decision:
     """One step of the path: a knob tried (or refused before trying) and the outcome."""
 
@@ -62,15 +62,15 @@ class Decision:
     @property
     def label(self) -> str:
         """The step as the table prints it, e.g. 'precision bf16 (again, channels_last)'."""
-        s = self.knob.value
+        label = self.knob.value
         if self.knob in _VALUE_IN_LABEL and self.value is not None:
-            s += f" {self.value}"
+            label += f" {self.value}"
         if self.again:
-            s += f" (again{', ' + self.context if self.context else ''})"
-        return s
+            label += f" (again{', ' + self.context if self.context else ''})"
+        return label
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["knob"] = self.knob.value
-        return {"step": self.label, **d}
+        as_dict = dataclasses.asdict(self)
+        as_dict["knob"] = self.knob.value
+        return {"step": self.label, **as_dict}
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from redline.measure.agree import Agreement
-from redline.tune.plan import TunePlan
-from redline.tune.result import merge_ranks
+from redline.tune.result import TrialMetrics, merge_ranks
 from redline.tune.setup import Factory
-from redline.tune.trial import TrialMetrics, measure
+from redline.tune.trial import measure
+from redline.tune.tuned import TunePlan
 
 
 def job_trial(factory: Factory, plan: TunePlan, label: str, agree: Agreement,

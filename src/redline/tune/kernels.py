@@ -29,7 +29,7 @@ _aten = torch.ops.aten
 
 def has_conv2d(model: torch.nn.Module) -> bool:
     """channels_last only changes anything for 4-D convolutions."""
-    return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    return any(isinstance(module, torch.nn.Conv2d) for module in model.modules())
 
 
 def cudnn_benchmark_applies(model_has_conv: bool, device: torch.device) -> bool:
@@ -55,11 +55,11 @@ def cudnn_benchmark(enabled: bool) -> Iterator[None]:
 def optimizer_impls(optimizer: torch.optim.Optimizer) -> list[str]:
     """The implementations this optimizer class offers ('fused', 'foreach'), fused first."""
     params = inspect.signature(type(optimizer).__init__).parameters
-    current = {k: optimizer.defaults.get(k) for k in ("fused", "foreach")}
-    return [k for k in ("fused", "foreach") if k in params and not current[k]]
+    current = {impl: optimizer.defaults.get(impl) for impl in ("fused", "foreach")}
+    return [impl for impl in ("fused", "foreach") if impl in params and not current[impl]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AttentionSite:
     """A softmax over a square score matrix between two batched matmuls."""
 
@@ -72,11 +72,11 @@ class AttentionSite:
 def user_frame() -> str:
     """The innermost frame of the caller outside torch and redline (the built-in workloads count
     as user code), as 'file:line'."""
-    for fr in reversed(traceback.extract_stack()):
-        f = os.path.abspath(fr.filename)
-        ours = f.startswith(_REDLINE_DIR) and not f.startswith(_WORKLOADS_DIR)
-        if not (f.startswith(_TORCH_DIR) or ours or "<frozen" in f):
-            return f"{fr.filename}:{fr.lineno}"
+    for frame in reversed(traceback.extract_stack()):
+        filename = os.path.abspath(frame.filename)
+        ours = filename.startswith(_REDLINE_DIR) and not filename.startswith(_WORKLOADS_DIR)
+        if not (filename.startswith(_TORCH_DIR) or ours or "<frozen" in filename):
+            return f"{frame.filename}:{frame.lineno}"
     return "unknown location"
 
 
@@ -99,22 +99,22 @@ class _AttentionSpy(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if func in self.GEMM and isinstance(out, torch.Tensor) and out.dim() >= 2:
-            t = (out.shape[-2], out.shape[-1])
-            if t[0] == t[1] and t[0] >= 8:
-                self.gemm_square.add(t)
+            last_two = (out.shape[-2], out.shape[-1])
+            if last_two[0] == last_two[1] and last_two[0] >= 8:
+                self.gemm_square.add(last_two)
             # A GEMM consuming a pending softmax output closes the pattern.
-            for a in tree_leaves(args):
-                if not isinstance(a, torch.Tensor) or a.dim() < 2:
+            for arg in tree_leaves(args):
+                if not isinstance(arg, torch.Tensor) or arg.dim() < 2:
                     continue
-                key = (a.numel(), a.shape[-2], a.shape[-1])
+                key = (arg.numel(), arg.shape[-2], arg.shape[-1])
                 if key in self.pending:
                     shape, loc = self.pending.pop(key)
                     self.sites[loc] = (shape, self.sites.get(loc, (shape, 0))[1] + 1)
                     break
         elif func in self.SOFTMAX and isinstance(out, torch.Tensor) and out.dim() >= 3:
-            t = (out.shape[-2], out.shape[-1])
-            if t in self.gemm_square:
-                self.pending[(out.numel(), *t)] = (tuple(out.shape), user_frame())
+            last_two = (out.shape[-2], out.shape[-1])
+            if last_two in self.gemm_square:
+                self.pending[(out.numel(), *last_two)] = (tuple(out.shape), user_frame())
         return out
 
 
@@ -129,4 +129,5 @@ def find_unfused_attention(model: torch.nn.Module, batch: Any,
             loss_fn(model, batch)
     finally:
         model.train(was_training)
-    return [AttentionSite(loc, shape, n) for loc, (shape, n) in sorted(spy.sites.items())]
+    return [AttentionSite(location=loc, score_shape=shape, calls_per_forward=calls) for loc, (shape,
+                          calls) in sorted(spy.sites.items())]

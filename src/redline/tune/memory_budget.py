@@ -18,8 +18,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.2f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.2f} MiB" if nbytes < 2**30 else f"{nbytes / 2**30:.2f} GiB"
 
 
 class MemoryBudget(TorchDispatchMode):
@@ -53,31 +53,31 @@ class MemoryBudget(TorchDispatchMode):
         step's timelines at two batch sizes are aligned by them where a kernel choice depends
         on the batch (batch 1 often takes other paths)."""
         self._op = ""
-        for t in existing:
-            self._track(t, check=False)
+        for tensor in existing:
+            self._track(tensor, check=False)
 
     def _free(self, key: int) -> None:
         self.live -= self._sizes.pop(key, 0)
 
-    def _track(self, t: torch.Tensor, check: bool = True) -> None:
-        st = t.untyped_storage()
-        key = id(st)  # stable for the storage's lifetime (its Python object is preserved)
+    def _track(self, tensor: torch.Tensor, check: bool = True) -> None:
+        storage = tensor.untyped_storage()
+        key = id(storage)  # stable for the storage's lifetime (its Python object is preserved)
         if key in self._sizes:
             return
-        n = int(st.nbytes())
-        if check and self.live + n > self.limit:
+        nbytes = int(storage.nbytes())
+        if check and self.live + nbytes > self.limit:
             raise torch.OutOfMemoryError(
-                f"CUDA out of memory. Tried to allocate {_mib(n)}. GPU 0 has a total capacity "
+                f"CUDA out of memory. Tried to allocate {_mib(nbytes)}. GPU 0 has a total capacity "
                 f"of {_mib(self.limit)} of which {_mib(self.limit - self.live)} is free. "
                 f"Of the allocated memory {_mib(self.live)} is allocated by PyTorch. "
                 "(simulated by redline.tune.MemoryBudget)")
-        self._sizes[key] = n
-        self.live += n
+        self._sizes[key] = nbytes
+        self.live += nbytes
         self.peak = max(self.peak, self.live)
         if self.timeline is not None:
             self.timeline.append(self.live)
             self.timeline_ops.append(self._op)
-        weakref.finalize(st, self._free, key)
+        weakref.finalize(storage, self._free, key)
 
     def reset_peak(self) -> None:
         self.peak = self.live
@@ -94,7 +94,7 @@ class MemoryBudget(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if self.timeline is not None:
             self._op = func.__name__
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and (self.count_meta or t.device.type != "meta"):
-                self._track(t)
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and (self.count_meta or tensor.device.type != "meta"):
+                self._track(tensor)
         return out

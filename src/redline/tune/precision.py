@@ -30,7 +30,7 @@ class NonFiniteLossError(RedlineError, RuntimeError):
     """The loss is NaN/inf already in fp32: a bug in the model or data, not in precision."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class NumericsCheck:
     precision: str
     steps: int
@@ -52,12 +52,12 @@ def worst_check(checks: list[NumericsCheck]) -> NumericsCheck:
     rank with the largest loss deviation."""
     if len(checks) == 1:
         return checks[0]
-    for r, c in enumerate(checks):
-        if not c.passed:
-            return dataclasses.replace(c, reason=f"rank {r}: {c.reason}")
-    r, c = max(enumerate(checks), key=lambda rc: rc[1].max_loss_rel)
-    return dataclasses.replace(c, reason=f"{c.reason} (every one of {len(checks)} ranks passed; "
-                               f"rank {r} deviated most)")
+    for rank, check in enumerate(checks):
+        if not check.passed:
+            return dataclasses.replace(check, reason=f"rank {rank}: {check.reason}")
+    rank, check = max(enumerate(checks), key=lambda ranked: ranked[1].max_loss_rel)
+    return dataclasses.replace(check, reason=f"{check.reason} (every one of {len(checks)} ranks passed; "
+                               f"rank {rank} deviated most)")
 
 
 def supported(device: torch.device) -> dict[str, str | None]:
@@ -109,22 +109,22 @@ def tf32(enabled: bool) -> Any:
 
 
 def _grad_norm(params: Sequence[torch.nn.Parameter]) -> float:
-    gs = [p.grad.detach().float().norm() for p in params if p.grad is not None]
-    return float(torch.stack(gs).norm()) if gs else 0.0
+    norms = [param.grad.detach().float().norm() for param in params if param.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
 
 
 def _run(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[Any],
          micro: int, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
          precision: str, device: torch.device, seed: int) -> tuple[list[float], list[float], int]:
     torch.manual_seed(seed)  # same dropout masks in both runs
-    ac = autocast_for(precision, device)
+    autocast = autocast_for(precision, device)
     scaler = make_scaler(precision, device)
     losses, norms, overflow = [], [], 0
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    params = [param for group in optimizer.param_groups for param in group["params"]]
     with tf32(precision == "tf32") if device.type == "cuda" else contextlib.nullcontext():
-        for b in batches:
+        for batch in batches:
             backward = (lambda loss: scaler.scale(loss).backward()) if scaler else None
-            loss = accumulate(model, b, micro, loss_fn, ac, backward)
+            loss = accumulate(model, batch, micro, loss_fn, autocast, backward)
             if scaler is not None:
                 scaler.unscale_(optimizer)
             norm = _grad_norm(params)
@@ -147,12 +147,12 @@ def restored(model: torch.nn.Module,
     """The model's weights and the optimizer's state (its rates included) as they were on
     entry, again on exit; the yielded function brings them back inside the block (to train a
     second candidate from the same start). Gradients are cleared each time."""
-    w0 = copy.deepcopy(model.state_dict())
-    o0 = copy.deepcopy(optimizer.state_dict())
+    model_state = copy.deepcopy(model.state_dict())
+    optimizer_state = copy.deepcopy(optimizer.state_dict())
 
     def reset() -> None:
-        model.load_state_dict(w0)
-        optimizer.load_state_dict(o0)
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
         optimizer.zero_grad(set_to_none=True)
 
     try:
@@ -169,13 +169,29 @@ def check_numerics(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """Train ``len(batches)`` steps in fp32 and in ``precision`` from the same weights,
     optimizer state and batches; compare. ``model`` and ``optimizer`` are left as they were.
 
+    Args:
+        model: the model, on ``device``.
+        optimizer: its optimizer; its state is restored after both runs.
+        batches: the batches of the compared steps, one effective batch each.
+        micro: samples per micro-batch.
+        loss_fn: ``loss_fn(model, batch) -> mean loss``.
+        precision: the candidate ("bf16", "fp16" or "tf32").
+        device: where the model trains.
+        tolerance: the accepted relative differences and overflow steps; None = the defaults
+            of :class:`NumericsTolerance`.
+        seed: the RNG seed set before each run (the same dropout masks in both).
+
+    Returns:
+        A :class:`NumericsCheck`: both runs' losses and gradient norms, the largest relative
+        differences (fractions), the overflow steps, and whether the candidate passed and why.
+
     Raises:
         NonFiniteLossError: fp32 itself produces a NaN/inf loss.
     """
     tol = tolerance or NumericsTolerance()
     with restored(model, optimizer) as reset:
         ref = _run(model, optimizer, batches, micro, loss_fn, "fp32", device, seed)
-        bad = [i for i, v in enumerate(ref[0]) if not math.isfinite(v)]
+        bad = [i for i, loss in enumerate(ref[0]) if not math.isfinite(loss)]
         if bad:
             raise NonFiniteLossError(
                 f"the loss is {ref[0][bad[0]]} in fp32 already (step {bad[0] + 1} of "
@@ -190,21 +206,24 @@ def check_numerics(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             return math.inf
         return abs(b - a) / max(abs(a), 1e-12)
 
-    lr = max(rel(a, b) for a, b in zip(ref[0], cand[0], strict=True))
-    gr = max(rel(a, b) for a, b in zip(ref[1], cand[1], strict=True) if a > 0 or b > 0) \
+    loss_rel = max(rel(a, b) for a, b in zip(ref[0], cand[0], strict=True))
+    grad_norm_rel = max(rel(a, b) for a, b in zip(ref[1], cand[1], strict=True) if a > 0 or b > 0) \
         if any(ref[1]) else 0.0
     reasons = []
-    if lr > tol.loss_rel:
-        reasons.append(f"loss differs from fp32 by up to {lr:.1%} (tolerance {tol.loss_rel:.0%})")
-    if gr > tol.grad_norm_rel:
-        reasons.append(f"gradient norm differs by up to {gr:.1%} (tolerance "
+    if loss_rel > tol.loss_rel:
+        reasons.append(f"loss differs from fp32 by up to {loss_rel:.1%} (tolerance {tol.loss_rel:.0%})")
+    if grad_norm_rel > tol.grad_norm_rel:
+        reasons.append(f"gradient norm differs by up to {grad_norm_rel:.1%} (tolerance "
                        f"{tol.grad_norm_rel:.0%})")
     if cand[2] > tol.max_overflow_steps:
         reasons.append(f"{cand[2]} of {len(batches)} steps overflowed (GradScaler skipped them;"
                        f" tolerance {tol.max_overflow_steps})")
     passed = not reasons
-    reason = (f"{precision} matches fp32 over {len(batches)} steps: loss within {lr:.2%}, "
-              f"gradient norm within {gr:.2%}, {cand[2]} overflow steps") if passed else \
+    reason = (f"{precision} matches fp32 over {len(batches)} steps: loss within {loss_rel:.2%}, "
+              f"gradient norm within {grad_norm_rel:.2%}, {cand[2]} overflow steps") if passed else \
         f"{precision} refused: " + "; ".join(reasons)
-    return NumericsCheck(precision, len(batches), ref[0], cand[0], ref[1], cand[1], cand[2],
-                         lr, gr, passed, reason, tol)
+    return NumericsCheck(precision=precision, steps=len(batches), loss_fp32=ref[0],
+                         loss_candidate=cand[0], grad_norm_fp32=ref[1], grad_norm_candidate=cand[1],
+                         overflow_steps=cand[2],
+                         max_loss_rel=loss_rel, max_grad_norm_rel=grad_norm_rel, passed=passed,
+                         reason=reason, tolerance=tol)

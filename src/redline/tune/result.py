@@ -9,12 +9,37 @@ from dataclasses import dataclass, field
 from redline.core.findings import Limit
 from redline.tune.batch_finder import BatchSearch
 from redline.tune.kernels import AttentionSite
-from redline.tune.plan import TunePlan
 from redline.tune.precision import NumericsCheck
-from redline.tune.trial import TrialMetrics
+from redline.tune.tuned import TunePlan
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
+class TrialMetrics:
+    """What one configuration measured (None = unknown, with the source saying why)."""
+
+    label: str
+    throughput_samples_per_s: float | None
+    step_time_s: float | None
+    """Median seconds per optimizer step (one effective batch)."""
+    data_wait_fraction: float | None
+    device_busy_fraction: float | None
+    """CUDA: Σ device span ÷ Σ step time (an upper bound of busy); None off CUDA."""
+    mfu: float | None
+    peak_memory_bytes: int | None
+    peak_memory_source: str
+    energy_j_per_step: float | None
+    energy_source: str
+    steps: int
+    wall_s: float
+    step_times_s: list[float] = field(default_factory=list)
+    """Each measured step's wall seconds (for the significance test of a comparison)."""
+    device_busy_kernels_fraction: float | None = None
+    """Union of kernel intervals ÷ the traced window (1 − HTA's idle share), read from a short
+    device-only profiler trace: the exact device busy of docs/report.md. None when not traced."""
+    device_busy_kernels_source: str = "not traced for this trial"
+
+
+@dataclass(slots=True, kw_only=True)
 class Projection:
     """The planned job at a measured speed."""
 
@@ -25,8 +50,11 @@ class Projection:
     energy_kwh: float | None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class TuneResult:
+    """What :func:`redline.tune.tune` found: the plan, the measured before/after trials and their
+    projections, and the batch search and numerics checks behind them."""
+
     plan: TunePlan
     before: TrialMetrics
     after: TrialMetrics
@@ -46,11 +74,11 @@ class TuneResult:
 
     @property
     def speedup(self) -> float | None:
-        a, b = self.after.throughput_samples_per_s, self.before.throughput_samples_per_s
-        return a / b if a and b else None
+        after, before = self.after.throughput_samples_per_s, self.before.throughput_samples_per_s
+        return after / before if after and before else None
 
 
-def project(m: TrialMetrics, run_steps: int, price: float | None, devices: int = 1,
+def project(metrics: TrialMetrics, run_steps: int, price: float | None, devices: int = 1,
             samples_per_step: int | None = None) -> Projection:
     """Job time, cost and energy of ``run_steps`` optimizer steps at ``m``'s speed.
 
@@ -60,43 +88,48 @@ def project(m: TrialMetrics, run_steps: int, price: float | None, devices: int =
     statistic (the median step, which leaves out what slow steps cost a whole job). Without
     ``samples_per_step``, or where throughput is unknown, the median step time × the steps.
     """
-    if samples_per_step is not None and m.throughput_samples_per_s:
-        t: float | None = run_steps * samples_per_step / m.throughput_samples_per_s
+    if samples_per_step is not None and metrics.throughput_samples_per_s:
+        job_s: float | None = run_steps * samples_per_step / metrics.throughput_samples_per_s
     else:
-        t = m.step_time_s * run_steps if m.step_time_s else None
-    cost = t / 3600 * price * devices if t is not None and price is not None else None
-    e = m.energy_j_per_step * run_steps / 3.6e6 if m.energy_j_per_step is not None else None
-    return Projection(run_steps, t, cost, e)
+        job_s = metrics.step_time_s * run_steps if metrics.step_time_s else None
+    cost = job_s / 3600 * price * devices if job_s is not None and price is not None else None
+    e = metrics.energy_j_per_step * run_steps / 3.6e6 if metrics.energy_j_per_step is not None else None
+    return Projection(run_steps=run_steps, job_time_s=job_s, cost=cost, energy_kwh=e)
 
 
-def merge_trials(ms: list[TrialMetrics]) -> TrialMetrics:
+def merge_trials(trials: list[TrialMetrics]) -> TrialMetrics:
     """One row from alternating trials of one configuration: throughput over all measured
     steps, medians of step times, means of fractions; memory, MFU and energy from the trials
     that measured them."""
 
-    def mean(xs: list[float | None]) -> float | None:
-        v = [x for x in xs if x is not None]
-        return statistics.fmean(v) if v else None
+    def mean(values: list[float | None]) -> float | None:
+        known = [value for value in values if value is not None]
+        return statistics.fmean(known) if known else None
 
-    steps = sum(m.steps for m in ms)
-    tp = [(m.throughput_samples_per_s, m.steps) for m in ms if m.throughput_samples_per_s]
-    first = ms[0]
+    steps = sum(metrics.steps for metrics in trials)
+    throughputs = [(metrics.throughput_samples_per_s, metrics.steps) for metrics in trials
+                   if metrics.throughput_samples_per_s]
+    first = trials[0]
     return TrialMetrics(
-        first.label,
-        sum(t * n for t, n in tp) / sum(n for _, n in tp) if tp else None,
-        mean([m.step_time_s for m in ms]),
-        mean([m.data_wait_fraction for m in ms]),
-        mean([m.device_busy_fraction for m in ms]),
-        mean([m.mfu for m in ms]),
-        next((m.peak_memory_bytes for m in ms if m.peak_memory_bytes is not None), None),
-        first.peak_memory_source,
-        mean([m.energy_j_per_step for m in ms]),
-        first.energy_source, steps, sum(m.wall_s for m in ms),
-        step_times_s=[t for m in ms for t in m.step_times_s],
-        device_busy_kernels_fraction=next((m.device_busy_kernels_fraction for m in ms
-                                           if m.device_busy_kernels_fraction is not None), None),
-        device_busy_kernels_source=next((m.device_busy_kernels_source for m in ms
-                                         if m.device_busy_kernels_fraction is not None),
+        label=first.label,
+        throughput_samples_per_s=(sum(throughput * steps_n for throughput, steps_n in throughputs)
+                                  / sum(steps_n for _, steps_n in throughputs)
+                                  if throughputs else None),
+        step_time_s=mean([metrics.step_time_s for metrics in trials]),
+        data_wait_fraction=mean([metrics.data_wait_fraction for metrics in trials]),
+        device_busy_fraction=mean([metrics.device_busy_fraction for metrics in trials]),
+        mfu=mean([metrics.mfu for metrics in trials]),
+        peak_memory_bytes=next((metrics.peak_memory_bytes for metrics in trials
+                                if metrics.peak_memory_bytes is not None), None),
+        peak_memory_source=first.peak_memory_source,
+        energy_j_per_step=mean([metrics.energy_j_per_step for metrics in trials]),
+        energy_source=first.energy_source, steps=steps,
+        wall_s=sum(metrics.wall_s for metrics in trials),
+        step_times_s=[step_s for metrics in trials for step_s in metrics.step_times_s],
+        device_busy_kernels_fraction=next((metrics.device_busy_kernels_fraction for metrics in trials
+                                           if metrics.device_busy_kernels_fraction is not None), None),
+        device_busy_kernels_source=next((metrics.device_busy_kernels_source for metrics in trials
+                                         if metrics.device_busy_kernels_fraction is not None),
                                         first.device_busy_kernels_source))
 
 
@@ -108,40 +141,44 @@ def merge_ranks(rows: list[tuple[str, TrialMetrics]]) -> TrialMetrics:
     memory are the worst rank's, since that rank is what the job waits for or what must fit;
     device busy and MFU are the ranks' mean. Energy adds up per device (NVML) but once per host
     for RAPL, whose counters cover the host's CPU packages that all its ranks share."""
-    ms = [m for _, m in rows]
-    if len(ms) == 1:
-        return ms[0]
+    trials = [metrics for _, metrics in rows]
+    if len(trials) == 1:
+        return trials[0]
 
-    def known(xs: list[float | None]) -> list[float] | None:
-        v = [x for x in xs if x is not None]
-        return v if len(v) == len(xs) else None
+    def known(values: list[float | None]) -> list[float] | None:
+        present = [value for value in values if value is not None]
+        return present if len(present) == len(values) else None
 
-    tps = known([m.throughput_samples_per_s for m in ms])
-    steps = known([m.step_time_s for m in ms])
-    waits = known([m.data_wait_fraction for m in ms])
-    busy = known([m.device_busy_fraction for m in ms])
-    mfu = known([m.mfu for m in ms])
-    kbusy = known([m.device_busy_kernels_fraction for m in ms])
-    peaks = [m.peak_memory_bytes for m in ms]
-    n = min(len(m.step_times_s) for m in ms)
-    per_host = ms[0].energy_source.startswith("RAPL")
+    tps = known([metrics.throughput_samples_per_s for metrics in trials])
+    steps = known([metrics.step_time_s for metrics in trials])
+    waits = known([metrics.data_wait_fraction for metrics in trials])
+    busy = known([metrics.device_busy_fraction for metrics in trials])
+    mfu = known([metrics.mfu for metrics in trials])
+    kbusy = known([metrics.device_busy_kernels_fraction for metrics in trials])
+    peaks = [metrics.peak_memory_bytes for metrics in trials]
+    steps_n = min(len(metrics.step_times_s) for metrics in trials)
+    per_host = trials[0].energy_source.startswith("RAPL")
     first_on_host: dict[str, TrialMetrics] = {}
-    for h, m in rows:
-        first_on_host.setdefault(h, m)  # the host's lowest rank reads its counters
-    energy_rows = list(first_on_host.values()) if per_host else ms
-    energy = known([m.energy_j_per_step for m in energy_rows])
-    first = ms[0]
+    for host, metrics in rows:
+        first_on_host.setdefault(host, metrics)  # the host's lowest rank reads its counters
+    energy_rows = list(first_on_host.values()) if per_host else trials
+    energy = known([metrics.energy_j_per_step for metrics in energy_rows])
+    first = trials[0]
     return TrialMetrics(
-        first.label, sum(tps) if tps else None, max(steps) if steps else None,
-        max(waits) if waits else None, statistics.fmean(busy) if busy else None,
-        statistics.fmean(mfu) if mfu else None,
-        max(p for p in peaks if p is not None) if all(p is not None for p in peaks) else None,
-        f"{first.peak_memory_source} (the largest of {len(ms)} ranks)",
-        sum(energy) if energy else None,
-        (f"{first.energy_source}, summed over {len(energy_rows)} "
-         f"{'hosts' if per_host else 'ranks'}") if energy else first.energy_source,
-        min(m.steps for m in ms), max(m.wall_s for m in ms),
-        step_times_s=[max(m.step_times_s[i] for m in ms) for i in range(n)],
+        label=first.label, throughput_samples_per_s=sum(tps) if tps else None,
+        step_time_s=max(steps) if steps else None,
+        data_wait_fraction=max(waits) if waits else None,
+        device_busy_fraction=statistics.fmean(busy) if busy else None,
+        mfu=statistics.fmean(mfu) if mfu else None,
+        peak_memory_bytes=(max(peak for peak in peaks if peak is not None)
+                           if all(peak is not None for peak in peaks) else None),
+        peak_memory_source=f"{first.peak_memory_source} (the largest of {len(trials)} ranks)",
+        energy_j_per_step=sum(energy) if energy else None,
+        energy_source=(f"{first.energy_source}, summed over {len(energy_rows)} "
+                       f"{'hosts' if per_host else 'ranks'}") if energy else first.energy_source,
+        steps=min(metrics.steps for metrics in trials),
+        wall_s=max(metrics.wall_s for metrics in trials),
+        step_times_s=[max(metrics.step_times_s[i] for metrics in trials) for i in range(steps_n)],
         device_busy_kernels_fraction=statistics.fmean(kbusy) if kbusy else None,
-        device_busy_kernels_source=(f"{first.device_busy_kernels_source} (mean of {len(ms)} "
+        device_busy_kernels_source=(f"{first.device_busy_kernels_source} (mean of {len(trials)} "
                                     "ranks)" if kbusy else first.device_busy_kernels_source))

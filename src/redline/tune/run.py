@@ -1,5 +1,6 @@
-"""``redline tune`` from end to end: the path's knobs in order (:class:`~redline.tune.path.
-TunePath`), a remembered plan reused where it still holds, and the before/after comparison.
+"""``redline tune`` from end to end: the path's knobs in order (:data:`redline.tune.knobs.
+PATH`, on a :class:`~redline.tune.path.TunePath`), a remembered plan reused where it still
+holds, and the before/after comparison.
 """
 
 from __future__ import annotations
@@ -10,19 +11,15 @@ from collections.abc import Callable
 
 from redline.diagnose.limits import remaining_limits
 from redline.measure.agree import Agreement
-from redline.tune.batch_finder import BatchDoesNotFitError, BatchSearch
 from redline.tune.config import TuneConfig
 from redline.tune.decide import MeasureFn
-from redline.tune.decision import Decision, Knob
 from redline.tune.decode_cache import trial_store
 from redline.tune.job import job_trial
-from redline.tune.kernels import AttentionSite
-from redline.tune.path import SIXTEEN_BIT, TunePath, baseline_plan
-from redline.tune.plan import PlanStore, TunePlan
-from redline.tune.precision import NumericsCheck
-from redline.tune.result import TuneResult, merge_trials, project
+from redline.tune.knobs import PATH
+from redline.tune.path import TunePath, baseline_plan
+from redline.tune.result import TrialMetrics, TuneResult, merge_trials, project
 from redline.tune.setup import Factory, dataset_failure
-from redline.tune.trial import TrialMetrics
+from redline.tune.tuned import PlanStore, TunePlan
 
 
 def compare(factory: Factory, before: TunePlan, after: TunePlan, cfg: TuneConfig,
@@ -33,53 +30,48 @@ def compare(factory: Factory, before: TunePlan, after: TunePlan, cfg: TuneConfig
     rows: dict[str, list[TrialMetrics]] = {"before": [], "after": []}
     cuda = before.key.device.startswith("cuda")
     job = agree or Agreement()
-    for r in range(cfg.rounds):
-        for label, pl in (("before", before), ("after", after)):
-            rows[label].append(job_trial(factory, pl, label, job, steps=cfg.steps_per_trial,
+    for round_index in range(cfg.rounds):
+        for label, side_plan in (("before", before), ("after", after)):
+            rows[label].append(job_trial(factory, side_plan, label, job, steps=cfg.steps_per_trial,
                                          warmup=cfg.warmup_steps,
-                                         count_flops=r == 0 and not pl.compile, memory=r == 0,
-                                         trace=r == 0 and cuda))
+                                         count_flops=round_index == 0 and not side_plan.compile,
+                                         memory=round_index == 0,
+                                         trace=round_index == 0 and cuda))
     return merge_trials(rows["before"]), merge_trials(rows["after"])
 
 
-def _batch_again(p: TunePath, plan: TunePlan, cfg: TuneConfig, search: BatchSearch | None,
-                 log: Callable[[str], None]) -> tuple[TunePlan, BatchSearch | None]:
-    """Once a 16-bit precision is kept, search the batch again (once): 16-bit activations take
-    about half the memory, so a larger micro-batch may fit."""
-    if (not cfg.tune_batch or plan.precision not in SIXTEEN_BIT
-            or plan.micro_batch >= plan.effective_batch
-            or any(d.knob is Knob.BATCH and d.again for d in plan.decisions)):
-        return plan, search
-    log("batch size, again (16-bit activations are smaller)")
-    try:
-        plan, again = p.batch(plan, again=True)
-    except BatchDoesNotFitError as e:
-        # Autocast keeps 16-bit copies of the weights beside the fp32 ones: under a tight
-        # memory budget the 16-bit step can need more than the fp32 one. The precision was
-        # kept for speed on trials that do not enforce the budget; it does not fit: revert.
-        kept = next(d for d in reversed(plan.decisions)
-                    if d.knob is Knob.PRECISION and d.kept)
-        why = str(e).split(". Options")[0]
-        kept.kept = False
-        kept.reason += f"; reverted: {why} in {plan.precision}"
-        log(f"  {plan.precision} reverted: {why}")
-        before = next((d.value for d in reversed(plan.decisions) if d.knob is Knob.PRECISION
-                       and d.kept and d.value), "fp32")
-        plan = dataclasses.replace(plan, precision=before)
-        plan.decisions.append(Decision(
-            Knob.BATCH, False, f"not searched again: {kept.value} was reverted (its step "
-            "does not fit the memory budget)", again=True))
-        return plan, search
-    return plan, again or search
+def run_path(path: TunePath, plan: TunePlan, cfg: TuneConfig) -> TunePlan:
+    """The path's visits in order (:data:`redline.tune.knobs.PATH`), each knob that is on in
+    ``cfg`` and applies here returning the plan to keep."""
+    for visit in PATH:
+        if not visit.enabled(cfg, path):
+            continue
+        if visit.again:
+            plan = visit.knob.again(path, plan)
+            continue
+        if visit.knob.heading is not None:
+            path.log(visit.knob.heading)
+        plan = visit.knob.run(path, plan)
+    return plan
 
 
 def tune(factory: Factory, config: TuneConfig | None = None,
-         log: Callable[[str], None] = lambda s: None,
+         log: Callable[[str], None] = lambda message: None,
          measure_fn: MeasureFn | None = None) -> TuneResult:
     """Run the path on ``factory``'s setup; return the plan and the before/after numbers.
 
     ``measure_fn`` replaces the trials that decide each knob (default: real trials, see
     :func:`trial_measure`); the before/after comparison is always measured for real.
+
+    Args:
+        factory: called with no argument, returns the :class:`TrainSetup` to tune.
+        config: how hard the path looks and what projections assume; None = the defaults of
+            :class:`TuneConfig`.
+        log: called with each progress line (default: discard them).
+        measure_fn: replaces the trials that decide each knob; None = real trials.
+
+    Returns:
+        A :class:`TuneResult`: the plan and the measured before/after numbers.
 
     Raises:
         SetupError: the factory raised or returned something unusable, or reading a sample
@@ -99,76 +91,45 @@ def tune(factory: Factory, config: TuneConfig | None = None,
 def _tune(factory: Factory, config: TuneConfig | None, log: Callable[[str], None],
           measure_fn: MeasureFn | None) -> TuneResult:
     cfg = config or TuneConfig()
-    t0 = time.perf_counter()
+    start_s = time.perf_counter()
     agree = Agreement.for_job()
     if agree.rank != 0:
         log = _silent  # rank 0 speaks for the job; every rank takes the same path
-    p = TunePath(factory, cfg, log, measure_fn, agree)
+    path = TunePath(factory, cfg, log, measure_fn, agree)
     try:
         store = PlanStore(cfg.store_dir)
-        base = baseline_plan(p.key, p.micro, p.effective, p.user_loader)
-        ls = base.loader
-        ranks = (f" per rank, × {agree.world_size} ranks = {p.effective * agree.world_size} "
+        base = baseline_plan(path.key, path.micro, path.effective, path.user_loader)
+        base_loader = base.loader
+        ranks = (f" per rank, × {agree.world_size} ranks = {path.effective * agree.world_size} "
                  "samples per optimizer step" if agree.world_size > 1 else "")
-        log(f"redline tune: baseline is micro-batch {p.micro} × {p.effective // p.micro} = "
-            f"effective batch {p.effective}{ranks}, fp32, the loader as given ({ls.num_workers} "
-            f"workers, prefetch {ls.prefetch_factor}, pin_memory {ls.pin_memory}, persistent "
-            f"{ls.persistent_workers})")
+        log(f"redline tune: baseline is micro-batch {path.micro} × {path.effective // path.micro} = "
+            f"effective batch {path.effective}{ranks}, fp32, the loader as given "
+            f"({base_loader.num_workers} workers, prefetch {base_loader.prefetch_factor}, "
+            f"pin_memory {base_loader.pin_memory}, persistent {base_loader.persistent_workers})")
         # Rank 0's memory of plans is the job's: a plan remembered on one host only is not
         # reused on some ranks and searched again on others.
-        reused = agree.first(store.get(p.key) if cfg.reuse and agree.rank == 0 else None,
+        reused = agree.first(store.get(path.key) if cfg.reuse and agree.rank == 0 else None,
                              "remembered plan")
         if reused is not None and reused.user_effective_batch and not cfg.allow_batch_change:
-            log(f"not reusing the remembered plan {store.path(p.key)}: it changes the effective "
+            log(f"not reusing the remembered plan {store.path(path.key)}: it changes the effective "
                 f"batch ({reused.user_effective_batch} → {reused.effective_batch}) and "
                 "--allow-batch-change was not given; searching again")
             reused = None
         if reused is not None:
-            refused = p.numerics_refuse(reused)
+            refused = path.numerics_refuse(reused)
             if refused is not None:
-                log(f"not reusing the remembered plan {store.path(p.key)}: {refused}; searching "
+                log(f"not reusing the remembered plan {store.path(path.key)}: {refused}; searching "
                     "again")
                 reused = None
-        search: BatchSearch | None = None
-        checks: list[NumericsCheck] = []
-        sites: list[AttentionSite] = []
         if reused is not None:
             plan = reused
-            log(f"reusing the remembered plan {store.path(p.key)}")
+            log(f"reusing the remembered plan {store.path(path.key)}")
         else:
-            plan = dataclasses.replace(base, decisions=[])
-            if cfg.tune_loader:
-                log("1/4 data pipeline")
-                plan = p.loader(plan)
-                plan = p.decode_cache(plan)
-            if cfg.tune_batch:
-                log("2/4 batch size (effective batch kept)")
-                plan, search = p.batch(plan)
-                if cfg.allow_batch_change:
-                    log("effective batch (allowed to change: --allow-batch-change)")
-                    plan = p.batch_change(plan)
-            if cfg.tune_precision:
-                log("3/4 precision")
-                plan, checks = p.precision(plan)
-                plan, search = _batch_again(p, plan, cfg, search, log)
-            if cfg.tune_kernels:
-                log("4/4 kernels")
-                plan, sites = p.kernels(plan)
-                # 16-bit kept only with channels_last (precision_again): the same reason to look
-                # at the batch again as after the precision step.
-                plan, search = _batch_again(p, plan, cfg, search, log)
-            if cfg.tune_ddp and agree.world_size > 1:
-                log("DDP communication")
-                plan = p.ddp(plan)
-            if cfg.tune_loader and any(d.kept for d in plan.decisions if d.knob is not Knob.LOADER):
-                # A faster step moves the bottleneck to the input pipeline: provision it for the
-                # final step (the loader autotune stops at once if the input keeps up).
-                log("data pipeline, again (the step got faster)")
-                plan = p.loader(plan, again=True)
+            plan = run_path(path, dataclasses.replace(base, decisions=[]), cfg)
         if plan.decode_cache and plan.decode_cache_store is None:
             # a remembered plan: its trials fill a store of their own, removed after them
-            p.cache_store = trial_store()
-            plan = dataclasses.replace(plan, decode_cache_store=p.cache_store)
+            path.cache_store = trial_store()
+            plan = dataclasses.replace(plan, decode_cache_store=path.cache_store)
         log("measuring before and after, side by side...")
         before, after = compare(factory, base, plan, cfg, agree)
         # the plan as remembered and returned: the cache at CachedDataset's default folder,
@@ -177,22 +138,23 @@ def _tune(factory: Factory, config: TuneConfig | None, log: Callable[[str], None
         path_str = None
         if reused is None and agree.rank == 0:
             path_str = str(store.put(plan))
-        n = agree.world_size
-        return TuneResult(plan, before, after,
-                          project(before, p.run_steps, cfg.price_per_device_hour, devices=n,
-                                  samples_per_step=p.effective * n),
-                          project(after, p.steps_for(plan), cfg.price_per_device_hour,
-                                  devices=n, samples_per_step=plan.effective_batch * n),
-
-                          p.run_steps_source, cfg.price_per_device_hour, search, checks, sites,
-                          str(store.path(p.key)) if reused is not None else None, path_str,
-                          time.perf_counter() - t0,
-                          remaining_limits(after.data_wait_fraction,
-                                           after.device_busy_kernels_fraction,
-                                           after.device_busy_fraction))
+        world = agree.world_size
+        return TuneResult(
+            plan=plan, before=before, after=after,
+            before_projection=project(before, path.run_steps, cfg.price_per_device_hour, devices=world,
+                                      samples_per_step=path.effective * world),
+            after_projection=project(after, path.steps_for(plan), cfg.price_per_device_hour,
+                                     devices=world, samples_per_step=plan.effective_batch * world),
+            run_steps_source=path.run_steps_source, price_per_device_hour=cfg.price_per_device_hour,
+            batch_search=path.batch_search, numerics=path.numerics_checks,
+            attention_sites=path.attention_sites,
+            reused_plan=str(store.path(path.key)) if reused is not None else None,
+            plan_path=path_str, seconds=time.perf_counter() - start_s,
+            limits=remaining_limits(after.data_wait_fraction, after.device_busy_kernels_fraction,
+                                    after.device_busy_fraction))
 
     finally:
-        p.close()  # the trials' decode cache
+        path.close()  # the trials' decode cache
 
 def _silent(_: str) -> None:
     """The log of ranks other than 0."""

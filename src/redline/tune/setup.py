@@ -141,10 +141,10 @@ def check_tunable_loader(loader: DataLoader[Any]) -> None:
 
 def _frames(e: BaseException) -> list[Any]:
     out = []
-    tb = e.__traceback__
-    while tb is not None:
-        out.append(tb.tb_frame)
-        tb = tb.tb_next
+    trace = e.__traceback__
+    while trace is not None:
+        out.append(trace.tb_frame)
+        trace = trace.tb_next
     return out
 
 
@@ -156,24 +156,25 @@ def dataset_failure(e: BaseException) -> SetupError | None:
         return None
     from torch.utils.data import Dataset
 
-    reads = [f for f in _frames(e) if f.f_code.co_name == "__getitem__"
-             and isinstance(f.f_locals.get("self"), Dataset)]
+    reads = [frame for frame in _frames(e) if frame.f_code.co_name == "__getitem__"
+             and isinstance(frame.f_locals.get("self"), Dataset)]
     what = f"{type(e).__name__}: {e}"
     if reads:
-        f = reads[-1]  # the innermost: the user's dataset under wrappers (Subset, a cache)
-        names = f.f_code.co_varnames
-        index = f.f_locals.get(names[1]) if f.f_code.co_argcount > 1 else None
-        where = f"{type(f.f_locals['self']).__name__}[{index!r}]"
-        line = f" ({f.f_code.co_filename}:{f.f_lineno})"
+        frame = reads[-1]  # the innermost: the user's dataset under wrappers (Subset, a cache)
+        names = frame.f_code.co_varnames
+        index = frame.f_locals.get(names[1]) if frame.f_code.co_argcount > 1 else None
+        where = f"{type(frame.f_locals['self']).__name__}[{index!r}]"
+        line = f" ({frame.f_code.co_filename}:{frame.f_lineno})"
     else:
         text = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
         if not text.startswith("Caught ") or "DataLoader worker" not in text:
             return None
         # torch re-raises a worker's error with its traceback as text: the index is not in it
-        lines = [x for x in text.splitlines() if x.strip()]
-        at = [x.strip() for x in lines if x.strip().startswith("File ")]
+        lines = [text_line for text_line in text.splitlines() if text_line.strip()]
+        file_lines = [text_line.strip() for text_line in lines
+                      if text_line.strip().startswith("File ")]
         where = "a sample (read in a DataLoader worker, which does not say its index)"
-        line = f" ({at[-1]})" if at else ""
+        line = f" ({file_lines[-1]})" if file_lines else ""
         what = lines[-1].strip() if lines else what
     return SetupError(
         f"reading {where} raised {what}{line}. redline reads the samples the way your loop "
@@ -232,19 +233,19 @@ def _calls_only_safe(node: ast.AST) -> bool:
     if isinstance(node, ast.Lambda):
         return True
     if isinstance(node, ast.Call):
-        f = node.func
-        ok = (_dotted(f) in SAFE_CALLS if not isinstance(f, ast.Attribute)
-              or not isinstance(f.value, ast.Call) else f.attr in _PATH_METHODS)
-        if not ok:
+        func = node.func
+        safe = (_dotted(func) in SAFE_CALLS if not isinstance(func, ast.Attribute)
+              or not isinstance(func.value, ast.Call) else func.attr in _PATH_METHODS)
+        if not safe:
             return False
-    return all(_calls_only_safe(c) for c in ast.iter_child_nodes(node))
+    return all(_calls_only_safe(child) for child in ast.iter_child_nodes(node))
 
 
 def _main_guard(node: ast.If) -> bool:
-    t = node.test
-    if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq)):
+    test = node.test
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
         return False
-    sides = {ast.unparse(t.left), ast.unparse(t.comparators[0])}
+    sides = {ast.unparse(test.left), ast.unparse(test.comparators[0])}
     return sides in ({"__name__", "'__main__'"}, {"__name__", '"__main__"'})
 
 
@@ -254,20 +255,20 @@ def _at_import_is_setup(node: ast.stmt) -> bool:
         return True
     if isinstance(node, ast.ClassDef):
         # its decorators, bases and body run at import (its methods' bodies do not)
-        return (all(_calls_only_safe(d) for d in (*node.decorator_list, *node.bases,
-                                                  *(k.value for k in node.keywords)))
-                and all(_at_import_is_setup(s) for s in node.body))
+        return (all(_calls_only_safe(expr) for expr in (*node.decorator_list, *node.bases,
+                                                  *(keyword.value for keyword in node.keywords)))
+                and all(_at_import_is_setup(stmt) for stmt in node.body))
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         # decorators and defaults run at import; the body does not
-        return all(_calls_only_safe(d) for d in (*node.decorator_list, *node.args.defaults,
-                                                 *node.args.kw_defaults) if d is not None)
+        return all(_calls_only_safe(expr) for expr in (*node.decorator_list, *node.args.defaults,
+                                                 *node.args.kw_defaults) if expr is not None)
     if isinstance(node, ast.If):
         return _main_guard(node) or (_calls_only_safe(node.test) and all(
-            _at_import_is_setup(s) for s in (*node.body, *node.orelse)))
+            _at_import_is_setup(stmt) for stmt in (*node.body, *node.orelse)))
     if isinstance(node, ast.Try):
-        return all(_at_import_is_setup(s) for s in (
-            *node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers
-                                                         for s in h.body)))
+        return all(_at_import_is_setup(stmt) for stmt in (
+            *node.body, *node.orelse, *node.finalbody, *(stmt for handler in node.handlers
+                                                         for stmt in handler.body)))
     if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Assert,
                          ast.Delete)):
         return _calls_only_safe(node)
@@ -287,7 +288,8 @@ def unguarded_line(source: str, filename: str = "<script>") -> tuple[int, str] |
     lines = source.splitlines()
     for node in tree.body:
         if not _at_import_is_setup(node):
-            line = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+            line = min([node.lineno, *(decorator.lineno
+                                       for decorator in getattr(node, "decorator_list", []))])
             return line, lines[line - 1].strip()
     return None
 
@@ -296,8 +298,8 @@ def check_script_guard(script: str) -> None:
     """Refuse, before any of it runs, a script whose import would run work (training,
     writing files): redline imports it to call its factory."""
     try:
-        with open(script, encoding="utf-8") as f:
-            source = f.read()
+        with open(script, encoding="utf-8") as file:
+            source = file.read()
         found = unguarded_line(source, script)
     except (OSError, UnicodeDecodeError) as e:
         raise SetupError(f"cannot read {script}: {e}") from None
@@ -318,6 +320,13 @@ def load_factory(script: str, name: str = "redline_setup") -> Factory:
     """The factory function ``name`` of the script at ``script`` (run as a module whose
     ``__name__`` is ``"__redline_tune__"``: its ``__main__`` block does not run).
 
+    Args:
+        script: path of the Python file that defines the factory.
+        name: the factory function's name (default ``redline_setup``).
+
+    Returns:
+        The factory: called with no argument, it returns a :class:`TrainSetup`.
+
     Raises:
         SetupError: no such script, a script that would run work when imported (checked
             before it is: :func:`unguarded_line`), an import that fails, or no factory.
@@ -328,7 +337,7 @@ def load_factory(script: str, name: str = "redline_setup") -> Factory:
     check_script_guard(script)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        ns = runpy.run_path(script, run_name="__redline_tune__")
+        namespace = runpy.run_path(script, run_name="__redline_tune__")
     except SystemExit as e:
         raise SetupError(f"{script} called sys.exit({e.code}) while being imported; move the "
                          "training code under `if __name__ == \"__main__\":`") from None
@@ -336,11 +345,11 @@ def load_factory(script: str, name: str = "redline_setup") -> Factory:
         raise SetupError(f"importing {script} raised {type(e).__name__}: {e}") from e
     finally:
         sys.path.pop(0)
-    fn = ns.get(name)
-    if fn is None or not callable(fn):
-        found = sorted(k for k, v in ns.items() if callable(v) and not k.startswith("_")
-                       and getattr(v, "__module__", None) == "__redline_tune__")
+    factory = namespace.get(name)
+    if factory is None or not callable(factory):
+        found = sorted(key for key, value in namespace.items() if callable(value) and not key.startswith("_")
+                       and getattr(value, "__module__", None) == "__redline_tune__")
         raise SetupError(f"{script} defines no function {name}(); expected one that returns "
                          f"redline.tune.TrainSetup (functions found: {', '.join(found) or 'none'}"
                          "; pick one with --factory)")
-    return fn  # type: ignore[no-any-return]
+    return factory  # type: ignore[no-any-return]

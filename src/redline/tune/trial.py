@@ -14,96 +14,39 @@ import shutil
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
-from redline.core.loader import LoaderSettings
-from redline.data.autotune import epoch_batches, rebuild_factory
+from redline.data.autotune import epoch_batches
 from redline.data.prefetcher import map_tensors
 from redline.measure.agree import Agreement
 from redline.measure.config import WatchConfig
-from redline.measure.loader import batch_nbytes
 from redline.measure.rapl import RaplMeter
 from redline.measure.recorder import Recorder
 from redline.measure.stats import step_times
 from redline.measure.summary import build_measurements, recorded_trace
 from redline.tune.memory_budget import MemoryBudget
-from redline.tune.plan import TunePlan
+from redline.tune.result import TrialMetrics
 from redline.tune.runtime import TunedLoop
-from redline.tune.setup import Factory, SetupError, TrainSetup, call_factory
-
-
-@dataclass(slots=True)
-class TrialMetrics:
-    """What one configuration measured (None = unknown, with the source saying why)."""
-
-    label: str
-    throughput_samples_per_s: float | None
-    step_time_s: float | None
-    """Median seconds per optimizer step (one effective batch)."""
-    data_wait_fraction: float | None
-    device_busy_fraction: float | None
-    """CUDA: Σ device span ÷ Σ step time (an upper bound of busy); None off CUDA."""
-    mfu: float | None
-    peak_memory_bytes: int | None
-    peak_memory_source: str
-    energy_j_per_step: float | None
-    energy_source: str
-    steps: int
-    wall_s: float
-    step_times_s: list[float] = field(default_factory=list)
-    """Each measured step's wall seconds (for the significance test of a comparison)."""
-    device_busy_kernels_fraction: float | None = None
-    """Union of kernel intervals ÷ the traced window (1 − HTA's idle share), read from a short
-    device-only profiler trace: the exact device busy of docs/report.md. None when not traced."""
-    device_busy_kernels_source: str = "not traced for this trial"
-
-
-def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """Tensors that persist between steps: parameters, buffers, optimizer state."""
-    ts = list(model.parameters()) + list(model.buffers())
-    for st in optimizer.state.values():
-        ts += [v for v in st.values() if isinstance(v, torch.Tensor)]
-    return ts
-
-
-def fresh(factory: Factory) -> TrainSetup:
-    return call_factory(factory, "the setup factory")
-
-
-def endless(loader: Any) -> Any:
-    while True:
-        n = 0
-        for b in loader:
-            n += 1
-            yield b
-        if n == 0:
-            raise SetupError("the DataLoader yielded no batch (an empty dataset, or drop_last "
-                             "with fewer samples than one effective batch)")
-
-
-def first_batches(loader: DataLoader[Any], batch_size: int, n: int) -> list[Any]:
-    """The first ``n`` batches of ``batch_size`` from a worker-less copy of the user's loader
-    (its dataset, sampler and collate; again from the start when it runs out), on the host."""
-    plain = rebuild_factory(loader, batch_size=batch_size)(LoaderSettings())
-    return list(itertools.islice(endless(plain), n))
+from redline.tune.samples import endless, first_batches, fresh, state_tensors
+from redline.tune.setup import Factory
+from redline.tune.tuned import TunePlan
 
 
 def counted_peak(factory: Factory, plan: TunePlan) -> int:
     """Peak live bytes of one steady-state step, counted by the simulated budget (no limit)."""
-    s = fresh(factory)
-    loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, torch.device(s.device),
-                     s.cache_split)
+    setup = fresh(factory)
+    loop = TunedLoop(plan, setup.model, setup.optimizer, setup.loader, setup.loss_fn,
+                     torch.device(setup.device),
+                     setup.cache_split)
     try:
-        it = endless(loop.loader)
-        loop.step(next(it))  # builds lazy optimizer state
-        batch = next(it)
-        with MemoryBudget(None, existing=state_tensors(loop.model, loop.optimizer)) as mb:
+        batches = endless(loop.loader)
+        loop.step(next(batches))  # builds lazy optimizer state
+        batch = next(batches)
+        with MemoryBudget(None, existing=state_tensors(loop.model, loop.optimizer)) as budget:
             loop.step(batch)
-        return int(mb.peak)
+        return int(budget.peak)
     finally:
         loop.close()
 
@@ -129,13 +72,13 @@ def measured_window(plan: TunePlan, epoch: int | None, steps: int) -> tuple[int,
     queues; warm workers and model) and spans whole epochs where they are short — each with
     its one refill, as training pays it — else at least three queue-lengths of steps. Without
     workers nothing queues."""
-    ls = plan.loader
-    q = ls.num_workers * (ls.prefetch_factor or 2) if ls.num_workers else 0
-    if q == 0:
+    settings = plan.loader
+    queued = settings.num_workers * (settings.prefetch_factor or 2) if settings.num_workers else 0
+    if queued == 0:
         return steps, False
     if epoch is not None and epoch <= WHOLE_EPOCH_MAX_STEPS:
-        return math.ceil(max(steps, q + 1) / epoch) * epoch, True
-    return max(steps, 3 * q), True
+        return math.ceil(max(steps, queued + 1) / epoch) * epoch, True
+    return max(steps, 3 * queued), True
 
 
 def measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup: int,
@@ -161,19 +104,20 @@ def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup
     (device activity only on CUDA; those steps are excluded from the statistics) for the
     kernel-union device busy. ``agree``: the job's ranks (each runs this trial on its own
     shard; they agree on how many steps to run, see :func:`_train_watched`)."""
-    s = fresh(factory)
-    device = torch.device(s.device)
-    loop = TunedLoop(plan, s.model, s.optimizer, s.loader, s.loss_fn, device, s.cache_split)
+    setup = fresh(factory)
+    device = torch.device(setup.device)
+    loop = TunedLoop(plan, setup.model, setup.optimizer, setup.loader, setup.loss_fn, device,
+                     setup.cache_split)
     source: Any = loop.loader
     if step_only:
         # From a worker-less copy of the loader: no worker processes competing for the CPUs.
         # Kept on the host (pinned for CUDA) and copied per step: 4 effective batches resident
         # on the device could exceed the memory the batch finder planned for.
         pin = device.type == "cuda"
-        host = [map_tensors(b, lambda t: t.pin_memory() if pin else t)
-                for b in first_batches(s.loader, plan.effective_batch, STEP_ONLY_BATCHES)]
-        source = (map_tensors(b, lambda t: t.to(device, non_blocking=True))
-                  for b in itertools.cycle(host))
+        host = [map_tensors(batch, lambda tensor: tensor.pin_memory() if pin else tensor)
+                for batch in first_batches(setup.loader, plan.effective_batch, STEP_ONLY_BATCHES)]
+        source = (map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True))
+                  for batch in itertools.cycle(host))
     measured, restart = (steps, False) if step_only else measured_window(
         plan, epoch_batches(loop.dataloader), steps)
     if restart:
@@ -182,7 +126,7 @@ def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup
         # FLOP step comes one measured step later: two keep the excluded steps contiguous.
         warmup = max(2, warmup)
     rapl = RaplMeter()
-    t0 = time.perf_counter()
+    start_s = time.perf_counter()
     trace_dir = tempfile.mkdtemp(prefix="redline-tune-trace-") if trace else None
     cfg = WatchConfig(warmup_steps=warmup, count_flops=count_flops, device=str(device),
                       sample_interval_s=0.1, trace_dir=trace_dir, trace_steps=TRACE_STEPS,
@@ -190,21 +134,21 @@ def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup
     total = warmup + int(count_flops) + (TRACE_STEPS + 2 if trace else 0) + measured
     try:
         try:
-            w, joules, rapl_steps, rapl_s = _train_watched(
+            recorder, joules, rapl_steps, rapl_s = _train_watched(
                 loop, source, cfg, total, measured, step_only, rapl, restart,
                 agree or Agreement())
         finally:
             loop.close()
-        m = build_measurements(w)
-        traced, _ = recorded_trace(w)  # reads the trace, if one was recorded
+        measurements = build_measurements(recorder)
+        traced, _ = recorded_trace(recorder)  # reads the trace, if one was recorded
     finally:
         if trace_dir is not None:
             shutil.rmtree(trace_dir, ignore_errors=True)
-    t = m.timing
+    timing = measurements.timing
     energy, esrc = None, ""
-    if m.device_metrics.nvml is not None and m.device_metrics.nvml.energy_j is not None \
-            and t.steps_measured:
-        energy = m.device_metrics.nvml.energy_j / t.steps_measured
+    nvml = measurements.device_metrics.nvml
+    if nvml is not None and nvml.energy_j is not None and timing.steps_measured:
+        energy = nvml.energy_j / timing.steps_measured
         esrc = "NVML total-energy counter over the measured steps"
     elif device.type == "cpu" and joules is not None:
         energy = joules / rapl_steps
@@ -212,13 +156,13 @@ def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup
     else:
         esrc = ("unknown: " + (rapl.reason or "no energy counter") if device.type == "cpu"
                 else "unknown: NVML energy counter not available")
-    peak, psrc = m.device_metrics.peak_allocated_bytes, "CUDA max_memory_allocated"
+    peak, psrc = measurements.device_metrics.peak_allocated_bytes, "CUDA max_memory_allocated"
     if peak is None:
         if memory:
             peak, psrc = counted_peak(factory, plan), "counted live tensor bytes of one step"
         else:
             psrc = "not measured for this trial"
-    busy = m.device_metrics.device_span_fraction
+    busy = measurements.device_metrics.device_span_fraction
     kbusy, ksrc = None, "not traced for this trial"
     if traced is not None:
         if traced.idle_pct is not None:
@@ -227,11 +171,15 @@ def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup
                     f"({traced.device_events} device events)")
         else:
             ksrc = f"unknown: {traced.note}"
-    return TrialMetrics(label, t.throughput_samples_per_s, t.step_time_p50_s,
-                        m.fraction("data_wait") if t.steps_measured else None, busy,
-                        m.mfu.mfu, peak, psrc, energy, esrc, t.steps_measured,
-                        time.perf_counter() - t0,
-                        step_times_s=step_times(w.measured_steps),
+    return TrialMetrics(label=label, throughput_samples_per_s=timing.throughput_samples_per_s,
+                        step_time_s=timing.step_time_p50_s,
+                        data_wait_fraction=(measurements.fraction("data_wait")
+                                            if timing.steps_measured else None),
+                        device_busy_fraction=busy,
+                        mfu=measurements.mfu.mfu, peak_memory_bytes=peak, peak_memory_source=psrc,
+                        energy_j_per_step=energy, energy_source=esrc, steps=timing.steps_measured,
+                        wall_s=time.perf_counter() - start_s,
+                        step_times_s=step_times(recorder.measured_steps),
                         device_busy_kernels_fraction=kbusy, device_busy_kernels_source=ksrc)
 
 
@@ -242,58 +190,30 @@ def _train_watched(loop: TunedLoop, source: Any, cfg: WatchConfig, total: int, s
     of the measured steps or None, how many steps those joules cover, over how many seconds).
     ``restart``: begin a new epoch of the loader inside the last excluded step, so the measured
     steps start at an epoch boundary with empty queues."""
-    with Recorder(cfg) as w:
+    with Recorder(cfg) as recorder:
         # A list is not a DataLoader: wrap() times and counts its batches the same way.
-        it = w.wrap(source) if step_only else endless(source)
+        batches = recorder.wrap(source) if step_only else endless(source)
         rapl_on = False
         t_rapl = time.perf_counter()
         for i in range(total):
             if i == total - steps:
                 rapl_on = rapl.start()
                 t_rapl = time.perf_counter()
-            batch = next(it)
+            batch = next(batches)
             if restart and i == total - steps - 1:
                 # iter() is eager: a persistent loader drains its in-flight batches and resets
                 # here, in an excluded step; later epochs come from the loader as usual.
-                it = itertools.chain(loop.on_device(iter(loop.dataloader)), endless(loop.loader))
+                batches = itertools.chain(loop.on_device(iter(loop.dataloader)), endless(loop.loader))
             loop.step(batch)
         # Where no DataLoader marks the first step, the watch learns the step from the
         # second optimizer step and counts the first as warm-up: top up to ``steps`` (as
         # many steps on every rank: each one's collectives need all of them).
-        extra = int(agree.max(min(2, max(0, steps - len(w.measured_steps))), "trial top-up"))
+        extra = int(agree.max(min(2, max(0, steps - len(recorder.measured_steps))), "trial top-up"))
         for _ in range(extra):
-            loop.step(next(it))
+            loop.step(next(batches))
         rapl_steps = steps + extra
 
         joules = rapl.joules() if rapl_on else None
         rapl_s = time.perf_counter() - t_rapl
-        del it
-    return w, joules, rapl_steps, rapl_s
-
-
-def probe_batch(setup: TrainSetup, device: torch.device, scan: int = 256,
-                ) -> tuple[Any, str]:
-    """A maker of batches of any size built from the dataset's largest sample (by bytes), and
-    how it was found. Variable-length data then cannot exceed what the batch finder probed."""
-    ds = setup.loader.dataset
-    collate = setup.loader.collate_fn
-    n = len(ds) if hasattr(ds, "__len__") and hasattr(ds, "__getitem__") else None
-    if n:
-        idx = sorted({round(i * (n - 1) / max(1, min(n, scan) - 1)) for i in range(min(n, scan))})
-        sizes = [(batch_nbytes(ds[i]), i) for i in idx]
-        size, best = max(sizes)
-        sample = ds[best]
-        how = (f"largest of {len(idx)} samples scanned of {n} (index {best}, "
-               f"{size / 1024:,.1f} KiB)")
-    else:
-        first = next(iter(DataLoader(ds, batch_size=1, collate_fn=lambda x: x)))
-        sample = first[0]
-        how = "first sample of an iterable dataset (sizes cannot be scanned)"
-
-    def make(b: int) -> Any:
-        with torch.no_grad():
-            return map_tensors(collate([sample] * b),
-                               lambda t: t.to(device, non_blocking=True))
-
-    return make, how
-
+        del batches
+    return recorder, joules, rapl_steps, rapl_s

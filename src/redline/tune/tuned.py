@@ -1,4 +1,5 @@
-"""The tuning plan: what ``redline tune`` decided, as JSON, remembered per model and machine.
+"""The tuned settings (:class:`TunePlan`): what ``redline tune`` decided, as JSON, remembered per
+model and machine. (The parallelism planner, ``redline plan``, is :mod:`redline.plan`.)
 
 A plan is keyed by the model's signature (class and parameter names, shapes and dtypes), the
 device (type and name), the precision the user trained in and the input shapes (per sample):
@@ -38,7 +39,7 @@ class PlanMismatchError(PlanError):
     """A plan applied to a model, device or inputs it was not made for."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlanKey:
     model_signature: str
     """sha256 (first 16 hex) of the model class and its parameters' names, shapes, dtypes."""
@@ -61,7 +62,7 @@ class PlanKey:
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DdpSettings:
     """DistributedDataParallel settings the tuned loop re-wraps the user's DDP model with
     (:func:`redline.tune.ddp.rewrap`); None keeps what the user built."""
@@ -78,7 +79,7 @@ class DdpSettings:
             raise ValueError(f"bucket_cap_mb must be > 0 or None, got {self.bucket_cap_mb}")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class TunePlan:
     """Settings to apply to the plain loop (see :func:`redline.tune.apply_plan`)."""
 
@@ -103,7 +104,8 @@ class TunePlan:
     """Serve the loader from a cache of the deterministic part of each sample (the setup's
     ``cache_split``, :class:`redline.data.CacheSplit`): filled on first access, kept."""
     decode_cache_store: str | None = None
-    """The cache's folder; None = ``CachedDataset``'s default (``/dev/shm/redline-cache``)."""
+    """The cache's folder; None = ``CachedDataset``'s default (``/dev/shm/redline-cache``
+    where /dev/shm has room for it, else ``~/.cache/redline/redline-cache``)."""
     precision: str = "fp32"
     """'fp32' | 'tf32' | 'bf16' (autocast) | 'fp16' (autocast + GradScaler)."""
     channels_last: bool = False
@@ -163,43 +165,58 @@ class TunePlan:
         return -(-self.effective_batch // self.micro_batch)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["decisions"] = [x.to_dict() for x in self.decisions]
-        return d
+        as_dict = dataclasses.asdict(self)
+        as_dict["decisions"] = [decision.to_dict() for decision in self.decisions]
+        return as_dict
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TunePlan:
+    def from_dict(cls, data: dict[str, Any]) -> TunePlan:
         """Every field checked (types, ranges); raises ValueError naming the field's path."""
-        schema = d.get("schema")
+        schema = data.get("schema")
         if schema == "redline.plan/1":
             raise ValueError("the plan was made by an earlier redline (schema redline.plan/1, "
                              "loader settings not yet embedded); run `redline tune` again")
         if schema != PLAN_SCHEMA:
             raise ValueError(f"not a redline plan: schema is {schema!r}, expected "
                              f"{PLAN_SCHEMA!r}")
-        d = dict(d)
-        decisions = d.get("decisions")
+        data = dict(data)
+        decisions = data.get("decisions")
         if isinstance(decisions, list):  # the printed label is derived, not data
-            d["decisions"] = [{k: v for k, v in x.items() if k != "step"}
-                              if isinstance(x, dict) else x for x in decisions]
-        return from_json(cls, d)
+            data["decisions"] = [
+                {key: value for key, value in decision.items() if key != "step"}
+                if isinstance(decision, dict) else decision for decision in decisions]
+        return from_json(cls, data)
 
 
 def save_plan(plan: TunePlan, path: str | os.PathLike[str]) -> None:
-    """Write the plan as JSON (atomically: a crash leaves no half-written file)."""
+    """Write the plan as JSON (atomically: a crash leaves no half-written file).
+
+    Args:
+        plan: the plan to write.
+        path: the destination file; its folder must exist.
+
+    Raises:
+        OSError: the folder is missing or not writable, or the disk is full (the path named).
+    """
     write_text_atomic(json.dumps(plan.to_dict(), indent=2) + "\n", path)
 
 
 def load_plan(path: str | os.PathLike[str]) -> TunePlan:
     """Read a plan written by :func:`save_plan` or ``redline tune``.
 
+    Args:
+        path: the plan's JSON file.
+
+    Returns:
+        The :class:`TunePlan`.
+
     Raises:
         FileNotFoundError: no file at ``path``.
         PlanError: the file is not a usable plan; the message names it and says why.
     """
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
     except FileNotFoundError:
         raise FileNotFoundError(f"no plan at {str(path)!r}: run `redline tune SCRIPT` to make "
                                 "one") from None
@@ -222,10 +239,10 @@ def model_signature(model: torch.nn.Module) -> tuple[str, str]:
     dtypes. Weights' values do not matter: a plan depends on shapes, not on training state."""
     inner = getattr(model, "module", model)  # DDP / DataParallel wrap the model
     inner = getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper
-    h = hashlib.sha256(type(inner).__qualname__.encode())
-    for name, t in list(inner.named_parameters()) + list(inner.named_buffers()):
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-    return h.hexdigest()[:16], f"{type(inner).__module__}.{type(inner).__qualname__}"
+    digest = hashlib.sha256(type(inner).__qualname__.encode())
+    for name, tensor in list(inner.named_parameters()) + list(inner.named_buffers()):
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+    return digest.hexdigest()[:16], f"{type(inner).__module__}.{type(inner).__qualname__}"
 
 
 def device_label(device: torch.device) -> str:
@@ -240,15 +257,16 @@ def input_shapes(batch: Any) -> str:
     from redline.data.prefetcher import map_tensors
 
     seen: list[str] = []
-    map_tensors(batch, lambda t: seen.append(
-        f"{tuple(t.shape[1:])}:{str(t.dtype).removeprefix('torch.')}"))
+    map_tensors(batch, lambda tensor: seen.append(
+        f"{tuple(tensor.shape[1:])}:{str(tensor.dtype).removeprefix('torch.')}"))
     return "|".join(seen)
 
 
 def plan_key(model: torch.nn.Module, device: torch.device, precision: str,
              batch: Any, world_size: int = 1) -> PlanKey:
     sig, cls = model_signature(model)
-    return PlanKey(sig, cls, device_label(device), precision, input_shapes(batch), world_size)
+    return PlanKey(model_signature=sig, model_class=cls, device=device_label(device),
+                   precision=precision, input_shapes=input_shapes(batch), world_size=world_size)
 
 
 def check_plan(plan: TunePlan, key: PlanKey) -> None:
@@ -262,9 +280,9 @@ def check_plan(plan: TunePlan, key: PlanKey) -> None:
             "and DDP settings were measured for the other job; run `redline tune` under this "
             "job's launcher to measure them here", stacklevel=3)
 
-    diffs = [f"{f}: plan has {getattr(plan.key, f)!r}, this run has {getattr(key, f)!r}"
-             for f in ("model_signature", "device", "input_shapes")
-             if getattr(plan.key, f) != getattr(key, f)]
+    diffs = [f"{name}: plan has {getattr(plan.key, name)!r}, this run has {getattr(key, name)!r}"
+             for name in ("model_signature", "device", "input_shapes")
+             if getattr(plan.key, name) != getattr(key, name)]
     if diffs:
         raise PlanMismatchError(
             "this plan was made for another configuration (" + "; ".join(diffs) + "). Its batch "
@@ -288,17 +306,17 @@ class PlanStore:
         return self.root / f"{key.digest()}.json"
 
     def get(self, key: PlanKey) -> TunePlan | None:
-        p = self.path(key)
-        if not p.exists():
+        file = self.path(key)
+        if not file.exists():
             return None
         try:
-            plan = load_plan(p)
+            plan = load_plan(file)
         except (ValueError, OSError):
             return None  # unreadable or from another version: tune again
         return plan if plan.key == key else None
 
     def put(self, plan: TunePlan) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
-        p = self.path(plan.key)
-        save_plan(plan, p)
-        return p
+        file = self.path(plan.key)
+        save_plan(plan, file)
+        return file

@@ -1,0 +1,123 @@
+"""A larger effective batch, the learning rate rescaled by its optimizer's rule
+(:mod:`redline.tune.batch_change`): only with ``allow_batch_change``; checked against the
+user's batch over the same samples, then kept only if measured faster. The tuned loop scales
+every group's rate and reaches it over the plan's linear warm-up."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import ClassVar
+
+from redline.tune.batch_change import GUARD_STEPS, MAX_GROWTH, check_batch_change, lr_rule
+from redline.tune.decision import Decision, Detail, Knob
+from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
+from redline.tune.knobs.batch import largest_micro
+from redline.tune.samples import first_batches, fresh
+from redline.tune.tuned import TunePlan
+
+
+def lr_factor(plan: TunePlan, step: int) -> float:
+    """The share of the scaled learning rate at optimizer step ``step`` (from 0): it rises
+    linearly from the user's rate (1 / lr_scale) to 1 over the plan's warm-up."""
+    warmup, scale = plan.lr_warmup_steps, plan.lr_scale
+    return 1.0 if step >= warmup else (1 + (scale - 1) * step / warmup) / scale
+
+
+class BatchChangeKnob(TuneKnob):
+    name = "batch_change"
+    records = (Knob.BATCH_CHANGE,)
+    plan_fields = ("effective_batch", "lr_scale", "lr_rule", "lr_warmup_steps",
+                   "user_effective_batch")
+    switches = ("tune_batch", "allow_batch_change")
+    heading = "effective batch (allowed to change: --allow-batch-change)"
+    words: ClassVar[FrameworkWords] = FrameworkWords(
+        lightning=("batch_size", "accumulate_grad_batches"),
+        hf=("per_device_train_batch_size", "gradient_accumulation_steps", "warmup_steps"))
+
+    def run(self, path: TuningPath, plan: TunePlan) -> TunePlan:
+        setup = fresh(path.factory)
+        rule = lr_rule(setup.optimizer)
+        if rule is None:
+            plan.decisions.append(Decision(
+                knob=Knob.BATCH_CHANGE, kept=False,
+                reason=f"not tried: {type(setup.optimizer).__name__} has no stated "
+                       "learning-rate rule here (linear for SGD, square root for the Adam "
+                       "family)"))
+            return plan
+        eff = plan.effective_batch
+        search, _ = largest_micro(path, plan, MAX_GROWTH * eff)
+        ratio = search.batch // eff
+        if ratio < 2:
+            plan.decisions.append(Decision(
+                knob=Knob.BATCH_CHANGE, kept=False,
+                reason=f"the largest micro-batch that fits is {search.batch}: no multiple of "
+                       f"the effective batch {eff} above it fits in memory"))
+            return plan
+        # on the host, moved one step at a time: up to 8 × 8 + 1 effective batches
+        batches = first_batches(setup.loader, eff, GUARD_STEPS * ratio + 1)
+        refused: list[str] = []
+        while True:  # the largest ratio the guard passes, halving from what memory allows
+            to_batch, scale = ratio * eff, rule.scale(ratio)
+            checks = path.agree.run(functools.partial(
+                check_batch_change, setup.model, setup.optimizer, batches[:GUARD_STEPS * ratio],
+                batches[-1], eff, ratio, plan.micro_batch, to_batch, setup.loss_fn, scale,
+                path.cfg.tolerance.batch_change_min_progress, path.device),
+                f"batch change to {to_batch}")
+            check = next((rank_check for rank_check in checks if not rank_check.passed), checks[0])
+            path.log(f"  effective batch {to_batch}: {check.reason}")
+            if check.passed or ratio // 2 < 2:
+                break
+            refused.append(f"{to_batch}: {check.progress:.0%} of the user's progress")
+            ratio //= 2
+        details: dict[str, Detail] = {
+            "from_batch": eff, "lr_rule": rule.name, "lr_rule_source": rule.source,
+            "lr_scale": round(scale, 4), "guard": check.reason,
+            "refused_larger": "; ".join(refused) or None}
+        if not check.passed:
+            plan.decisions.append(Decision(knob=Knob.BATCH_CHANGE, kept=False,
+                                           reason=check.reason, value=str(to_batch), details=details))
+            return plan
+        cand = dataclasses.replace(
+            plan, effective_batch=to_batch, micro_batch=to_batch, lr_scale=scale, lr_rule=rule.name,
+            user_effective_batch=eff, decisions=[])
+        steps = path.steps_for(cand)  # the same samples in fewer, larger steps
+        cand.lr_warmup_steps = rule.warmup_steps(steps)
+        details["lr_warmup_steps"] = cand.lr_warmup_steps
+        kept = path.decide(plan, cand, Decision(knob=Knob.BATCH_CHANGE, kept=False, reason="",
+                                                value=str(to_batch), numerics=check.reason,
+                                                details=details))
+        if kept is cand:
+            cand.notes.append(
+                f"The optimization changed: effective batch {eff} → {to_batch} (allowed by "
+                f"--allow-batch-change), learning rate × {scale:.3g} ({rule.name} rule, "
+                f"{rule.source})" + (f", reached over {cand.lr_warmup_steps:,} warm-up steps"
+                                     if cand.lr_warmup_steps else "")
+                + f"; the same samples take {steps:,} steps instead of {path.run_steps:,}. "
+                "Validate before adopting it: train it to your usual end and compare the "
+                "validation loss and metrics with your baseline's; build learning-rate "
+                "schedulers after apply_plan (they read the rates it sets), or pass those "
+                "built before: apply_plan(..., schedulers=[scheduler]).")
+        return kept
+
+    def apply_optimizer(self, parts: LoopParts) -> None:
+        plan = parts.plan
+        if plan.lr_scale == 1.0:
+            return
+        # a larger effective batch: the scaled rates, reached over the plan's warm-up
+        groups = parts.optimizer.param_groups
+        targets = [group["lr"] * plan.lr_scale for group in groups]
+        parts.target_lrs = targets
+
+        def warm(steps_taken: int) -> None:
+            if steps_taken > plan.lr_warmup_steps:
+                return
+            share = lr_factor(plan, steps_taken)
+            for group, target in zip(groups, targets, strict=True):
+                group["lr"] = target * share
+
+        warm(0)
+        parts.before_step.append(warm)
+
+
+BATCH_CHANGE = BatchChangeKnob()
