@@ -100,5 +100,5 @@ def test_without_a_terminal_the_run_says_there_is_no_panel(tmp_path: Path) -> No
                         str(SCRIPTS / "prints_while_training.py"), "20"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "--live needs a terminal on stderr" in p.stderr
+    assert "the live panel needs a terminal on stderr" in p.stderr
     assert "redline live ·" not in p.stderr and "script line 0" in p.stdout

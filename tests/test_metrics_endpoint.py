@@ -187,7 +187,7 @@ def test_the_grafana_dashboard_queries_only_metrics_the_endpoint_serves(
 
     from prometheus_client import CollectorRegistry, generate_latest
 
-    import redline.report.prometheus as prom
+    import redline.runs.metrics_server as prom
     from redline.measure.live import LiveSnapshot
 
     full = LiveSnapshot(steps_measured=10, window_steps=10, step_time_mean_s=0.1,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from redline.core.findings import Finding
-from redline.report.ranks import decode, encode, merge
+from redline.runs.ranks import decode, encode, merge
 
 STEP = 0.040
 

@@ -26,7 +26,7 @@ GATHER_TIMEOUT_S = float(os.environ.get("REDLINE_GATHER_TIMEOUT_S", "120"))
 """How long rank 0 waits for the other ranks' summaries after its own run ends."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RankInfo:
     """This process's place in the job (from the launcher's environment)."""
 
@@ -101,17 +101,17 @@ class JobStore:
 
     def wait_get(self, key: str, timeout_s: float) -> bytes | None:
         """The value of ``key`` once it is set, or None after ``timeout_s``."""
-        fk = f"{self.prefix}/{key}"
+        full_key = f"{self.prefix}/{key}"
         try:  # blocks in the store client until the key is set (no polling delay)
-            self._store.wait([fk], timedelta(seconds=max(0.001, timeout_s)))
+            self._store.wait([full_key], timedelta(seconds=max(0.001, timeout_s)))
         except Exception:  # timed out (DistStoreError) or the store went away
             return None
-        return bytes(self._store.get(fk))
+        return bytes(self._store.get(full_key))
 
     def peek(self, key: str) -> bytes | None:
         """The value of ``key`` if it is set now (no waiting)."""
-        fk = f"{self.prefix}/{key}"
-        return bytes(self._store.get(fk)) if self._store.check([fk]) else None
+        full_key = f"{self.prefix}/{key}"
+        return bytes(self._store.get(full_key)) if self._store.check([full_key]) else None
 
     def gather(self, keys: list[str], timeout_s: float) -> dict[str, bytes]:
         """The values of ``keys`` present within ``timeout_s`` (missing ones left out)."""
@@ -119,9 +119,9 @@ class JobStore:
         out: dict[str, bytes] = {}
         deadline = time.monotonic() + timeout_s
         while True:
-            for k, fk in full.items():
-                if k not in out and self._store.check([fk]):
-                    out[k] = bytes(self._store.get(fk))
+            for k, full_key in full.items():
+                if k not in out and self._store.check([full_key]):
+                    out[k] = bytes(self._store.get(full_key))
             if len(out) == len(keys) or time.monotonic() >= deadline:
                 return out
             time.sleep(0.05)
@@ -158,14 +158,14 @@ class ProgressBeacon:
         last, last_where = -1, ""
         rank = self._info.rank
         while not self._stop.wait(self._interval):
-            n = self._steps()
+            steps_done = self._steps()
             where = code_position(self._tid)
             try:
-                if n != last:
-                    self._store.put(f"{self._key}/progress{rank}", str(n).encode())
+                if steps_done != last:
+                    self._store.put(f"{self._key}/progress{rank}", str(steps_done).encode())
                     self._store.put(f"{self._key}/progress_at{rank}",
                                     str(time.time_ns()).encode())
-                    last = n
+                    last = steps_done
                 if where != last_where:
                     self._store.put(f"{self._key}/progress_where{rank}", where.encode())
                     last_where = where
@@ -188,12 +188,12 @@ def code_position(thread_id: int) -> str:
     if frame is None:
         return "unknown"
     inner = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} ({frame.f_code.co_name})"
-    f: Any = frame
-    while f is not None and _library(f.f_code.co_filename):
-        f = f.f_back
-    if f is None or f is frame:
+    caller: Any = frame
+    while caller is not None and _library(caller.f_code.co_filename):
+        caller = caller.f_back
+    if caller is None or caller is frame:
         return inner
-    return (f"{Path(f.f_code.co_filename).name}:{f.f_lineno} ({f.f_code.co_name}), "
+    return (f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno} ({caller.f_code.co_name}), "
             f"inside {inner}")
 
 
@@ -224,11 +224,11 @@ def read_progress(store: JobStore, key: str, world_size: int) -> list[RankProgre
     """Every rank's progress as its beacon last published it."""
     now = time.time_ns()
     out = []
-    for r in range(world_size):
-        steps, at, where = (store.peek(f"{key}/{k}{r}")
+    for rank in range(world_size):
+        steps, published_at, where = (store.peek(f"{key}/{k}{rank}")
                             for k in ("progress", "progress_at", "progress_where"))
-        out.append(RankProgress(rank=r, steps=int(steps) if steps else None,
-                                idle_s=(now - int(at)) / 1e9 if at else None,
+        out.append(RankProgress(rank=rank, steps=int(steps) if steps else None,
+                                idle_s=(now - int(published_at)) / 1e9 if published_at else None,
                                 where=where.decode(errors="replace") if where else None))
     return out
 
@@ -237,23 +237,24 @@ def stalled(progress: list[RankProgress]) -> list[int]:
     """The ranks the others wait for: those with the fewest steps when counts differ, else
     those outside torch (in the script's own code) while the others are inside it (blocked in
     a collective, a backward that reduces); [] when no rank stands out."""
-    known = [p for p in progress if p.steps is not None]
+    known = [beacon for beacon in progress if beacon.steps is not None]
     if not known:
         return []
-    least = min(p.steps for p in known if p.steps is not None)
-    behind = [p.rank for p in known if p.steps == least]
+    least = min(beacon.steps for beacon in known if beacon.steps is not None)
+    behind = [beacon.rank for beacon in known if beacon.steps == least]
     if len(behind) < len(known):
         return behind
-    outside = [p.rank for p in known if p.where and ", inside " not in p.where]
+    outside = [beacon.rank for beacon in known if beacon.where and ", inside " not in beacon.where]
     return outside if 0 < len(outside) < len(known) else []
 
 
 def progress_line(progress: list[RankProgress]) -> str:
     """The ranks' progress in one sentence, the stuck one(s) named."""
-    parts = [f"rank {p.rank}: " + ("no step published" if p.steps is None else
-                                   f"{p.steps} step(s), last progress "
-                                   + ("unknown" if p.idle_s is None else f"{p.idle_s:.1f} s ago"))
-             + (f", at {p.where}" if p.where else "") for p in progress]
+    parts = [f"rank {beacon.rank}: " + ("no step published" if beacon.steps is None else
+                                        f"{beacon.steps} step(s), last progress "
+                                        + ("unknown" if beacon.idle_s is None
+                                           else f"{beacon.idle_s:.1f} s ago"))
+             + (f", at {beacon.where}" if beacon.where else "") for beacon in progress]
     stuck = stalled(progress)
     verdict = (f"rank(s) {', '.join(map(str, stuck))} stopped progressing (the others wait for "
                "them)" if stuck else "no rank stands out")
@@ -268,12 +269,12 @@ bound is half that round trip, as in NTP's clock filter: Mills, RFC 5905 §10)."
 def serve_clock(store: JobStore, key: str, world_size: int, timeout_s: float = 60.0) -> None:
     """Rank 0: answer every other rank's clock requests with this host's wall clock."""
     deadline = time.monotonic() + timeout_s
-    for r in range(1, world_size):
+    for rank in range(1, world_size):
         for i in range(CLOCK_ROUNDS):
             left = deadline - time.monotonic()
-            if left <= 0 or store.wait_get(f"{key}/clock/req{r}.{i}", left) is None:
+            if left <= 0 or store.wait_get(f"{key}/clock/req{rank}.{i}", left) is None:
                 break  # this rank does not ask (or no longer): the next one may
-            store.put(f"{key}/clock/resp{r}.{i}", str(time.time_ns()).encode())
+            store.put(f"{key}/clock/resp{rank}.{i}", str(time.time_ns()).encode())
 
 
 def clock_offset(store: JobStore, key: str, rank: int,
@@ -282,14 +283,14 @@ def clock_offset(store: JobStore, key: str, rank: int,
     the store that rank 0 answers (:func:`serve_clock`); None if it does not answer."""
     best: tuple[int, int] | None = None
     for i in range(CLOCK_ROUNDS):
-        t0 = time.time_ns()
+        sent_ns = time.time_ns()
         store.put(f"{key}/clock/req{rank}.{i}", b"?")
         got = store.wait_get(f"{key}/clock/resp{rank}.{i}", timeout_s)
-        t1 = time.time_ns()
+        received_ns = time.time_ns()
         if got is None:
             break
-        err = (t1 - t0) // 2
-        offset = int(got) - (t0 + t1) // 2
+        err = (received_ns - sent_ns) // 2
+        offset = int(got) - (sent_ns + received_ns) // 2
         if best is None or err < best[1]:
             best = (offset, err)
     return best

@@ -20,9 +20,9 @@ from redline.measure.ranks import GATHER_TIMEOUT_S
 from redline.measure.recorder import Recorder
 from redline.report.build import build_report
 from redline.report.perfetto import rank_timeline, write_timeline
-from redline.report.prometheus import MetricsServer
-from redline.report.ranks import exchange
 from redline.report.terminal import print_report
+from redline.runs.metrics_server import MetricsServer
+from redline.runs.ranks import exchange
 
 
 class WatchUsageError(RedlineError, RuntimeError):
@@ -72,12 +72,13 @@ class Watch(Recorder):
         if self.rank.distributed:
             # A run that failed or was stopped ends the job: the other ranks are stopped too
             # and report at once or never, so rank 0 does not wait the full gather timeout.
-            ok = rep.status in ("completed", "step_limit", "no_steps")
-            rep, others = exchange(self, rep, timeout_s=GATHER_TIMEOUT_S if ok
+            succeeded = rep.status in ("completed", "step_limit", "no_steps")
+            rep, others = exchange(self, rep, timeout_s=GATHER_TIMEOUT_S if succeeded
                                    else min(GATHER_TIMEOUT_S, 10.0))
         if self.config.timeline_path and self.rank.rank == 0:
             timelines = [rank_timeline(self)] + [
-                o["timeline"] for _, o in sorted(others.items()) if o.get("timeline")]
+                rank_summary["timeline"] for _, rank_summary in sorted(others.items())
+                if rank_summary.get("timeline")]
             try:
                 self.timeline_written = write_timeline(self.config.timeline_path, timelines)
             except OSError as e:  # the report stands; the note says what was not written
@@ -105,7 +106,34 @@ def watch(
     stack_sample_interval_s: float | None = _DEFAULTS.stack_sample_interval_s,
 ) -> Watch:
     """Measure the training loop run inside the ``with`` block. See :class:`WatchConfig` for
-    each argument."""
+    each argument.
+
+    Args:
+        warmup_steps: steps at the start recorded but left out of the statistics (default 3).
+        max_steps: measured steps (after warm-up) after which the watch's limit is met; None =
+            no limit.
+        count_flops: count one step's FLOPs with ``torch.utils.flop_counter`` for MFU (that
+            step is then left out of the timing statistics).
+        device: the device the job trains on ('cuda', 'cuda:1', 'cpu'); None = CUDA if
+            available, else CPU.
+        sample_interval_s: period of the background CPU / NVML samplers, seconds (> 0).
+        detect_syncs: on CUDA, count synchronizing calls (``set_sync_debug_mode('warn')``).
+        metrics_port: serve Prometheus metrics on this port (0 = any free port, plus
+            ``LOCAL_RANK`` per process); None = no endpoint.
+        metrics_address: address the metrics endpoint binds to (default loopback).
+        timeline_path: write a Chrome-trace JSON timeline here when the report is built; None =
+            no timeline.
+        steps_kept: step records kept for the report, at most (>= 1000); None = all.
+        stack_sample_interval_s: period of the stack sampler, seconds (0.0005..1); None = no
+            stack sampling and no garbage-collection timing.
+
+    Returns:
+        A :class:`Watch` context manager; call its ``report()`` after the block.
+
+    Raises:
+        WatchConfigError: an argument is out of its range (a ``ValueError`` too; see
+            :class:`WatchConfig`).
+    """
     return Watch(WatchConfig(
         warmup_steps=warmup_steps, max_steps=max_steps, count_flops=count_flops,
         device=device, sample_interval_s=sample_interval_s, detect_syncs=detect_syncs,

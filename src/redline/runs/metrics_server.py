@@ -55,9 +55,9 @@ class WatchCollector:
         names, values = list(self._labels), list(self._labels.values())
 
         def gauge(name: str, doc: str, value: float, **extra: str) -> Any:
-            g = GaugeMetricFamily(f"redline_{name}", doc, labels=[*names, *extra])
-            g.add_metric([*values, *extra.values()], value)
-            return g
+            family = GaugeMetricFamily(f"redline_{name}", doc, labels=[*names, *extra])
+            family.add_metric([*values, *extra.values()], value)
+            return family
 
         info = GaugeMetricFamily("redline_info", "redline's version and the measured device",
                                  labels=[*names, "version", "device", "world_size"])
@@ -69,6 +69,21 @@ class WatchCollector:
                                     labels=names)
         steps.add_metric(values, float(snap.steps_total if snap else self._w.tracker.closed))
         yield steps
+        mem = self._w.memory.latest()
+        if mem is not None:
+            _, _, rss, alloc, reserved, workers = mem
+            g = GaugeMetricFamily("redline_memory_bytes",
+                                  "Memory at the last sample: host RSS of the training process "
+                                  "and of each DataLoader worker, the device's allocated and "
+                                  "reserved bytes (CUDA caching allocator)",
+                                  labels=[*names, "kind", "process", "pid"])
+            g.add_metric([*values, "host_rss", "main", str(self._w.cpu.pid)], float(rss))
+            for pid, wrss in sorted(workers.items()):
+                g.add_metric([*values, "host_rss", "worker", str(pid)], float(wrss))
+            if alloc is not None and reserved is not None:
+                g.add_metric([*values, "cuda_allocated", "main", ""], float(alloc))
+                g.add_metric([*values, "cuda_reserved", "main", ""], float(reserved))
+            yield g
         if snap is None:
             return  # warm-up: no measured step yet, nothing else is known
         yield gauge("steps_measured", "Measured steps so far (after warm-up)",
@@ -107,11 +122,11 @@ class MetricsServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        pc = _client()
-        registry = pc.CollectorRegistry(auto_describe=False)
+        client = _client()
+        registry = client.CollectorRegistry(auto_describe=False)
         registry.register(WatchCollector(self._w))
         try:
-            self._server, self._thread = pc.start_http_server(self.port, addr=self.address,
+            self._server, self._thread = client.start_http_server(self.port, addr=self.address,
                                                                registry=registry)
         except OSError as e:
             raise MetricsServerError(
