@@ -191,9 +191,9 @@ def test_a_second_signal_exits_at_once() -> None:
 
 
 @pytest.mark.parametrize(("fetch_too", "status", "detail"), [
-    (False, "step_limit", "stopped after 5 measured steps (--steps); the script caught "
+    (False, "step_limit", "stopped after 5 measured steps (the limit); the script caught "
                           "redline's stop 1 time(s)"),
-    (True, "step_limit", "stopped at the limit of 5 measured steps (--steps); the script "
+    (True, "step_limit", "stopped at the limit of 5 measured steps; the script "
                          "caught redline's stop 3 time(s)"),
 ])
 def test_the_step_limit_is_not_swallowed_by_a_bare_except(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 
 
 def int_at_least(flag: str, minimum: int, meaning: str) -> Callable[[str], int]:
@@ -83,3 +84,15 @@ def count(flag: str) -> Callable[[str], int]:
         return round(v)
 
     return parse
+
+
+def dest_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """A sub-command's field names (each option's ``dest``) → the flag that sets it."""
+    return {a.dest: a.option_strings[0] for a in parser._actions
+            if a.option_strings and a.dest != "help"}
+
+
+def flag_words(message: str, flags: Mapping[str, str]) -> str:
+    """A library message, which names fields in backquotes (`` `steps` ``), with each field
+    shown as the command's flag (a field without a flag loses only its backquotes)."""
+    return re.sub(r"`([a-z_]+)`", lambda m: flags.get(m[1], m[1]), message)

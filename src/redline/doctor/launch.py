@@ -2,7 +2,8 @@
 
 The launcher's command is rewritten so that torchrun starts ``redline doctor`` on each rank,
 which then runs the user's script: ``torchrun [its options] --no-python <python> -m
-redline.cli.main doctor [doctor's options] -- python script.py args``. torchrun keeps its own
+redline.doctor OPTIONS_JSON -- python script.py args`` (doctor's options as one JSON
+document, see :mod:`redline.doctor.options`). torchrun keeps its own
 options (processes per node, nodes, rendezvous), restarts and exit code; rank 0 prints the
 merged report and writes the JSON.
 """
@@ -31,8 +32,9 @@ def _launcher_argv(cmd: list[str]) -> list[str] | None:
     return None
 
 
-def rank_command(cmd: list[str], doctor_args: list[str]) -> list[str] | None:
-    """The rewritten command (see the module docstring), or None when ``cmd`` is no launcher.
+def rank_command(cmd: list[str], options_json: str) -> list[str] | None:
+    """The rewritten command (see the module docstring), or None when ``cmd`` is no launcher;
+    ``options_json``: doctor's options, one JSON document (``DoctorOptions.to_json``).
 
     Raises:
         ValueError: the launcher's arguments do not parse, or name no script.
@@ -62,7 +64,7 @@ def rank_command(cmd: list[str], doctor_args: list[str]) -> list[str] | None:
     else:
         inner = ["python", args.training_script, *args.training_script_args]
     return [sys.executable, "-m", "torch.distributed.run", *own, "--no-python", sys.executable,
-            "-m", "redline.cli.main", "doctor", *doctor_args, "--", *inner]
+            "-m", "redline.doctor", options_json, "--", *inner]
 
 
 def run_launcher(command: list[str]) -> int:

@@ -26,7 +26,6 @@ from typing import Any
 
 from rich.console import Console
 
-from redline.core.errors import RedlineError
 from redline.core.files import OutputPathError, output_problem, refuse_overwriting_inputs
 from redline.core.report import Report
 from redline.data.advise import tune_starved_loader
@@ -41,24 +40,20 @@ from redline.doctor.exits import (
     exit_now,
 )
 from redline.doctor.launch import rank_command, run_launcher
+from redline.doctor.options import DoctorError, DoctorOptions
 from redline.doctor.spawned import SpawnSettings, measure_spawned
-from redline.measure.config import WatchConfig
 from redline.measure.ranks import JobStore, code_position, progress_line, rank_info, read_progress
 from redline.measure.system import cpu_budget
 from redline.report.html import HtmlReportError, write_html
 from redline.report.html import check_available as check_html
 from redline.report.json_io import to_dict, write_json
 from redline.report.live_view import live_panel
-from redline.report.prometheus import MetricsServerError
 from redline.report.terminal import print_report
-from redline.report.watch import Watch
+from redline.runs.metrics_server import MetricsServerError
+from redline.runs.watch import Watch
 
 
-class DoctorError(RedlineError):
-    """A usage error: nothing was run. The message says what was received and what to do."""
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
     kind: str
     """'path' or 'module'."""
@@ -88,13 +83,13 @@ def parse_command(cmd: list[str]) -> Target:
         if rest[0] == "-m":
             if len(rest) < 2:
                 raise DoctorError(f"`-m` needs a module name: {usage}")
-            return Target("module", rest[1], [rest[1], *rest[2:]])
+            return Target(kind="module", target=rest[1], argv=[rest[1], *rest[2:]])
         if rest[0].startswith("-"):
             raise DoctorError(f"python option {rest[0]!r} is not supported by redline doctor "
                               f"(it runs the script in its own interpreter): {usage}")
-        return Target("path", rest[0], rest)
+        return Target(kind="path", target=rest[0], argv=rest)
     if head.endswith(".py") or os.path.isfile(head):
-        return Target("path", head, rest)
+        return Target(kind="path", target=head, argv=rest)
     raise DoctorError(f"redline doctor runs Python training scripts in its own process; got "
                       f"{' '.join(cmd)!r}: {usage}")
 
@@ -147,9 +142,9 @@ def script_file(t: Target) -> Path | None:
 
 
 def check_json_path(path: str | None, target: Target | None = None,
-                    flag: str = "--json") -> None:
-    """Fail before running the script when an output (the report, ``flag``) could not be
-    written afterwards, or would replace the script."""
+                    flag: str = "`json_path`") -> None:
+    """Fail before running the script when an output (the report, ``flag``: its field in
+    backticks) could not be written afterwards, or would replace the script."""
     if path is None:
         return
     problem = output_problem(flag, path)
@@ -164,9 +159,10 @@ def check_json_path(path: str | None, target: Target | None = None,
 
 
 def check_outputs(outputs: dict[str, str | None], target: Target | None = None) -> None:
-    """:func:`check_json_path` for each output flag, and no two flags naming one file."""
+    """:func:`check_json_path` for each output (by field name), and no two naming one file."""
     seen: dict[Path, str] = {}
-    for flag, path in outputs.items():
+    for name, path in outputs.items():
+        flag = f"`{name}`"
         check_json_path(path, target, flag=flag)
         if path is None:
             continue
@@ -177,8 +173,11 @@ def check_outputs(outputs: dict[str, str | None], target: Target | None = None) 
         seen[resolved] = flag
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class DoctorResult:
+    """The outcome of a ``redline doctor`` run: the report, the exit code, the JSON written and
+    the script's error if it raised."""
+
     report: Report | None
     """The report (rank 0's merged one under a launcher); None for the launching process of
     ``redline doctor -- torchrun ...``, whose ranks report."""
@@ -236,54 +235,49 @@ def _print_script_traceback(e: BaseException) -> None:
     traceback.print_exception(type(e), e, tb, file=sys.stderr)
 
 
-def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().warmup_steps,
-               json_path: str | None = None, count_flops: bool = True,
-               device: str | None = None, trace_dir: str | None = None,
-               tune_loader: bool = False, show: bool = True,
-               metrics_port: int | None = None,
-               metrics_address: str = WatchConfig().metrics_address,
-               timeline_path: str | None = None, live: bool = False,
-               html_path: str | None = None) -> DoctorResult:
-    """Run ``cmd`` under a watch and report. Raises :class:`DoctorError` on usage errors
-    (before anything runs).
+def run_doctor(cmd: list[str], options: DoctorOptions | None = None, *,
+               show: bool = True) -> DoctorResult:
+    """Run ``cmd`` under a watch as ``options`` say, and report.
 
     ``cmd`` may start a launcher (``torchrun ...``, ``python -m torch.distributed.run ...``):
-    every rank then runs under redline (:mod:`redline.doctor.launch`). Under a launcher
-    (``RANK``/``WORLD_SIZE`` set) rank 0 prints the job's merged report and writes the JSON;
-    the other ranks print nothing of redline's."""
-    forwarded = [f"--steps={steps}", f"--warmup={warmup}"]
-    forwarded += [f"--json={json_path}"] if json_path else []
-    forwarded += [] if count_flops else ["--no-flops"]
-    forwarded += [f"--trace={trace_dir}"] if trace_dir else []
-    forwarded += ["--tune-loader"] if tune_loader else []
-    forwarded += ["--live"] if live else []
-    if metrics_port is not None:
-        forwarded += [f"--metrics-port={metrics_port}", f"--metrics-address={metrics_address}"]
-    forwarded += [f"--timeline={timeline_path}"] if timeline_path else []
-    forwarded += [f"--html={html_path}"] if html_path else []
-    outputs = {"--json": json_path, "--timeline": timeline_path, "--html": html_path}
+    every rank then runs under redline (:mod:`redline.doctor.launch`), each given ``options``
+    as one JSON document. Under a launcher (``RANK``/``WORLD_SIZE`` set) rank 0 prints the
+    job's merged report and writes the JSON; the other ranks print nothing of redline's.
+
+    Args:
+        cmd: ``python script.py args``, ``python -m module args``, or a launcher's command.
+        options: what to measure and where to write; None = the defaults.
+        show: print the report (and redline's notes) on stderr.
+
+    Returns:
+        The report, the exit code to end with, the JSON written and the script's exception.
+
+    Raises:
+        DoctorError: a usage error, before anything runs; the message names options by
+            their field in backticks.
+    """
+    o = options if options is not None else DoctorOptions()
+    steps, json_path, html_path, tune_loader = o.steps, o.json_path, o.html_path, o.tune_loader
+    outputs = o.outputs()
     if html_path:
         try:
             check_html()
         except HtmlReportError as e:
             raise DoctorError(str(e)) from None
     try:
-        launched = rank_command(list(cmd), forwarded)
+        launched = rank_command(list(cmd), o.to_json())
     except ValueError as e:
         raise DoctorError(f"{e}: expected `redline doctor -- torchrun [its options] train.py "
                           "[args]`") from None
     if launched is not None:
         check_outputs(outputs)
-        return DoctorResult(None, run_launcher(launched), None, None)
+        return DoctorResult(report=None, exit_code=run_launcher(launched), json_path=None, script_error=None)
     info = rank_info()
     show = show and info.rank == 0
     target = parse_command(cmd)
     check_target(target)
     check_outputs(outputs, target)
-    config = WatchConfig(warmup_steps=warmup, max_steps=steps, count_flops=count_flops,
-                         device=device, trace_dir=trace_dir, keep_loaders=tune_loader,
-                         metrics_port=metrics_port, metrics_address=metrics_address,
-                         timeline_path=timeline_path)
+    config = o.watch_config()
     stops = [0]
     end_here: list[Callable[[str, str | None, int], None]] = []
     """Set by _run_script: ends the run where the script is, after the report."""
@@ -295,8 +289,8 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
         # The script caught every stop (a bare `except:` around its step, its fetch, its epoch,
         # a loop without a DataLoader): end the run in place, as os._exit would, after the
         # report, rather than let it run its whole course.
-        end_here[0]("step_limit", f"stopped at the limit of {steps} measured steps "
-                    f"(--steps); the script caught redline's stop {STOP_ATTEMPTS} time(s) "
+        end_here[0]("step_limit", f"stopped at the limit of {steps} measured steps; "
+                    f"the script caught redline's stop {STOP_ATTEMPTS} time(s) "
                     "(a bare `except:` "
                     "or `except BaseException:` around its step or its loop), so the run was "
                     "ended there, after this report, without running the rest of the script", 0)
@@ -330,7 +324,7 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                 caught = (f"the script caught redline's stop {swallowed} time(s) (a bare "
                           f"`except:` or `except BaseException:` around {where})")
                 detail = (f"{detail}; {caught} first" if status == "step_limit" else
-                          f"the limit of {steps} measured steps (--steps) was ignored: {caught} and "
+                          f"the limit of {steps} measured steps was ignored: {caught} and "
                           "ran on, measured to its end" + (f"; {detail}" if detail else ""))
             if not w.steps and spawned:
                 # the training ran in the spawned processes: rank 0 of them reported the job
@@ -339,7 +333,7 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                     print(f"redline doctor: the script's {' + '.join(map(str, spawned))} "
                           "process(es) started with torch.multiprocessing were measured as "
                           "ranks; rank 0 printed the job's merged report", file=sys.stderr)
-                return DoctorResult(None, code, None, error)
+                return DoctorResult(report=None, exit_code=code, json_path=None, script_error=error)
             if status == "interrupted" and info.distributed and info.rank == 0:
                 line = ranks_progress(w)  # at Ctrl-C or SIGTERM: which rank held the job up
                 if line and detail and "blocked in native code" not in detail:
@@ -384,7 +378,7 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
                       "https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
             if signals.received is not None and code == 0:
                 code = 128 + signals.received  # stopped while reporting: say so to the scheduler
-            return DoctorResult(report, code, written, error)
+            return DoctorResult(report=report, exit_code=code, json_path=written, script_error=error)
 
         def blocked(signum: int) -> None:
             # off the main thread, which is blocked in native code (see BlockedWatch)
@@ -405,7 +399,7 @@ def run_doctor(cmd: list[str], *, steps: int = 50, warmup: int = WatchConfig().w
         extra: list[AbstractContextManager[object]] = (
             [BlockedWatch(signals, blocked)] if info.distributed
             else [measure_spawned(spawn_settings, spawned, forked)])
-        return finish(*_run_script(w, target, steps, live=live and show, on_end=finish,
+        return finish(*_run_script(w, target, steps, live=o.live and show, on_end=finish,
                                    end_here=end_here, contexts=extra))
 
 
@@ -475,8 +469,8 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
                       flush=True)
             shown = running.enter_context(live_panel(w, enabled=live))
             if live and not shown:
-                print("redline: --live needs a terminal on stderr; running without the "
-                      "live panel", file=sys.stderr, flush=True)
+                print("redline: the live panel needs a terminal on stderr; running without the "
+                      "panel", file=sys.stderr, flush=True)
             for c in contexts:
                 running.enter_context(c)
             with OsExitGuard(os_exit):
@@ -487,7 +481,7 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
     except MetricsServerError as e:  # before the script ran: a usage error, not the script's
         raise DoctorError(str(e)) from None
     except StopMeasurement:
-        status, detail = "step_limit", f"stopped after {steps} measured steps (--steps)"
+        status, detail = "step_limit", f"stopped after {steps} measured steps (the limit)"
     except SystemExit as e:
         code = _exit_code(e.code)
         if code != 0:

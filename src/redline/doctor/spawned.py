@@ -26,7 +26,7 @@ from redline.measure.config import WatchConfig
 from redline.measure.ranks import STORE_ENV
 from redline.report.json_io import write_json
 from redline.report.terminal import print_report
-from redline.report.watch import Watch
+from redline.runs.watch import Watch
 
 MEASURED_METHODS = ("spawn", "forkserver")
 """Start methods whose processes begin fresh, so a watch of their own measures them."""
@@ -73,7 +73,7 @@ class MeasuredProcess:
                 self.fn(i, *args)
         except StopMeasurement:
             status = "step_limit"
-            detail = f"stopped after {s.config.max_steps} measured steps (--steps)"
+            detail = f"stopped after {s.config.max_steps} measured steps (the limit)"
         except KeyboardInterrupt as e:
             status, detail, error = "interrupted", "interrupted (Ctrl-C)", e
         except BaseException as e:
