@@ -38,7 +38,7 @@ def test_zero_model_states_match_the_papers_7_5b_example_on_64_gpus() -> None:
     """Rajbhandari et al. (ZeRO, SC20) Figure 1: Ψ = 7.5B, N_d = 64, mixed-precision Adam:
     DDP 120 GB, ZeRO-1 31.4 GB, ZeRO-2 16.6 GB, ZeRO-3 1.9 GB of model states."""
     spec = from_numbers(params=7.5e9)
-    tr = Training(64)
+    tr = Training(global_batch=64)
     got = []
     for z in range(4):
         m = model_states(spec, tr, Layout(dp=64, zero=z))
@@ -56,7 +56,7 @@ def test_deepspeed_estimators_where_their_assumptions_match() -> None:
     the 16-bit parameter shard (2P/N) as well, and two gathered blocks (2 × 2 bytes = its 4)."""
     p, n, largest = 7_000_000_000, 16, 200_000_000
     spec = dataclasses.replace(from_numbers(params=p, layers=35), largest_layer_params=largest)
-    tr = Training(16, fp32_grad_accumulation=True)
+    tr = Training(global_batch=16, fp32_grad_accumulation=True)
     z2 = model_states(spec, tr, Layout(dp=n, zero=2)).total_bytes
     assert z2 == pytest.approx(2 * p + 18 * p / n, rel=1e-9)
     z3 = model_states(spec, tr, Layout(dp=n, zero=3)).total_bytes
@@ -82,15 +82,16 @@ def test_activation_formulas_are_korthikanti_et_al_table_2(tp: int, sp: bool, re
                                                             expected: float) -> None:
     """Korthikanti et al. 2022 (arXiv 2205.05198), Table 2, per layer, 16-bit activations."""
     spec = from_numbers(params=175e9, layers=96, hidden=H, heads=A, seq=S, vocab=51200)
-    tr = Training(8, S, flash_attention=flash)
-    got, _ = activations_per_layer(spec, tr, Layout(8, tp, 1, 0, recompute, False, B, sp))
+    tr = Training(global_batch=8, seq=S, flash_attention=flash)
+    got, _ = activations_per_layer(spec, tr, Layout(dp=8, tp=tp, pp=1, zero=0, recompute=recompute,
+                                                    offload=False, micro_batch=B, sequence_parallel=sp))
     assert got == pytest.approx(expected, rel=1e-12)
 
 
 def test_pipeline_bubble_and_the_ring_all_reduce() -> None:
     spec = from_numbers(params=1e9, layers=16, hidden=2048, heads=16, seq=1024, vocab=32000)
     cl = cluster(16, "A100 80GB")
-    tr = Training(64, 1024)
+    tr = Training(global_batch=64, seq=1024)
     t = step_time(spec, tr, cl, Layout(dp=4, tp=1, pp=4, micro_batch=2))
     m = 64 // (4 * 2)
     assert t.bubble_fraction == pytest.approx((4 - 1) / (m + 4 - 1))
@@ -113,7 +114,8 @@ def test_gpt3_175b_on_1024_a100s_ranks_megatrons_layout_near_the_top() -> None:
     heads, s 2048), global batch 1536 on 1024 A100s, TP 8 × PP 16 × DP 8, micro-batch 1."""
     spec = from_numbers(layers=96, hidden=12288, heads=96, vocab=51200, seq=2048)
     assert spec.params == pytest.approx(175e9, rel=0.01)
-    res = search(spec, Training(1536, 2048, flash_attention=False), cluster(1024, "A100 80GB"))
+    res = search(spec, Training(global_batch=1536, seq=2048, flash_attention=False), cluster(1024,
+                                                                                             "A100 80GB"))
     megatron = [c for c in res.ranked if (c.layout.tp, c.layout.pp, c.layout.dp,
                                           c.layout.micro_batch) == (8, 16, 8, 1)]
     assert megatron, "the paper's layout must fit"
@@ -128,7 +130,7 @@ def test_gpt3_175b_on_1024_a100s_ranks_megatrons_layout_near_the_top() -> None:
 
 def test_practice_a_model_that_fits_gets_ddp_and_the_global_batch_exactly() -> None:
     spec = from_numbers(layers=24, hidden=2048, heads=16, vocab=50257, seq=2048)  # ~1.3B
-    res = search(spec, Training(256, 2048), cluster(8, "H100"))
+    res = search(spec, Training(global_batch=256, seq=2048), cluster(8, "H100"))
     best = res.ranked[0].layout
     assert (best.zero, best.tp, best.pp, best.recompute, best.offload) == (0, 1, 1, "none",
                                                                             False)
@@ -140,7 +142,7 @@ def test_practice_a_model_that_fits_gets_ddp_and_the_global_batch_exactly() -> N
 
 def test_a_model_too_large_for_the_cluster_says_by_how_much() -> None:
     spec = from_numbers(params=70e9, layers=80, hidden=8192, heads=64, seq=4096, vocab=32000)
-    res = search(spec, Training(8, 4096), cluster(8, "L4"))
+    res = search(spec, Training(global_batch=8, seq=4096), cluster(8, "L4"))
     assert res.best is None
     assert "No layout of 8 × NVIDIA L4 fits" in res.why and "over the" in res.why
 
@@ -172,7 +174,7 @@ def test_bad_input_names_the_value_and_the_options(tmp_path: Path) -> None:
     with pytest.raises(PlanInputError, match=r"lacks layers \(num_hidden_layers"):
         from_config_json(bad)
     with pytest.raises(PlanInputError, match="divides the global batch"):
-        search(from_numbers(params=1e9), Training(7, 1024), cluster(8, "H100"))
+        search(from_numbers(params=1e9), Training(global_batch=7, seq=1024), cluster(8, "H100"))
     with pytest.raises(PlanInputError, match="hidden size 1000 is not divisible by 16 heads"):
         from_numbers(params=1e9, hidden=1000, heads=16)
 

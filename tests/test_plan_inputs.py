@@ -61,7 +61,7 @@ def test_a_shape_without_a_sequence_length_is_not_planned_as_one_token(
         capsys: pytest.CaptureFixture[str]) -> None:
     spec = from_numbers(params=6.7e9, layers=32, hidden=4096, heads=32, vocab=32000)
     with pytest.raises(PlanInputError, match=r"sequence length .*`seq`"):
-        search(spec, Training(64), cluster(8, "H100"))
+        search(spec, Training(global_batch=64), cluster(8, "H100"))
     code, _, err = _plan(capsys, "--params", "6.7B", "--layers", "32", "--hidden", "4096",
                          "--heads", "32", "--vocab", "32000", "--gpus", "8",
                          "--global-batch", "64")
@@ -203,10 +203,10 @@ def test_heads_zero_from_the_library_is_a_message_in_field_words() -> None:
     (lambda: from_numbers(params=math.nan), "params"),
     (lambda: from_numbers(params=1e20), "params"),
     (lambda: from_numbers(params=1e9, seq=10**10), "seq"),
-    (lambda: Training(10**12, 2048), "global_batch"),
-    (lambda: search(from_numbers(params=1e9, seq=512), Training(8, 512), cluster(8, "H100"),
+    (lambda: Training(global_batch=10**12, seq=2048), "global_batch"),
+    (lambda: search(from_numbers(params=1e9, seq=512), Training(global_batch=8, seq=512), cluster(8, "H100"),
                     mfu=math.nan), "mfu"),
-    (lambda: search(from_numbers(params=1e9, seq=512), Training(8, 512), cluster(8, "H100"),
+    (lambda: search(from_numbers(params=1e9, seq=512), Training(global_batch=8, seq=512), cluster(8, "H100"),
                     mfu=1e-300), "mfu"),
 ])
 def test_every_numeric_input_is_finite_positive_and_within_its_limit(call: Any,
@@ -269,14 +269,14 @@ def test_the_search_evaluates_a_bounded_number_of_layouts_and_says_so() -> None:
     thinned."""
     spec = from_numbers(layers=7560, hidden=12288, heads=96, vocab=51200, seq=2048)
     t = time.perf_counter()
-    res = search(spec, Training(720720 * 4, 2048), cluster(720720, "H100"))
+    res = search(spec, Training(global_batch=720720 * 4, seq=2048), cluster(720720, "H100"))
     took = time.perf_counter() - t
     assert 0 < res.evaluated <= MAX_LAYOUTS
     assert res.thinned and "micro-batch" in res.thinned
     assert took < 3.0  # generous: the bound is on layouts, this machine is shared
     # An ordinary search is whole and says nothing of thinning.
     small = search(from_numbers(layers=32, hidden=4096, heads=32, vocab=32000, seq=2048),
-                   Training(64, 2048), cluster(8, "H100"))
+                   Training(global_batch=64, seq=2048), cluster(8, "H100"))
     assert small.thinned is None and small.evaluated == 716
 
 
@@ -342,14 +342,14 @@ def test_tensor_parallelism_divides_the_key_value_heads(tmp_path: Path) -> None:
     """Megatron-LM requires the query groups (key/value heads) divisible by the TP degree."""
     spec = from_config_json(_config(tmp_path, num_key_value_heads=2))
     assert spec.kv_heads == 2
-    res = search(spec, Training(64, 4096), cluster(8, "H100"))
+    res = search(spec, Training(global_batch=64, seq=4096), cluster(8, "H100"))
     assert {c.layout.tp for c in res.ranked} <= {1, 2}
 
 
 @pytest.mark.parametrize(("call", "words"), [
     (lambda: from_numbers(params=True), r"`params` .* got True"),
     (lambda: cluster(8.5, "H100"), r"`gpus` .* got 8\.5"),  # type: ignore[arg-type]
-    (lambda: search(from_numbers(params=1e9, seq=512), Training(8, 512), cluster(8, "H100"),
+    (lambda: search(from_numbers(params=1e9, seq=512), Training(global_batch=8, seq=512), cluster(8, "H100"),
                     headroom=1.0), r"`headroom` .* got 1\.0"),
 ])
 def test_api_values_of_the_wrong_kind_are_refused(call: Any, words: str) -> None:
@@ -372,4 +372,4 @@ def test_every_field_the_library_names_has_its_flag_or_none_by_design() -> None:
     assert set(cli_plan.FLAGS.values()) <= options
     assert set(LIMITS) - set(cli_plan.FLAGS) == {"largest_layer_params", "kv_heads",
                                                  "head_dim"}
-    assert cli_plan.flag_words("`gpus_per_node` 8, `kv_heads` 2") == "--gpus-per-node 8, kv_heads 2"
+    assert cli_plan.plan_words("`gpus_per_node` 8, `kv_heads` 2") == "--gpus-per-node 8, kv_heads 2"

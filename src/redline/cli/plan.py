@@ -4,11 +4,10 @@ the CLI)."""
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from typing import Any
 
-from redline.cli.args import count, positive_float
+from redline.cli.args import count, flag_words, positive_float
 
 FLAGS = {
     "params": "--params", "layers": "--layers", "hidden": "--hidden", "heads": "--heads",
@@ -22,19 +21,22 @@ FLAGS = {
 """The planner's field names (as its functions take them) → this command's flags."""
 
 
-def flag_words(message: str) -> str:
-    """A library message with its `field` names as this command's flags (a field without a
-    flag loses only its backquotes)."""
-    return re.sub(r"`([a-z_]+)`", lambda m: FLAGS.get(m[1], m[1]), message)
+def plan_words(message: str) -> str:
+    """A planner message with its `field` names as this command's flags."""
+    return flag_words(message, FLAGS)
 
 
-def add_parser(sub: Any) -> None:
+HELP = ("plan the parallelism (DP, ZeRO/FSDP, TP, PP, recompute, offload) before renting "
+        "GPUs: memory per GPU, step time, ranked layouts")
+"""The sub-command's one-line help (``redline --help`` lists it without loading the planner)."""
+
+
+def add_parser(sub: Any, help_text: str = HELP) -> None:
     from redline.plan.memory import OPTIMIZERS, PRECISIONS
     from redline.plan.timing import DEFAULT_MFU
 
     a = sub.add_parser(
-        "plan", help="plan the parallelism (DP, ZeRO/FSDP, TP, PP, recompute, offload) before "
-        "renting GPUs: memory per GPU, step time, ranked layouts",
+        "plan", help=help_text,
         description="Rank every layout of N GPUs that reproduces the global batch: memory per "
         "GPU term by term (with formulas), predicted step time with the communication math, "
         "why the chosen one and why not the others, and how to run it. The model: a script "
@@ -56,7 +58,8 @@ def add_parser(sub: Any) -> None:
                    help="GPUs per node (default 8)")
     a.add_argument("--gpu", default="H100", help="GPU kind (default H100): H200, H100, "
                    "A100-80GB, A100-40GB, L40S, L4, V100, MI300X")
-    a.add_argument("--gpu-memory-gb", type=positive_float("--gpu-memory-gb"), default=None)
+    a.add_argument("--gpu-memory-gb", type=positive_float("--gpu-memory-gb"), default=None,
+                   help="memory per GPU in GB (default: the GPU's)")
     a.add_argument("--peak-tflops", type=positive_float("--peak-tflops"), default=None,
                    help="dense peak TFLOP/s per GPU at the precision (default: the table's)")
     a.add_argument("--intra-node-gbps", type=positive_float("--intra-node-gbps"), default=None,
@@ -65,8 +68,10 @@ def add_parser(sub: Any) -> None:
                    help="GB/s per GPU and direction across nodes (default: the GPU's)")
     a.add_argument("--global-batch", type=count("--global-batch"), required=True,
                    help="sequences per optimizer step over all GPUs")
-    a.add_argument("--precision", choices=PRECISIONS, default="bf16")
-    a.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    a.add_argument("--precision", choices=PRECISIONS, default="bf16",
+                   help="training precision of weights and activations (default: bf16)")
+    a.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
+                   help="optimizer, for its states' bytes per parameter (default: adam)")
     a.add_argument("--fp32-grad-accumulation", action="store_true",
                    help="gradients accumulate in fp32 (4 bytes/parameter more)")
     a.add_argument("--no-flash-attention", action="store_true",
@@ -74,7 +79,8 @@ def add_parser(sub: Any) -> None:
     a.add_argument("--mfu", type=positive_float("--mfu"), default=DEFAULT_MFU,
                    help=f"model FLOPs utilization assumed for compute (default {DEFAULT_MFU})")
     a.add_argument("--price-per-gpu-hour", type=positive_float("--price-per-gpu-hour"),
-                   default=None)
+                   default=None, help="price of one GPU-hour, for the job's cost (default: "
+                   "cost not shown)")
     a.add_argument("--steps", type=count("--steps"), default=None,
                    help="optimizer steps of the job, for time, cost and energy")
     a.add_argument("--top", type=count("--top"), default=5, help="layouts to list (default 5)")
@@ -111,12 +117,13 @@ def run(args: argparse.Namespace) -> int:
     from redline.plan.hf_config import from_config_json
     from redline.plan.limits import PlanInputError
     from redline.plan.memory import Training
-    from redline.plan.search import project, search
+    from redline.plan.outcome import plan_outcome
+    from redline.plan.search import search
     from redline.plan.spec import from_numbers
     from redline.report.plan_render import render, to_dict
 
     def fail(msg: str, code: int = 2) -> int:
-        print(f"redline plan: error: {flag_words(msg)}", file=sys.stderr)
+        print(f"redline plan: error: {plan_words(msg)}", file=sys.stderr)
         return code
 
     numbers = any(getattr(args, k) is not None for k in
@@ -150,24 +157,26 @@ def run(args: argparse.Namespace) -> int:
             spec = from_numbers(params=args.params, layers=args.layers, hidden=args.hidden,
                                 heads=args.heads, seq=args.seq, vocab=args.vocab,
                                 ffn_hidden=args.ffn_hidden)
-        tr = Training(args.global_batch, args.seq or spec.seq, args.precision, args.optimizer,
-                      args.fp32_grad_accumulation, not args.no_flash_attention)
+        tr = Training(global_batch=args.global_batch, seq=args.seq or spec.seq,
+                      precision=args.precision, optimizer=args.optimizer,
+                      fp32_grad_accumulation=args.fp32_grad_accumulation,
+                      flash_attention=not args.no_flash_attention)
         cl = cluster(args.gpus, args.gpu, gpus_per_node=args.gpus_per_node,
                      precision=args.precision, memory_gb=args.gpu_memory_gb,
                      peak_tflops=args.peak_tflops, intra_node_gbps=args.intra_node_gbps,
                      inter_node_gbps=args.inter_node_gbps,
                      price_per_gpu_hour=args.price_per_gpu_hour)
         res = search(spec, tr, cl, args.mfu, measured=measured)
-        if args.steps is not None and res.best is not None:
-            project(res, res.best, args.steps)  # the steps checked before anything prints
+        # computed once, before anything prints: the JSON lists at least 10 layouts
+        out = plan_outcome(res, steps=args.steps, top=max(args.top, 10),
+                           script=args.script or "train.py")
     except RedlineError as e:
         return fail(str(e))
-    render(res, steps=args.steps, top=args.top, script=args.script or "train.py")
+    render(out, top=args.top)
     if args.json:
         try:
-            write_text_atomic(json.dumps(to_dict(res, args.steps, top=max(args.top, 10),
-                                                 script=args.script or "train.py"),
-                                         indent=1, default=str) + "\n", args.json)
+            write_text_atomic(json.dumps(to_dict(out), indent=1, default=str) + "\n",
+                              args.json)
         except OSError as e:
             return fail(str(e), 1)
         print(f"plan written to {args.json}")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MeasuredActivations:
     """Bytes alive after a forward pass, as a line in the micro-batch."""
 
@@ -83,6 +83,15 @@ def activation_bytes(model: torch.nn.Module, make_batch: Callable[[int], Any],
         forward: runs the forward and returns the loss (or the output).
         dtype: the activation dtype (16-bit training: ``torch.bfloat16``); None leaves the
             model's.
+        batches: the two micro-batch sizes counted, ``0 < b1 < b2`` (default (1, 2)).
+
+    Returns:
+        :class:`MeasuredActivations`: bytes per sample (the slope between the two counts) and
+        fixed bytes (the intercept), with the sizes, dtype and source.
+
+    Raises:
+        PlanInputError: the model is not on the meta device, the sizes are not
+            ``0 < b1 < b2``, or its forward does not run on the meta device.
     """
     if any(p.device.type != "meta" for p in model.parameters()):
         raise PlanInputError("activation counting needs the model on the meta device (build "
@@ -110,6 +119,6 @@ def activation_bytes(model: torch.nn.Module, make_batch: Callable[[int], Any],
                              "(`layers`, `hidden`, `heads`, `seq`) for the formula instead") \
             from None
     slope = (a2 - a1) / (b2 - b1)
-    return MeasuredActivations(slope, a1 - slope * b1, (b1, b2),
-                               str(dtype).removeprefix("torch.") if dtype else "as built",
-                               f"counted on the meta device at micro-batches {b1} and {b2}")
+    return MeasuredActivations(bytes_per_sample=slope, fixed_bytes=a1 - slope * b1, batches=(b1, b2),
+                               dtype=str(dtype).removeprefix("torch.") if dtype else "as built",
+                               source=f"counted on the meta device at micro-batches {b1} and {b2}")

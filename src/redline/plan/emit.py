@@ -12,6 +12,16 @@ from redline.plan.memory import Layout, Training
 
 
 def torchrun_command(cl: Cluster, script: str = "train.py") -> str:
+    """The torchrun command line that starts the job on ``cl``.
+
+    Args:
+        cl: the cluster (one node: ``--standalone``; several: a c10d rendezvous at
+            ``$MASTER_ADDR:29500``).
+        script: the training script.
+
+    Returns:
+        The command, one line.
+    """
     if cl.nodes == 1:
         return f"torchrun --standalone --nproc_per_node={cl.gpus} {script}"
     return (f"torchrun --nnodes={cl.nodes} --nproc_per_node={cl.gpus_per_node} "
@@ -20,7 +30,16 @@ def torchrun_command(cl: Cluster, script: str = "train.py") -> str:
 
 
 def deepspeed_config(tr: Training, lay: Layout) -> dict[str, Any] | None:
-    """DeepSpeed's config for the same data-parallel layout (None without ZeRO)."""
+    """DeepSpeed's config for the same data-parallel layout (None without ZeRO).
+
+    Args:
+        tr: the training (global batch, precision).
+        lay: the layout (ZeRO stage, offload, micro-batch, recompute).
+
+    Returns:
+        The config as a JSON-ready dict (batch sizes, accumulation steps, ZeRO, precision,
+        activation checkpointing); None when the layout uses no ZeRO stage.
+    """
     if lay.zero == 0:
         return None
     zero: dict[str, Any] = {"stage": lay.zero, "overlap_comm": True,
@@ -45,7 +64,16 @@ def deepspeed_config(tr: Training, lay: Layout) -> dict[str, Any] | None:
 
 def pytorch_snippet(tr: Training, lay: Layout) -> str:
     """The model wrapping for this layout, in torch ≥ 2.4 APIs; ``Block`` stands for the
-    model's repeated block class and ``model.blocks`` for their container."""
+    model's repeated block class and ``model.blocks`` for their container.
+
+    Args:
+        tr: the training (global batch, precision).
+        lay: the layout (data, tensor and pipeline degrees, ZeRO stage, recompute).
+
+    Returns:
+        Python source lines (device mesh, tensor/pipeline parallelism, activation
+        checkpointing, DDP or FSDP2 wrapping), joined by newlines.
+    """
     acc = tr.global_batch // (lay.dp * lay.micro_batch)
     lines = ["import torch", "import torch.distributed as dist",
              "from torch.distributed.device_mesh import init_device_mesh", "",

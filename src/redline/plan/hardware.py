@@ -23,7 +23,7 @@ of 300 GB/s, AWS EFA "effective 340 Gbps" of 400 for all-reduce (both as collect
 Bekman's ml-engineering; nccl-tests PERFORMANCE.md defines busbw)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuKind:
     """One GPU model's planning numbers."""
 
@@ -40,30 +40,39 @@ class GpuKind:
 
 
 GPU_KINDS: tuple[GpuKind, ...] = (
-    GpuKind("NVIDIA H200 SXM", int(141 * GB), 450e9, 50e9, 700.0,
-            "NVIDIA H200 datasheet (141 GB, NVLink 900 GB/s bidirectional, up to 700 W); "
+    GpuKind(name="NVIDIA H200 SXM", memory_bytes=int(141 * GB), intra_node_bytes_per_s=450e9,
+            inter_node_bytes_per_s=50e9, power_w=700.0,
+            source="NVIDIA H200 datasheet (141 GB, NVLink 900 GB/s bidirectional, up to 700 W); "
             "8 × 400 Gb/s NICs per 8-GPU node as in DGX H200"),
-    GpuKind("NVIDIA H100 SXM", int(80 * GB), 450e9, 50e9, 700.0,
-            "NVIDIA H100 datasheet (SXM: 80 GB, NVLink 900 GB/s bidirectional, up to 700 W); "
+    GpuKind(name="NVIDIA H100 SXM", memory_bytes=int(80 * GB), intra_node_bytes_per_s=450e9,
+            inter_node_bytes_per_s=50e9, power_w=700.0,
+            source="NVIDIA H100 datasheet (SXM: 80 GB, NVLink 900 GB/s bidirectional, up to 700 W); "
             "DGX H100: 8 × ConnectX-7 400 Gb/s per 8 GPUs"),
-    GpuKind("NVIDIA H100 PCIe", int(80 * GB), 300e9, 25e9, 350.0,
-            "NVIDIA H100 datasheet (PCIe: 80 GB, NVLink bridge 600 GB/s bidirectional, "
+    GpuKind(name="NVIDIA H100 PCIe", memory_bytes=int(80 * GB), intra_node_bytes_per_s=300e9,
+            inter_node_bytes_per_s=25e9, power_w=350.0,
+            source="NVIDIA H100 datasheet (PCIe: 80 GB, NVLink bridge 600 GB/s bidirectional, "
             "300–350 W); 200 Gb/s per GPU across nodes assumed"),
-    GpuKind("NVIDIA A100 80GB", int(80 * GB), 300e9, 25e9, 400.0,
-            "NVIDIA A100 datasheet (SXM: 80 GB, NVLink 600 GB/s bidirectional, 400 W); "
+    GpuKind(name="NVIDIA A100 80GB", memory_bytes=int(80 * GB), intra_node_bytes_per_s=300e9,
+            inter_node_bytes_per_s=25e9, power_w=400.0,
+            source="NVIDIA A100 datasheet (SXM: 80 GB, NVLink 600 GB/s bidirectional, 400 W); "
             "DGX A100: 8 × 200 Gb/s HDR per 8 GPUs"),
-    GpuKind("NVIDIA A100 40GB", int(40 * GB), 300e9, 25e9, 400.0,
-            "NVIDIA A100 datasheet (SXM: 40 GB, NVLink 600 GB/s bidirectional, 400 W); "
+    GpuKind(name="NVIDIA A100 40GB", memory_bytes=int(40 * GB), intra_node_bytes_per_s=300e9,
+            inter_node_bytes_per_s=25e9, power_w=400.0,
+            source="NVIDIA A100 datasheet (SXM: 40 GB, NVLink 600 GB/s bidirectional, 400 W); "
             "DGX A100: 8 × 200 Gb/s HDR per 8 GPUs"),
-    GpuKind("NVIDIA L40S", int(48 * GB), 32e9, 12.5e9, 350.0,
-            "NVIDIA L40S datasheet (48 GB, PCIe Gen4 x16 64 GB/s bidirectional, 350 W); "
+    GpuKind(name="NVIDIA L40S", memory_bytes=int(48 * GB), intra_node_bytes_per_s=32e9,
+            inter_node_bytes_per_s=12.5e9, power_w=350.0,
+            source="NVIDIA L40S datasheet (48 GB, PCIe Gen4 x16 64 GB/s bidirectional, 350 W); "
             "100 Gb/s per GPU across nodes assumed"),
-    GpuKind("NVIDIA L4", int(24 * GB), 32e9, 12.5e9, 72.0,
-            "NVIDIA L4 datasheet (24 GB, PCIe Gen4 x16, 72 W); 100 Gb/s per GPU assumed"),
-    GpuKind("NVIDIA V100 SXM2", int(32 * GB), 150e9, 12.5e9, 300.0,
-            "NVIDIA V100 datasheet (SXM2: 32 GB, NVLink 300 GB/s bidirectional, 300 W)"),
-    GpuKind("AMD Instinct MI300X", int(192 * GB), 448e9, 50e9, 750.0,
-            "AMD MI300X datasheet (192 GB, Infinity Fabric 896 GB/s aggregate, 750 W); "
+    GpuKind(name="NVIDIA L4", memory_bytes=int(24 * GB), intra_node_bytes_per_s=32e9,
+            inter_node_bytes_per_s=12.5e9, power_w=72.0,
+            source="NVIDIA L4 datasheet (24 GB, PCIe Gen4 x16, 72 W); 100 Gb/s per GPU assumed"),
+    GpuKind(name="NVIDIA V100 SXM2", memory_bytes=int(32 * GB), intra_node_bytes_per_s=150e9,
+            inter_node_bytes_per_s=12.5e9, power_w=300.0,
+            source="NVIDIA V100 datasheet (SXM2: 32 GB, NVLink 300 GB/s bidirectional, 300 W)"),
+    GpuKind(name="AMD Instinct MI300X", memory_bytes=int(192 * GB), intra_node_bytes_per_s=448e9,
+            inter_node_bytes_per_s=50e9, power_w=750.0,
+            source="AMD MI300X datasheet (192 GB, Infinity Fabric 896 GB/s aggregate, 750 W); "
             "400 Gb/s per GPU across nodes assumed"),
 )
 """GPUs with planning defaults (peak FLOP/s from the peak table)."""
@@ -71,7 +80,18 @@ GPU_KINDS: tuple[GpuKind, ...] = (
 
 def gpu_kind(name: str) -> GpuKind:
     """The kind whose name matches ``name`` ('H100', 'a100-80gb', 'NVIDIA H200'): every token
-    of the peak table's match for it must appear."""
+    of the peak table's match for it must appear.
+
+    Args:
+        name: a GPU name, in any case.
+
+    Returns:
+        The :class:`GpuKind` (memory, link bandwidths, power); a variant the planning table
+        lacks gets the closest kind of its family.
+
+    Raises:
+        PlanInputError: no known kind matches ``name``.
+    """
     entry = find_device(name)
     tokens = set(re.split(r"[^a-z0-9]+", name.lower()))
     if entry is not None:
@@ -92,7 +112,7 @@ def gpu_kind(name: str) -> GpuKind:
         "`memory_gb`, `peak_tflops` and the link bandwidths for another)")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Cluster:
     """The GPUs of the job."""
 
@@ -141,7 +161,26 @@ def cluster(gpus: int, gpu: str = "H100", *, gpus_per_node: int = 8,
             price_per_gpu_hour: float | None = None) -> Cluster:
     """A cluster of ``gpus`` GPUs of a known kind, any number overridden (bandwidths in GB/s
     per GPU and direction). Every number must be finite, > 0 and within its limit
-    (:data:`redline.plan.limits.LIMITS`)."""
+    (:data:`redline.plan.limits.LIMITS`).
+
+    Args:
+        gpus: GPUs of the job.
+        gpu: the GPU kind's name ('H100', 'a100-80gb'; see :func:`gpu_kind`).
+        gpus_per_node: GPUs per node (at most ``gpus`` are used).
+        precision: the training precision whose dense peak is read ("bf16", "fp16", ...).
+        memory_gb: GB (10⁹ bytes) of memory per GPU; None = the kind's.
+        peak_tflops: dense peak TFLOP/s per GPU; None = the peak table's for ``precision``.
+        intra_node_gbps: GB/s per GPU and direction within a node; None = the kind's.
+        inter_node_gbps: GB/s per GPU and direction across nodes; None = the kind's.
+        price_per_gpu_hour: price per GPU-hour (any currency); None = unknown (no cost).
+
+    Returns:
+        The :class:`Cluster`, in bytes, FLOP/s and bytes/s.
+
+    Raises:
+        PlanInputError: a number is not whole, finite, positive or within its limit; the GPU
+            is unknown; or no peak is known for ``precision`` and none is given.
+    """
     whole("gpus", gpus, what="GPUs of the job")
     whole("gpus_per_node", gpus_per_node, what="GPUs per node")
     for field, v, what in (("memory_gb", memory_gb, "GB of memory per GPU"),

@@ -184,8 +184,9 @@ def from_config_json(path: str | os.PathLike[str], seq: int | None = None) -> Mo
     s = seq or table
     assert s is not None
     hidden, heads = r.values["hidden"], r.values["heads"]
-    return ModelSpec(count.params, count.layers, hidden, heads, s, r.values["vocab"],
-                     count.ffn, largest_layer_params=count.largest_block,
+    return ModelSpec(params=count.params, layers=count.layers, hidden=hidden, heads=heads, seq=s,
+                     vocab=r.values["vocab"],
+                     ffn_hidden=count.ffn, largest_layer_params=count.largest_block,
                      source=f"config {name}", params_formula=count.formula,
                      kv_heads=count.kv_heads, head_dim=r.get("head_dim"))
 

@@ -32,7 +32,7 @@ OPTIMIZERS = ("adam", "sgd-momentum", "sgd")
 PRECISIONS = ("bf16", "fp16", "fp32")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Training:
     """The training shape: what every layout must reproduce."""
 
@@ -63,7 +63,7 @@ class Training:
                                  f"{self.optimizer!r}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
     """One way to spread the job: degrees, ZeRO stage, recompute, offload, micro-batch."""
 
@@ -104,7 +104,7 @@ class Layout:
         return " · ".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Term:
     """One term of the memory per GPU."""
 
@@ -113,8 +113,10 @@ class Term:
     formula: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Memory:
+    """Memory per GPU of one layout, bytes, as a sum of named terms with their formulas."""
+
     terms: list[Term] = field(default_factory=list)
     host_bytes_per_gpu: int = 0
     """Optimizer state kept on the host for this GPU (offload)."""
@@ -141,7 +143,17 @@ def bytes_per_parameter(tr: Training) -> tuple[int, int, int, str]:
 
 
 def model_states(spec: ModelSpec, tr: Training, lay: Layout) -> Memory:
-    """Parameters, gradients and optimizer state per GPU, and the FSDP gathered groups."""
+    """Parameters, gradients and optimizer state per GPU, and the FSDP gathered groups.
+
+    Args:
+        spec: the model (parameters; block size for ZeRO-3).
+        tr: the training (precision, optimizer, fp32 gradient accumulation).
+        lay: the layout (tensor/pipeline/data degrees, ZeRO stage, offload).
+
+    Returns:
+        The :class:`Memory` per GPU, bytes, term by term; optimizer state offloaded to the host
+        counts in ``host_bytes_per_gpu``.
+    """
     p, g, k, k_why = bytes_per_parameter(tr)
     mp = lay.tp * lay.pp
     psi = spec.params / mp
@@ -153,28 +165,30 @@ def model_states(spec: ModelSpec, tr: Training, lay: Layout) -> Memory:
         return (n, f"/{n}") if by and n > 1 else (1, "")
 
     d, t = shard(lay.zero >= 3)
-    mem.terms.append(Term("parameters", round(p * psi / d), f"{p}·{mp_txt}{t}"))
+    mem.terms.append(Term(name="parameters", bytes=round(p * psi / d), formula=f"{p}·{mp_txt}{t}"))
     d, t = shard(lay.zero >= 2)
-    mem.terms.append(Term("gradients", round(g * psi / d), f"{g}·{mp_txt}{t}"))
+    mem.terms.append(Term(name="gradients", bytes=round(g * psi / d), formula=f"{g}·{mp_txt}{t}"))
     if tr.fp32_grad_accumulation and tr.precision != "fp32":
-        mem.terms.append(Term("fp32 gradient accumulation", round(4 * psi / d),
-                              f"4·{mp_txt}{t}"))
+        mem.terms.append(Term(name="fp32 gradient accumulation", bytes=round(4 * psi / d),
+                              formula=f"4·{mp_txt}{t}"))
     d, t = shard(lay.zero >= 1)
     opt = round(k * psi / d)
     if lay.offload:
         mem.host_bytes_per_gpu = opt
-        mem.terms.append(Term("optimizer state", 0, f"{k}·{mp_txt}{t} on the host (offload; {k_why})"))
+        mem.terms.append(Term(name="optimizer state", bytes=0,
+                              formula=f"{k}·{mp_txt}{t} on the host (offload; {k_why})"))
     else:
-        mem.terms.append(Term("optimizer state", opt, f"{k}·{mp_txt}{t} ({k_why})"))
+        mem.terms.append(Term(name="optimizer state", bytes=opt, formula=f"{k}·{mp_txt}{t} ({k_why})"))
     if lay.zero >= 3 and n > 1 and not (spec.largest_layer_params or spec.layers):
-        mem.terms.append(Term("gathered groups", 0, "unknown: one block's size is not known "
+        mem.terms.append(Term(name="gathered groups", bytes=0,
+                              formula="unknown: one block's size is not known "
                               "(give the layers, a config or a model); not counted"))
     elif lay.zero >= 3 and n > 1:
         # FSDP2 unshards one group for compute and prefetches the next (the fully_shard
         # docstring's forward/backward prefetch): two blocks' 16-bit parameters, unsharded.
         blk = spec.block_params / lay.tp
-        mem.terms.append(Term("gathered groups", round(2 * p * blk),
-                              f"2 groups × {p}·block ({spec.block_params:,} params"
+        mem.terms.append(Term(name="gathered groups", bytes=round(2 * p * blk),
+                              formula=f"2 groups × {p}·block ({spec.block_params:,} params"
                               f"{f'/{lay.tp}' if lay.tp > 1 else ''}): current + prefetched"))
     return mem
 
@@ -211,7 +225,19 @@ def memory(spec: ModelSpec, tr: Training, lay: Layout, microbatches: int,
     """Everything per GPU: model states, then activations of the layers this GPU holds (the
     first pipeline stage, which holds the most micro-batches in flight), and the logits.
     ``measured``: activations counted from the model (:mod:`redline.plan.activations`), used
-    without recompute; the formula serves the recompute variants."""
+    without recompute; the formula serves the recompute variants.
+
+    Args:
+        spec: the model.
+        tr: the training (precision, sequence length).
+        lay: the layout.
+        microbatches: micro-batches per optimizer step (bounds those in flight in 1F1B).
+        measured: activations counted from the model; None = the transformer formula.
+
+    Returns:
+        The :class:`Memory` per GPU, bytes, term by term with each formula; activations
+        unknown (``activations_known`` False) for a non-transformer without ``measured``.
+    """
     mem = model_states(spec, tr, lay)
     inflight: float = min(lay.pp, microbatches) if lay.pp > 1 else 1
     flight = f" × {inflight:g} micro-batches in flight (1F1B)" if inflight > 1 else ""
@@ -224,29 +250,30 @@ def memory(spec: ModelSpec, tr: Training, lay: Layout, microbatches: int,
     if measured is not None and lay.recompute == "none":
         act = measured.at(lay.micro_batch) / lay.pp / lay.tp * inflight
         mem.terms.append(Term(
-            "activations", round(act),
-            f"{measured.bytes_per_sample:,.0f} B/sample × b + {measured.fixed_bytes:,.0f} B "
+            name="activations", bytes=round(act),
+            formula=f"{measured.bytes_per_sample:,.0f} B/sample × b + {measured.fixed_bytes:,.0f} B "
             f"({measured.source})" + (f" ÷ {lay.pp} stages" if lay.pp > 1 else "")
             + (f" ÷ t={lay.tp} (sequence parallel splits every activation)" if lay.tp > 1
                else "") + flight))
         return mem
     if not spec.transformer:
         mem.activations_known = False
-        mem.terms.append(Term("activations", 0, "unknown: give the model (counted on the meta "
+        mem.terms.append(Term(name="activations", bytes=0,
+                              formula="unknown: give the model (counted on the meta "
                               "device) or its shape (layers, hidden, heads, seq)"))
         return mem
     assert spec.layers
     per_layer, f = activations_per_layer(spec, tr, lay)
     layers = spec.layers / lay.pp
     act = per_layer * layers * inflight
-    mem.terms.append(Term("activations", round(act), f"{f} × {layers:g} layers{flight}"))
+    mem.terms.append(Term(name="activations", bytes=round(act), formula=f"{f} × {layers:g} layers{flight}"))
     if lay.recompute == "full":
         # Recomputing a layer rebuilds its whole working set once.
         work, wf = activations_per_layer(spec, tr, dataclasses.replace(lay, recompute="none"))
-        mem.terms.append(Term("recompute working set", round(work), f"one layer: {wf}"))
+        mem.terms.append(Term(name="recompute working set", bytes=round(work), formula=f"one layer: {wf}"))
     if spec.vocab:
         s = tr.seq or spec.seq or 1
-        mem.terms.append(Term("logits", round(4 * s * lay.micro_batch * spec.vocab / lay.tp),
-                              f"4·s·b·V{f'/{lay.tp}' if lay.tp > 1 else ''} (fp32 logits for "
+        mem.terms.append(Term(name="logits", bytes=round(4 * s * lay.micro_batch * spec.vocab / lay.tp),
+                              formula=f"4·s·b·V{f'/{lay.tp}' if lay.tp > 1 else ''} (fp32 logits for "
                               "the loss, last stage)"))
     return mem

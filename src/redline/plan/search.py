@@ -28,8 +28,10 @@ allocator's fragmentation (the batch finder measures the latter at 5–40 %; 10 
 MAX_MICRO_BATCH = 64
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Candidate:
+    """One layout evaluated: its memory per GPU, predicted step time and whether it fits."""
+
     layout: Layout
     memory: Memory
     timing: Timing
@@ -38,8 +40,11 @@ class Candidate:
     """By how much it exceeds the usable memory (0 when it fits)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class PlanResult:
+    """The layouts of a cluster for one model and training, ranked, with the rejected
+    alternatives and why the first was chosen."""
+
     spec: ModelSpec
     training: Training
     cluster: Cluster
@@ -126,7 +131,24 @@ def search(spec: ModelSpec, tr: Training, cl: Cluster, mfu: float = DEFAULT_MFU,
            headroom: float = HEADROOM,
            measured: MeasuredActivations | None = None) -> PlanResult:
     """Rank the layouts of ``cl`` for ``spec`` trained as ``tr`` (activations ``measured``
-    from the model where given, else from the transformer formula)."""
+    from the model where given, else from the transformer formula).
+
+    Args:
+        spec: the model.
+        tr: the training (global batch, precision, sequence length).
+        cl: the cluster.
+        mfu: the model FLOPs utilization assumed, a fraction of the peak (> 0).
+        headroom: share of each GPU's memory left free, in [0, 1).
+        measured: activations counted from the model; None = the transformer formula.
+
+    Returns:
+        A :class:`PlanResult`: the layouts that fit, ranked, the rejected alternatives, and
+        why the first was chosen (or why none fits).
+
+    Raises:
+        PlanInputError: ``mfu`` or ``headroom`` out of range; the sequence length unknown
+            without ``measured``; or no layout divides the global batch.
+    """
     positive("mfu", mfu, what="model FLOPs utilization, a fraction of the peak")
     if not (isinstance(headroom, int | float) and 0 <= headroom < 1):
         raise PlanInputError(f"`headroom` (share of memory left free) must be in [0, 1), got "
@@ -138,7 +160,7 @@ def search(spec: ModelSpec, tr: Training, cl: Cluster, mfu: float = DEFAULT_MFU,
             "per sample); give `seq`, the tokens per training sequence (1 for a model whose "
             "samples are not sequences)")
     usable = int(cl.memory_bytes * (1 - headroom))
-    res = PlanResult(spec, tr, cl, mfu, usable, measured=measured)
+    res = PlanResult(spec=spec, training=tr, cluster=cl, mfu=mfu, usable_bytes=usable, measured=measured)
     every: list[Candidate] = []
     groups, res.thinned = _degrees(spec, tr, cl)
     rcs = _recompute_options(spec, tr)
@@ -150,11 +172,13 @@ def search(spec: ModelSpec, tr: Training, cl: Cluster, mfu: float = DEFAULT_MFU,
                     for b in micros:
                         m = per_dp // b
                         for v in _interleavings(spec, pp, m):
-                            lay = Layout(dp, tp, pp, zero, rc, off, b, virtual_stages=v)
+                            lay = Layout(dp=dp, tp=tp, pp=pp, zero=zero, recompute=rc, offload=off,
+                                         micro_batch=b, virtual_stages=v)
                             mem = memory(spec, tr, lay, m, measured)
                             t = step_time(spec, tr, cl, lay, mfu)
                             over = max(0, mem.total_bytes - usable)
-                            every.append(Candidate(lay, mem, t, over == 0, over))
+                            every.append(Candidate(layout=lay, memory=mem, timing=t, fits=over == 0,
+                                                   over_bytes=over))
     res.evaluated = len(every)
     if not every:
         raise PlanInputError(
@@ -337,7 +361,7 @@ def _why_none(res: PlanResult, every: list[Candidate]) -> str:
             "with more memory, or a shorter sequence.")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobProjection:
     """The whole job at a candidate's predicted speed."""
 
@@ -351,7 +375,20 @@ class JobProjection:
 
 
 def project(res: PlanResult, c: Candidate, steps: int) -> JobProjection:
-    """The job of ``steps`` optimizer steps at ``c``'s predicted step time."""
+    """The job of ``steps`` optimizer steps at ``c``'s predicted step time.
+
+    Args:
+        res: the plan (its cluster's GPUs, price and power).
+        c: the candidate layout.
+        steps: optimizer steps of the job.
+
+    Returns:
+        A :class:`JobProjection`: job time (s), cost (price per GPU-hour × GPU-hours; None
+        without a price) and energy (kWh; None without the GPU's power).
+
+    Raises:
+        PlanInputError: ``steps`` is not a whole number within its limit.
+    """
     whole("steps", steps, what="optimizer steps of the job")
     cl = res.cluster
     t = c.timing.step_s * steps
@@ -359,4 +396,4 @@ def project(res: PlanResult, c: Candidate, steps: int) -> JobProjection:
     cost = hours * cl.gpus * cl.price_per_gpu_hour if cl.price_per_gpu_hour is not None \
         else None
     energy = hours * cl.gpus * cl.power_w / 1000 if cl.power_w is not None else None
-    return JobProjection(steps, t, cost, energy)
+    return JobProjection(steps=steps, job_time_s=t, cost=cost, energy_kwh=energy)

@@ -22,7 +22,7 @@ _FIELD_WORDS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     """What the formulas need of a model (None: not known; a formula that needs it says so)."""
 
@@ -92,7 +92,14 @@ def from_numbers(*, params: float | None = None, layers: int | None = None,
     Args:
         params: trainable parameters; checked against the shape where ``layers`` and
             ``hidden`` are given (:func:`shape_range`).
-        layers, hidden, heads, seq, vocab, ffn_hidden: the transformer's shape, where known.
+        layers: transformer blocks; None = unknown.
+        hidden: the hidden size (model width); None = unknown.
+        heads: attention heads; None = unknown.
+        seq: tokens per training sequence; None = unknown.
+        vocab: vocabulary size (tokens); None = unknown.
+        ffn_hidden: the feed-forward layer's inner width; None = unknown.
+
+    Without ``params``, ``layers``, ``hidden``, ``vocab`` and ``seq`` are required.
 
     Returns:
         The spec.
@@ -119,7 +126,8 @@ def from_numbers(*, params: float | None = None, layers: int | None = None,
         count = whole("params", params, what="trainable parameters")
         if layers and hidden:
             _check_against_shape(count, layers, hidden, vocab, seq, ffn_hidden)
-    return ModelSpec(count, layers, hidden, heads, seq, vocab, ffn_hidden,
+    return ModelSpec(params=count, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab,
+                     ffn_hidden=ffn_hidden,
                      source="numbers", params_formula=formula)
 
 
@@ -170,7 +178,20 @@ def _check_against_shape(params: int, layers: int, hidden: int, vocab: int | Non
 
 def from_module(model: Any, seq: int | None = None) -> ModelSpec:
     """A spec counted from a model (build it on the meta device: ``with torch.device("meta"):
-    model = Net()``): trainable parameters (shared ones once) and the largest block's."""
+    model = Net()``): trainable parameters (shared ones once) and the largest block's.
+
+    Args:
+        model: a ``torch.nn.Module`` (meta device or real).
+        seq: tokens per training sequence; None = unknown (not a sequence model, or given
+            later to the training).
+
+    Returns:
+        The :class:`ModelSpec`: trainable parameters, the largest repeated block's parameters
+        (the unit FSDP gathers), ``seq``, and the model's class as source.
+
+    Raises:
+        PlanInputError: ``model`` is not a ``torch.nn.Module`` or has no trainable parameter.
+    """
     import torch
 
     if not isinstance(model, torch.nn.Module):
@@ -193,5 +214,5 @@ def from_module(model: Any, seq: int | None = None) -> ModelSpec:
               for c in m.children()]
     leaves = [m for m in model.modules() if not any(True for _ in m.children())]
     largest = max((size(c) for c in (blocks or leaves)), default=total) or total
-    return ModelSpec(total, seq=seq, largest_layer_params=largest,
+    return ModelSpec(params=total, seq=seq, largest_layer_params=largest,
                      source=f"{type(model).__qualname__} (counted)")

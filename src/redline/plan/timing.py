@@ -41,7 +41,7 @@ DEFAULT_MFU = 0.40
 """Model FLOPs utilization assumed for compute time (see the module docstring)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Timing:
     """One step of a layout, in seconds (exposed = not hidden behind compute)."""
 
@@ -81,6 +81,21 @@ def _bw(cl: Cluster, span_gpus: int) -> float:
 
 def step_time(spec: ModelSpec, tr: Training, cl: Cluster, lay: Layout,
               mfu: float = DEFAULT_MFU) -> Timing:
+    """Predicted time of one optimizer step of ``spec`` on ``cl`` in layout ``lay``: compute
+    (FLOPs ÷ (GPUs × peak × ``mfu``)) stretched by the pipeline bubble, plus the exposed
+    data-parallel, tensor-parallel, pipeline and offload communication.
+
+    Args:
+        spec: the model.
+        tr: the training (global batch, precision, sequence length).
+        cl: the cluster (peak FLOP/s, link bandwidths).
+        lay: the layout.
+        mfu: the model FLOPs utilization assumed, a fraction of the peak.
+
+    Returns:
+        The :class:`Timing`: FLOPs per step, each part in seconds, the bubble fraction, the
+        step time (s), tokens/s, and notes on what is not modelled.
+    """
     s = tr.seq or spec.seq or 1
     m = max(1, tr.global_batch // (lay.dp * lay.micro_batch))
     p_b, g_b, _, _ = bytes_per_parameter(tr)
@@ -125,5 +140,7 @@ def step_time(spec: ModelSpec, tr: Training, cl: Cluster, lay: Layout,
         offload = (g_b + p_b) * psi / max(1, n if lay.zero >= 1 else 1) / cl.pcie_bytes_per_s
         notes.append("the host's optimizer step is not modelled (only the PCIe transfers)")
     step = busy + dp_exposed + tp + pp_exposed + offload
-    return Timing(fl, compute, bubble, dp, dp_exposed, tp, pp, pp_exposed, offload, step,
-                  tr.global_batch * s / step, notes)
+    return Timing(flops_per_step=fl, compute_s=compute, bubble_fraction=bubble, dp_comm_s=dp,
+                  dp_exposed_s=dp_exposed, tp_comm_s=tp, pp_comm_s=pp, pp_exposed_s=pp_exposed,
+                  offload_s=offload, step_s=step,
+                  tokens_per_s=tr.global_batch * s / step, notes=notes)
