@@ -5,7 +5,11 @@ stride, so every copy is a valid continuation (launches still match their kernel
 Kineto's own layout (one event per indented block), streamed, so making a 1 GB file needs
 little memory.
 
-    python benchmarks/make_big_trace.py SRC.json.gz OUT.json --mb 1100
+    python benchmarks/make_big_trace.py SRC.json.gz [OUT.json] [--mb 1100]
+
+OUT defaults to /tmp/redline-big-trace/big-1100MB.json (the size in its name): a file this big
+belongs in /tmp, never in the repository. ``benchmarks/trace_vs_hta.py --big 1100`` makes one,
+times both tools on it and deletes it.
 """
 
 from __future__ import annotations
@@ -56,7 +60,9 @@ def make_big_trace(src: Path, out: Path, mb: int) -> int:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("src", type=Path)
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--mb", type=int, default=1100)
+    ap.add_argument("out", type=Path, nargs="?", default=None)
+    ap.add_argument("--mb", type=int, default=1100, help="size in MB (10^6 bytes), at least")
     a = ap.parse_args()
-    print(f"wrote {make_big_trace(a.src, a.out, a.mb) / 1e9:.2f} GB to {a.out}")
+    out = a.out or Path("/tmp/redline-big-trace") / f"big-{a.mb}MB.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"wrote {make_big_trace(a.src, out, a.mb) / 1e9:.2f} GB to {out}")

@@ -73,12 +73,15 @@ def _report_with_trace() -> Any:
     from factories import measurements
     from redline.core.report import Report, TraceSummary
 
-    return Report("redline.report/2", "0", "0", "now", None, "completed", None, measurements(),
-                  [], trace=TraceSummary("t", 5, 0, None, None, None, None, "CPU-only trace"))
+    return Report(schema="redline.report/2", redline_version="0", torch_version="0", created_utc="now",
+                  command=None, status="completed", status_detail=None, measurements=measurements(),
+                  findings=[], trace=TraceSummary(path="t", steps=5, device_events=0, window_us=None,
+                                                  idle_pct=None, compute_pct=None, non_compute_pct=None,
+                                                  note="CPU-only trace"))
 
 
 def test_rank_zero_analyses_the_traces_it_can_read_and_names_the_others(tmp_path: Path) -> None:
-    from redline.report.ranks import _job_trace
+    from redline.runs.ranks import _job_trace
 
     paths = {}
     for r, d in {0: [60.0, 60.0, 60.0], 1: [5.0, 5.0, 5.0]}.items():

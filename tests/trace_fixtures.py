@@ -52,3 +52,14 @@ def write_trace(path: Path, events: list[dict[str, Any]] | None = None, rank: in
     data = json.dumps(doc).encode()
     path.write_bytes(gzip.compress(data) if gz else data)
     return path
+
+
+def kineto_text(events: list[dict[str, Any]], rank: int = 0, tail: str = "") -> str:
+    """``events`` in the block layout torch.profiler's Kineto writes (one event per indented
+    block, ``"ph"`` and ``"cat"`` first), metadata before the events and ``tail`` (top-level
+    keys, each ``,\\n  "key": value``) after them."""
+    blocks = "\n  },\n  {\n    ".join(json.dumps(e)[1:-1] for e in events)
+    head = ('{\n  "schemaVersion": 1,\n  "deviceProperties": [{"name": "NVIDIA H100 80GB HBM3", '
+            '"computeMajor": 9, "computeMinor": 0}],\n  "distributedInfo": {"rank": '
+            + str(rank) + ', "world_size": 1},\n  "traceEvents": [\n  {\n    ')
+    return head + blocks + "\n  }\n]" + tail + "\n}\n"

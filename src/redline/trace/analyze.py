@@ -10,6 +10,7 @@ from pathlib import Path
 from redline.trace.breakdown import (
     Temporal,
     comm_comp_overlap_pct,
+    device_time,
     idle_by_stream,
     kernel_types,
     temporal,
@@ -32,8 +33,11 @@ from redline.trace.load import load_trace, trace_files
 from redline.trace.select import COMMUNICATION, filter_iterations, kernel_type
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RankAnalysis:
+    """One rank's trace, analysed: device idle time per stream, kernel time by type, overlap of
+    communication with compute, and the top kernels, launches, copies and syncs."""
+
     rank: int
     path: str
     device_name: str | None
@@ -59,7 +63,7 @@ class RankAnalysis:
         return {k: out.get(k, 0.0) for k in ("host_wait", "kernel_wait", "other")}
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class TraceAnalysis:
     """Results for a set of rank traces (one job)."""
 
@@ -88,14 +92,16 @@ def analyze_rank(t: RankTrace, hta_compat: bool = False,
     """One rank's analyses over ``events`` (default: :func:`filter_iterations` of ``t``)."""
     events = filter_iterations(t) if events is None else events
     device = [e for e in events if e.stream != -1]
+    merged = device_time(device)
     return RankAnalysis(
         rank=t.rank, path=t.path, device_name=t.device_name, device_events=len(device),
-        temporal=temporal(device),
+        temporal=temporal(device, merged),
         idle_by_stream=idle_by_stream(events, hta_compat=hta_compat),
-        kernel_types_us=dict(kernel_types(device)),
-        comm_comp_overlap_pct=comm_comp_overlap_pct(device),
-        top_kernels=top_kernels(device), launches=launch_stats(events),
-        copies=copy_stats(device), syncs=host_syncs(events), families=kernel_families(device),
+        kernel_types_us=dict(kernel_types(device, merged)),
+        comm_comp_overlap_pct=comm_comp_overlap_pct(device, merged),
+        top_kernels=top_kernels(device, busy=merged.busy), launches=launch_stats(events),
+        copies=copy_stats(device), syncs=host_syncs(events, busy=merged.busy),
+        families=kernel_families(device, merged),
         compute_capability=t.compute_capability,
         left_out={why: n for why, (n, _) in t.left_out.items()},
     )
@@ -103,6 +109,16 @@ def analyze_rank(t: RankTrace, hta_compat: bool = False,
 
 def analyze_paths(paths: list[str | Path], hta_compat: bool = False) -> TraceAnalysis:
     """Analyse trace files (or folders of per-rank files).
+
+    Args:
+        paths: Kineto trace files (``.json`` / ``.json.gz``) and folders of them, one file per
+            rank.
+        hta_compat: round event times as Holistic Trace Analysis does (see :func:`load_trace`).
+
+    Returns:
+        One :class:`TraceAnalysis`: each rank's analysis in rank order, stragglers across ranks
+        (from device collectives, else gloo's host collectives), and warnings about events left
+        out or ranks without GPU events.
 
     Raises:
         TraceError: a file is missing, unreadable or malformed; two files claim the same rank.
@@ -116,7 +132,7 @@ def analyze_paths(paths: list[str | Path], hta_compat: bool = False) -> TraceAna
                              "analyse one job's traces at a time")
         seen[t.rank] = t.path
     ordered = sorted(traces, key=lambda t: t.rank)
-    result = TraceAnalysis([], hta_compat)
+    result = TraceAnalysis(ranks=[], hta_compat=hta_compat)
     # per rank, from one pass of iteration filtering: collective kernels, gloo's host-side
     # collectives (CPU jobs), and the host span they are measured against
     device_comm: dict[int, list[Event]] = {}

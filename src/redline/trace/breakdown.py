@@ -36,14 +36,20 @@ by HTA (``hta/analyzers/breakdown_analysis.py``); kept in µs for parity."""
 
 def merge(intervals: list[Interval]) -> list[Interval]:
     """Union of intervals, sorted and non-overlapping."""
-    out: list[list[float]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1][1] = e
+    if not intervals:
+        return []
+    ordered = sorted(intervals)  # device events come nearly in order: timsort's best case
+    out: list[Interval] = []
+    start, end = ordered[0]
+    for s, e in ordered:
+        if s <= end:
+            if e > end:
+                end = e
         else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
+            out.append((start, end))
+            start, end = s, e
+    out.append((start, end))
+    return out
 
 
 def total(intervals: list[Interval]) -> float:
@@ -65,7 +71,7 @@ def intersection(a: list[Interval], b: list[Interval]) -> float:
     return inter
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Temporal:
     """Temporal breakdown of one rank, µs."""
 
@@ -78,21 +84,49 @@ class Temporal:
         return 100.0 * part / self.window_us if self.window_us else 0.0
 
 
-def temporal(device: list[Event]) -> Temporal | None:
+@dataclass(slots=True, kw_only=True)
+class DeviceTime:
+    """One rank's device intervals, merged once for every analysis that needs them."""
+
+    busy: list[Interval]
+    """The union of all device events."""
+    by_type: dict[str, list[Interval]]
+    """The union of each kernel type's events (:func:`~redline.trace.select.kernel_type`)."""
+
+    def of(self, kind: str) -> list[Interval]:
+        return self.by_type.get(kind, [])
+
+
+def device_time(device: list[Event]) -> DeviceTime:
+    """Merge ``device``'s intervals: all of them, and per kernel type (one pass)."""
+    intervals: dict[str, list[Interval]] = defaultdict(list)
+    everything: list[Interval] = []
+    for e in device:
+        span = (e.ts, e.end)
+        everything.append(span)
+        intervals[kernel_type(e)].append(span)
+    return DeviceTime(busy=merge(everything),
+                      by_type={kind: merge(spans) for kind, spans in intervals.items()})
+
+
+def temporal(device: list[Event], merged: DeviceTime | None = None) -> Temporal | None:
     if not device:
         return None
-    busy = merge([(e.ts, e.end) for e in device])
-    window = busy[-1][1] - busy[0][0]
-    idle = window - total(busy)
-    compute = total(merge([(e.ts, e.end) for e in device if kernel_type(e) == COMPUTATION]))
-    return Temporal(window, idle, compute, window - idle - compute)
+    merged = device_time(device) if merged is None else merged
+    busy = merged.busy
+    window_us = busy[-1][1] - busy[0][0]
+    idle_us = window_us - total(busy)
+    compute_us = total(merged.of(COMPUTATION))
+    return Temporal(window_us=window_us, idle_us=idle_us, compute_us=compute_us,
+                    non_compute_us=window_us - idle_us - compute_us)
 
 
-def kernel_types(device: list[Event]) -> dict[str, float]:
+def kernel_types(device: list[Event], merged: DeviceTime | None = None) -> dict[str, float]:
     """µs per kernel type and per overlap of types ('COMPUTATION overlapping COMMUNICATION')."""
+    merged = device_time(device) if merged is None else merged
     points: list[tuple[float, int]] = []
-    for bit, kt in enumerate(KERNEL_TYPES):
-        for s, e in merge([(x.ts, x.end) for x in device if kernel_type(x) == kt]):
+    for bit, kind in enumerate(KERNEL_TYPES):
+        for s, e in merged.of(kind):
             points.append((s, 1 << bit))
             points.append((e, -(1 << bit)))
     points.sort(key=lambda p: p[0])
@@ -143,12 +177,14 @@ def idle_by_stream(events: list[Event], kernel_wait_us: float = KERNEL_WAIT_US,
     return out
 
 
-def comm_comp_overlap_pct(device: list[Event]) -> float | None:
+def comm_comp_overlap_pct(device: list[Event],
+                          merged: DeviceTime | None = None) -> float | None:
     """% of communication time overlapped by computation; None without communication."""
-    comm = merge([(e.ts, e.end) for e in device if kernel_type(e) == COMMUNICATION])
+    merged = device_time(device) if merged is None else merged
+    comm = merged.of(COMMUNICATION)
     if not comm:
         return None
-    comp = merge([(e.ts, e.end) for e in device if kernel_type(e) == COMPUTATION])
+    comp = merged.of(COMPUTATION)
     span = total(comm)
     # zero-length communication kernels only (durations below the trace's resolution)
     return 100.0 * intersection(comm, comp) / span if span > 0 else None

@@ -34,7 +34,7 @@ class TraceError(RedlineError, ValueError):
     """A trace file that cannot be read: the message names the file and where it broke."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Event:
     """One complete ('X') event, times in microseconds (the trace's unit)."""
 
@@ -54,7 +54,22 @@ class Event:
         return self.end - self.ts
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
+class ReadCounts:
+    """What the reader did with a file's events."""
+
+    events: int = 0
+    """Event blocks in the file."""
+    parsed: int = 0
+    """Blocks cut out and parsed (the kinds the analyses read); the others were skipped as
+    text, never parsed into objects."""
+
+    @property
+    def skipped(self) -> int:
+        return self.events - self.parsed
+
+
+@dataclass(slots=True, kw_only=True)
 class RankTrace:
     """The events of one rank's trace file."""
 
@@ -70,6 +85,9 @@ class RankTrace:
     left_out: dict[str, tuple[int, str]] = field(default_factory=dict)
     """Device and runtime events left out of every statistic, by reason ('negative duration',
     'NaN or infinite start or duration', 'missing start or duration'): (count, first one)."""
+    read_counts: ReadCounts | None = None
+    """Event blocks seen and parsed by Kineto's block reader; None when the file was parsed
+    whole (another layout)."""
 
     @property
     def gpu_events(self) -> list[Event]:

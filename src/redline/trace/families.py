@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from redline.trace.breakdown import intersection, merge, total
+from redline.trace.breakdown import DeviceTime, device_time, intersection, merge, total
 from redline.trace.events import Event
-from redline.trace.select import COMMUNICATION, COMPUTATION, kernel_type
+from redline.trace.select import COMMUNICATION, COMPUTATION
 
 MEMORY_BOUND = re.compile(
     r"elementwise|reduce_kernel|norm|softmax|CatArray|copy_kernel|fill_kernel|gather|scatter|"
@@ -25,7 +25,7 @@ FP32_GEMM = re.compile(r"sgemm|f32f32|fp32|_s\d{3,4}gemm", re.IGNORECASE)
 LOW_PRECISION = re.compile(r"tf32|bf16|f16|h\d{3,4}gemm|hgemm|fp16|e4m3|e5m2", re.IGNORECASE)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class KernelFamilies:
     """Per-rank totals of the kernel families the rules look at (µs on the device)."""
 
@@ -45,7 +45,7 @@ class KernelFamilies:
     """Communication time during which no computation runs."""
 
 
-def kernel_families(device: list[Event]) -> KernelFamilies:
+def kernel_families(device: list[Event], merged: DeviceTime | None = None) -> KernelFamilies:
     """The families of ``device`` (one rank's device events)."""
     cache: dict[tuple[str, str], bool] = {}
 
@@ -59,14 +59,14 @@ def kernel_families(device: list[Event]) -> KernelFamilies:
 
     kernels = [e for e in device if e.cat == "kernel"]
     out = KernelFamilies()
-    mb = [e for e in kernels if matches(MEMORY_BOUND, e.name)]
-    out.memory_bound_us = total(merge([(e.ts, e.end) for e in mb]))
-    out.memory_bound_examples = sorted({e.name.split("<")[0][:60] for e in mb})[:3]
-    f32 = [e for e in kernels if matches(GEMM, e.name) and matches(FP32_GEMM, e.name)
-           and not matches(LOW_PRECISION, e.name)]
-    out.fp32_gemm_us = total(merge([(e.ts, e.end) for e in f32]))
-    out.fp32_gemm_kernels = len(f32)
-    out.fp32_gemm_example = f32[0].name[:80] if f32 else None
+    memory_bound = [e for e in kernels if matches(MEMORY_BOUND, e.name)]
+    out.memory_bound_us = total(merge([(e.ts, e.end) for e in memory_bound]))
+    out.memory_bound_examples = sorted({e.name.split("<")[0][:60] for e in memory_bound})[:3]
+    fp32_gemms = [e for e in kernels if matches(GEMM, e.name) and matches(FP32_GEMM, e.name)
+                  and not matches(LOW_PRECISION, e.name)]
+    out.fp32_gemm_us = total(merge([(e.ts, e.end) for e in fp32_gemms]))
+    out.fp32_gemm_kernels = len(fp32_gemms)
+    out.fp32_gemm_example = fp32_gemms[0].name[:80] if fp32_gemms else None
     by_stream: dict[int, list[Event]] = {}
     for e in sorted(kernels, key=lambda e: e.ts):
         by_stream.setdefault(e.stream, []).append(e)
@@ -75,9 +75,10 @@ def kernel_families(device: list[Event]) -> KernelFamilies:
             if "softmax" in b.name.lower() and matches(GEMM, a.name) and matches(GEMM, c.name):
                 out.unfused_attention += 1
                 out.unfused_attention_softmax_us += b.dur
-    comm = merge([(e.ts, e.end) for e in device if kernel_type(e) == COMMUNICATION])
+    merged = device_time(device) if merged is None else merged
+    comm = merged.of(COMMUNICATION)
     if comm:
-        comp = merge([(e.ts, e.end) for e in device if kernel_type(e) == COMPUTATION])
+        comp = merged.of(COMPUTATION)
         out.comm_us = total(comm)
         out.comm_exposed_us = out.comm_us - intersection(comm, comp)
     return out

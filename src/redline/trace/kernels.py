@@ -4,7 +4,6 @@ and stragglers across ranks."""
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -31,7 +30,7 @@ LAUNCH_DELAY_CUTOFF_US = 100.0
 """Device start − launch call end beyond this is an outlier (HTA ``launch_delay_cutoff``)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class KernelStat:
     name: str
     count: int
@@ -41,17 +40,23 @@ class KernelStat:
     """Share of the union of device time on this rank, 0..1."""
 
 
-def top_kernels(device: list[Event], n: int = 10) -> list[KernelStat]:
-    busy = sum(e - s for s, e in merge([(x.ts, x.end) for x in device])) or 1.0
-    by: dict[str, list[float]] = defaultdict(list)
+def top_kernels(device: list[Event], n: int = 10,
+                busy: list[tuple[float, float]] | None = None) -> list[KernelStat]:
+    """The ``n`` kernels of most total time; ``busy``: the union of ``device``'s intervals, when
+    the caller has it."""
+    busy = merge([(x.ts, x.end) for x in device]) if busy is None else busy
+    busy_us = sum(e - s for s, e in busy) or 1.0
+    durations_by_name: dict[str, list[float]] = defaultdict(list)
     for e in device:
         if e.cat == "kernel":
-            by[e.name].append(e.dur)
-    stats = [KernelStat(k, len(v), sum(v), sum(v) / len(v), sum(v) / busy) for k, v in by.items()]
+            durations_by_name[e.name].append(e.dur)
+    stats = [KernelStat(name=name, count=len(durs), total_us=sum(durs),
+                        mean_us=sum(durs) / len(durs), share_of_busy=sum(durs) / busy_us)
+             for name, durs in durations_by_name.items()]
     return sorted(stats, key=lambda s: -s.total_us)[:n]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class LaunchStats:
     """Kernel launches matched to their runtime call (correlation id)."""
 
@@ -86,7 +91,13 @@ def launch_stats(events: list[Event]) -> LaunchStats:
             short_us += k.dur
 
     def med(xs: list[float]) -> float | None:
-        return statistics.median(xs) if xs else None
+        """The median (statistics.median's definition: the mean of the two middle values of
+        an even count), without importing statistics (and its decimal and fractions)."""
+        if not xs:
+            return None
+        ordered = sorted(xs)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
     return LaunchStats(
         launches=len(gpu), cpu_launch_us_median=med(cpu), gpu_kernel_us_median=med(gpu),
@@ -96,7 +107,7 @@ def launch_stats(events: list[Event]) -> LaunchStats:
     )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class CopyStat:
     kind: str
     """'Memcpy HtoD', 'Memcpy DtoH', 'Memcpy DtoD', 'Memcpy PtoP', 'Memset'."""
@@ -109,24 +120,24 @@ class CopyStat:
 
 
 def copy_stats(device: list[Event]) -> list[CopyStat]:
-    by: dict[str, list[Event]] = defaultdict(list)
+    copies_by_kind: dict[str, list[Event]] = defaultdict(list)
     for e in device:
         if e.cat in ("gpu_memcpy", "gpu_memset"):
             kind = "Memset" if e.name.startswith("Memset") else e.name[:11]
-            by[kind].append(e)
+            copies_by_kind[kind].append(e)
     out = []
-    for kind, evs in sorted(by.items()):
-        t = sum(e.dur for e in evs)
-        known = [e for e in evs if e.nbytes >= 0]
+    for kind, copies in sorted(copies_by_kind.items()):
+        known = [e for e in copies if e.nbytes >= 0]
         nbytes = sum(e.nbytes for e in known) if known else None
-        t_known = sum(e.dur for e in known)
-        out.append(CopyStat(kind, len(evs), t,
-                            nbytes, nbytes / t_known / 1e3 if nbytes and t_known > 0 else None,
-                            sum(1 for e in evs if "Pageable" in e.name)))
+        known_us = sum(e.dur for e in known)
+        out.append(CopyStat(
+            kind=kind, count=len(copies), total_us=sum(e.dur for e in copies), bytes=nbytes,
+            gb_per_s=nbytes / known_us / 1e3 if nbytes and known_us > 0 else None,
+            pageable=sum(1 for e in copies if "Pageable" in e.name)))
     return out
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class SyncStat:
     """Host synchronizations of one kind."""
 
@@ -139,9 +150,13 @@ class SyncStat:
     (``cuda_sync`` events): their own duration."""
 
 
-def host_syncs(events: list[Event]) -> list[SyncStat]:
+def host_syncs(events: list[Event],
+               busy: list[tuple[float, float]] | None = None) -> list[SyncStat]:
+    """Host syncs and device-side waits; ``busy``: the union of the device events' intervals,
+    when the caller has it."""
     starts = sorted(e.ts for e in events if e.stream != -1)
-    ends_sorted = sorted(merge([(e.ts, e.end) for e in events if e.stream != -1]))
+    ends_sorted = (merge([(e.ts, e.end) for e in events if e.stream != -1]) if busy is None
+                   else busy)  # merged: sorted already
     def idle_after(t: float) -> float:
         # If the device is busy at t, no idle follows; else the gap to the next device start.
         k = bisect.bisect_right(ends_sorted, (t, float("inf"))) - 1
@@ -150,28 +165,31 @@ def host_syncs(events: list[Event]) -> list[SyncStat]:
         j = bisect.bisect_left(starts, t)
         return starts[j] - t if j < len(starts) else 0.0
 
-    by: dict[str, list[Event]] = defaultdict(list)
+    calls_by_name: dict[str, list[Event]] = defaultdict(list)
     for e in events:
         if e.stream == -1 and e.name in SYNC_APIS:
-            by[e.name].append(e)
+            calls_by_name[e.name].append(e)
     # A copy to pageable host memory blocks its launching call even when it is "Async".
     pageable_d2h = {e.corr for e in events
                     if e.cat == "gpu_memcpy" and e.name.startswith("Memcpy DtoH") and "Pageable" in e.name}
     for e in events:
         if e.stream == -1 and e.corr in pageable_d2h and e.cat in ("cuda_runtime", "cuda_driver"):
-            by[f"{e.name} (device→pageable host, blocking)"].append(e)
-    out = [SyncStat(n, len(v), sum(e.dur for e in v), sum(idle_after(e.end) for e in v))
-           for n, v in by.items()]
+            calls_by_name[f"{e.name} (device→pageable host, blocking)"].append(e)
+    out = [SyncStat(name=name, count=len(calls), host_blocked_us=sum(e.dur for e in calls),
+                    device_idle_after_us=sum(idle_after(e.end) for e in calls))
+           for name, calls in calls_by_name.items()]
     # Device-side waits recorded by CUPTI (cuda_sync): no host time, but the device stalls.
-    dev: dict[str, list[Event]] = defaultdict(list)
+    waits_by_name: dict[str, list[Event]] = defaultdict(list)
     for e in events:
         if e.cat == "cuda_sync":
-            dev[f"{e.name} (device)"].append(e)
-    out += [SyncStat(n, len(v), 0.0, sum(e.dur for e in v)) for n, v in dev.items()]
+            waits_by_name[f"{e.name} (device)"].append(e)
+    out += [SyncStat(name=name, count=len(waits), host_blocked_us=0.0,
+                     device_idle_after_us=sum(e.dur for e in waits))
+            for name, waits in waits_by_name.items()]
     return sorted(out, key=lambda s: -(s.host_blocked_us + s.device_idle_after_us))
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Straggler:
     rank: int
     collectives: int
@@ -203,4 +221,5 @@ def stragglers(comm_by_rank: dict[int, list[Event]]) -> list[Straggler]:
         last[min(durs, key=lambda r: durs[r])] += 1
         for r in ranks:
             late[r] += longest - durs[r]
-    return [Straggler(r, n, last[r], late[r] / n if n else 0.0) for r in ranks]
+    return [Straggler(rank=r, collectives=n, last_arrivals=last[r],
+                      mean_lateness_us=late[r] / n if n else 0.0) for r in ranks]

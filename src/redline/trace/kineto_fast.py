@@ -4,35 +4,45 @@ Kineto writes one event per block, blocks separated by exactly ``"\\n  },\\n  {"
 each with ``"ph": ..., "cat": ..., "name": ...``. A JSON string cannot hold a raw newline, so
 that separator never occurs inside a name. Instead of parsing every event, a regular expression
 finds the few categories the analyses read (kernels, copies, syncs, runtime calls, ProfilerStep
-marks, gloo's host-side collectives); only those blocks are cut out and parsed. cpu_op events
-and flow arrows — most of a trace — are never parsed. Other layouts (compact JSON, other
-producers) go through the general parsers in :mod:`redline.trace.load`.
+marks, gloo's host-side collectives); only those blocks are cut out and parsed, one JSON array
+per block of the file. cpu_op events and flow arrows — most of a trace — are never parsed, so
+their text may even be malformed: :class:`~redline.trace.events.ReadCounts` says how many
+blocks were seen and how many parsed. Other layouts (compact JSON, other producers) go
+through the general parsers in :mod:`redline.trace.load`.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
 from redline.core.errors import RedlineError
-from redline.trace.events import KEPT_NAME_PREFIXES, NO_DEVICE_WORK
+from redline.trace.events import KEPT_NAME_PREFIXES, NO_DEVICE_WORK, ReadCounts
 
 SEP = b"\n  },\n  {"
 OPEN = b'"traceEvents": [\n  {'
-BLOCK = 4 * 2**20
-"""Bytes decompressed and scanned at a time: peak memory beyond the kept events is ~2 blocks."""
+COMPACT_SEP = b'}, {"ph": '
+COMPACT_OPEN = b'"traceEvents": [{"ph": '
+BLOCK = 2**19
+"""Bytes read (or decompressed) and scanned at a time: peak memory beyond the kept events is a
+few blocks."""
+GZIP_BLOCK = 2**15
+"""Compressed bytes read at a time (a trace's JSON compresses ~10×: about a block comes out)."""
 
+_SKIP_RUNTIME = b"|".join(re.escape(n.encode()) for n in sorted(NO_DEVICE_WORK))
 _KEPT = re.compile(
-    rb'"cat": "(?:(kernel|gpu_mem(?:cpy|set)|cuda_sync)|(cuda_runtime|cuda_driver)", '
-    rb'"name": "([^"]*))')
-"""Starts with a literal so the regex engine skips ahead fast; runtime calls capture their
-name (API names never hold quotes) to drop those that do no device work."""
+    rb'"cat": "(?:kernel|gpu_mem(?:cpy|set)|cuda_sync|'
+    rb'cuda_(?:runtime|driver)", "name": "(?!(?:' + _SKIP_RUNTIME + rb')"))')
+"""Starts with a literal so the regex engine skips ahead fast; runtime calls that do no device
+work (their name, which never holds a quote, is one of NO_DEVICE_WORK) fail the lookahead,
+so every match is an event to keep and no match object is inspected in Python."""
 _MARKS = tuple(b'"name": "' + p.encode() for p in KEPT_NAME_PREFIXES)
 """Annotations kept by name (a handful per step), whatever their category."""
-_SKIP_RUNTIME = frozenset(n.encode() for n in NO_DEVICE_WORK)
 
 
 class Readable(Protocol):
@@ -43,9 +53,73 @@ class LayoutError(RedlineError, ValueError):
     """The bytes are not in Kineto's layout, or an event block did not parse."""
 
 
-def _find_close(buf: bytes) -> tuple[int, int] | None:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """How a writer lays out the events array: the text that opens it (up to the first event's
+    body), the text between two events, and the start of a body the separator took along."""
+
+    name: str
+    open: bytes
+    sep: bytes
+    body_start: bytes
+
+
+KINETO = Layout(name="kineto", open=OPEN, sep=SEP, body_start=b"")
+"""torch.profiler's Kineto: one event per indented block. A JSON string holds no raw newline,
+so the separator never occurs inside a name."""
+COMPACT = Layout(name="compact", open=COMPACT_OPEN, sep=COMPACT_SEP, body_start=b'"ph": ')
+"""``json.dump``'s one line (traces re-written by tools, HTA's sampler), each event starting
+with ``"ph"``. The separator's quotes cannot occur unescaped inside a string; it could occur
+only in an argument holding a list of objects keyed ``"ph"``, which would cut a kept event in
+two and fail its parse (then the whole file is parsed instead), never change a number."""
+
+
+def plain_blocks(f: Readable) -> Iterator[bytes]:
+    """The file's bytes, :data:`BLOCK` at a time."""
+    while block := f.read(BLOCK):
+        yield block
+
+
+def gunzip_blocks(f: Readable) -> Iterator[bytes]:
+    """The decompressed bytes of a gzip file (members one after the other, as ``gzip`` reads
+    them), in pieces of a few MiB; zlib checks each member's CRC-32 and length.
+
+    Raises:
+        EOFError: the stream ends inside a member (a truncated file).
+        zlib.error: the bytes are not gzip, or fail the check.
+    """
+    member = zlib.decompressobj(wbits=31)
+    pending = False  # inside a member that has not ended yet
+    while chunk := f.read(GZIP_BLOCK):
+        while chunk:
+            if member.eof:
+                member = zlib.decompressobj(wbits=31)
+            pending = True
+            out = member.decompress(chunk)
+            if out:
+                yield out
+            if member.eof:
+                pending = False
+                chunk = member.unused_data
+            else:
+                chunk = b""
+    if pending:
+        raise EOFError("the gzip stream ends early: truncated?")
+
+
+def _find_close(buf: bytes, layout: Layout) -> tuple[int, int] | None:
     """(start, end) of the events array's closing ``\\n  }\\n]`` (Kineto indents the ']' by 0
-    or 2 spaces), searching from the end."""
+    or 2 spaces) or ``}]`` (compact), searching from the end."""
+    if layout is COMPACT:
+        pos = len(buf)
+        while (j := buf.rfind(b"}]", 0, pos)) >= 0:
+            try:  # a '}]' inside a string of the metadata after the events leaves no object
+                _meta(b'{"traceEvents": []' + buf[j + 2:], "after")
+            except LayoutError:
+                pos = j
+                continue
+            return j, j + 2
+        return None
     pos = len(buf)
     while True:
         j = buf.rfind(b"\n  }\n", 0, pos)
@@ -61,8 +135,7 @@ def _find_close(buf: bytes) -> tuple[int, int] | None:
 
 def _starts(body: bytes) -> list[int]:
     """Positions of the kept events' category (or ProfilerStep name) marks, in file order."""
-    pos = [m.start() for m in _KEPT.finditer(body)
-           if m.group(2) is None or m.group(3) not in _SKIP_RUNTIME]
+    pos = [m.start() for m in _KEPT.finditer(body)]
     found = False
     for mark in _MARKS:  # step marks and host collectives, whatever their category
         k = body.find(mark)
@@ -75,62 +148,98 @@ def _starts(body: bytes) -> list[int]:
     return pos
 
 
-def _extract(body: bytes) -> Iterator[Any]:
-    """Parsed events of the kept kinds in ``body`` (whole blocks joined by SEP)."""
-    loads = orjson.loads
+def _extract(body: bytes, counts: ReadCounts, layout: Layout) -> list[Any]:
+    """Parsed events of the kept kinds in ``body`` (whole event bodies joined by the layout's
+    separator)."""
+    if not body:
+        return []
+    sep, start = layout.sep, b"{" + layout.body_start
+    counts.events += body.count(sep) + 1
+    spans: list[bytes] = []
+    rfind, find = body.rfind, body.find
     last = -1
     for pos in _starts(body):
-        s = body.rfind(SEP, 0, pos)
-        s = 0 if s < 0 else s + len(SEP)
+        s = rfind(sep, 0, pos)
+        s = 0 if s < 0 else s + len(sep)
         if s == last:
             continue  # a second mark inside the same event (a kept name in a kept category)
         last = s
-        e = body.find(SEP, pos)
-        chunk = body[s:] if e < 0 else body[s:e]
-        try:
-            yield loads(b"{" + chunk + b"}")
-        except orjson.JSONDecodeError as err:
-            raise LayoutError(f"an event near byte {s} does not parse: {err}") from err
+        e = find(sep, pos)
+        spans.append(body[s:] if e < 0 else body[s:e])
+    if not spans:
+        return []
+    counts.parsed += len(spans)
+    try:  # one parse per block: the kept events as one array
+        events: list[Any] = orjson.loads(b"[" + start + (b"}," + start).join(spans) + b"}]")
+    except orjson.JSONDecodeError:
+        for span in spans:  # find the one that breaks, for the message
+            try:
+                orjson.loads(start + span + b"}")
+            except orjson.JSONDecodeError as err:
+                raise LayoutError(f"the event {span[:120].decode(errors='replace')!r}… does "
+                                  f"not parse: {err}") from err
+        raise  # the events parse one by one but not joined: not Kineto's blocks after all
+    return events
 
 
-def split_whole(text: bytes) -> tuple[dict[str, Any], Iterator[Any]]:
-    """(metadata, kept events) of a whole file in memory."""
-    k = text.find(OPEN)
-    close = _find_close(text)
-    if k < 0 or close is None or close[0] < k:
-        raise LayoutError("not in Kineto's layout")
-    end, after = close
+def _meta(text: bytes, where: str) -> dict[str, Any]:
     try:
-        meta = orjson.loads(text[:k] + b'"traceEvents": []' + text[after:])
+        meta = orjson.loads(text)
     except orjson.JSONDecodeError as e:
-        raise LayoutError(f"metadata does not parse: {e}") from e
+        raise LayoutError(f"the metadata {where} the events does not parse: {e}") from e
     if not isinstance(meta, dict):
         raise LayoutError("top level is not an object")
     meta.pop("traceEvents", None)
-    return meta, _extract(text[k + len(OPEN):end])
+    return meta
+
+
+class KinetoEvents:
+    """The kept events of one file in a known layout (Kineto's, or compact JSON), read block by
+    block (memory follows the events kept, not the file). Iterate once; :attr:`meta` holds the
+    top-level keys written before the events from the start, and those written after them once
+    iterated."""
+
+    def __init__(self, head: bytes, rest: Iterator[bytes]) -> None:
+        layout = block_layout(head)
+        if layout is None:
+            raise LayoutError("not in Kineto's layout")
+        k = head.find(layout.open)
+        self.layout = layout
+        self.meta = _meta(head[:k] + b'"traceEvents": []}', "before")
+        self.counts = ReadCounts()
+        self._buf = head[k + len(layout.open):]
+        self._rest = rest
+        self.text_bytes = len(head)
+        """Bytes of the file's text read so far."""
+
+    def __iter__(self) -> Iterator[Any]:
+        buf, counts, layout = self._buf, self.counts, self.layout
+        sep = layout.sep
+        self._buf = b""
+        for block in self._rest:
+            self.text_bytes += len(block)
+            buf += block
+            cut = buf.rfind(sep)
+            if cut >= 0:  # everything before the last separator is whole events
+                yield from _extract(buf[:cut], counts, layout)
+                buf = buf[cut + len(sep):]
+        close = _find_close(buf, layout)
+        if close is None:
+            raise LayoutError("the trace ends inside an event: truncated?")
+        yield from _extract(buf[:close[0]], counts, layout)
+        self.meta.update(_meta(b'{"traceEvents": []' + buf[close[1]:], "after"))
+
+
+def block_layout(head: bytes) -> Layout | None:
+    """The layout whose events the block reader can cut out, from the file's first bytes."""
+    k = head.find(b'"traceEvents": [')
+    if k < 0:
+        return None
+    for layout in (KINETO, COMPACT):
+        if head.startswith(layout.open, k):
+            return layout
+    return None
 
 
 def is_kineto_head(head: bytes) -> bool:
     return OPEN in head
-
-
-def split_stream(f: Readable, name: str) -> Iterator[Any]:
-    """Kept events of a file in Kineto's layout, read block by block (bounded memory)."""
-    buf = f.read(BLOCK)
-    k = buf.find(OPEN)
-    if k < 0:
-        raise LayoutError("not in Kineto's layout")
-    buf = buf[k + len(OPEN):]
-    while True:
-        cut = buf.rfind(SEP)
-        if cut >= 0:  # everything before the last separator is whole events
-            yield from _extract(buf[:cut])
-            buf = buf[cut + len(SEP):]
-        block = f.read(BLOCK)
-        if not block:
-            break
-        buf += block
-    close = _find_close(buf)
-    if close is None:
-        raise LayoutError("the trace ends inside an event: truncated?")
-    yield from _extract(buf[:close[0]])

@@ -18,6 +18,7 @@ import re
 import warnings
 import zlib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,16 @@ from redline.trace.events import (
     RUNTIME_CATEGORIES,
     Event,
     RankTrace,
+    ReadCounts,
     TraceError,
 )
 from redline.trace.kineto_fast import (
-    OPEN,
+    COMPACT,
+    KinetoEvents,
     LayoutError,
-    is_kineto_head,
-    split_stream,
-    split_whole,
+    block_layout,
+    gunzip_blocks,
+    plain_blocks,
 )
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -137,57 +140,91 @@ def _stream_meta(path: Path, gz: bool) -> dict[str, Any]:
     return meta
 
 
-def _kineto_layout(path: Path, gz: bool) -> bool:
-    opener = gzip.open if gz else open
+HEAD_BYTES = 2**18
+"""Bytes read before choosing the reader: Kineto's metadata and first events fit in it."""
+
+
+def _head(blocks: Iterator[bytes]) -> bytes:
+    """At least :data:`HEAD_BYTES` of the file's text (all of it when shorter)."""
+    parts: list[bytes] = []
+    n = 0
+    for block in blocks:
+        parts.append(block)
+        n += len(block)
+        if n >= HEAD_BYTES:
+            break
+    return b"".join(parts)
+
+
+def _kineto_events(path: Path, reader: KinetoEvents, raw: Any, size: int) -> Iterator[Any]:
+    """The reader's events, with a failure said as where in the file it happened; closes the
+    file when done."""
+    n = 0
     try:
-        with opener(path, "rb") as f:
-            return is_kineto_head(f.read(2**20))
-    except (OSError, EOFError, zlib.error):
-        return False  # the general reader reports what is wrong with the file
+        for e in reader:
+            n += 1
+            yield e
+    except (LayoutError, OSError, EOFError, zlib.error) as err:
+        at = raw.tell()
+        where = (f"after {n:,} device and runtime events, at byte {at:,} of {size:,} "
+                 f"({at / max(1, size):.0%} of the file)")
+        if isinstance(err, LayoutError) and reader.layout is COMPACT:
+            raise  # a cut that broke a kept event: load_trace parses the file whole
+        if isinstance(err, LayoutError):
+            raise TraceError(f"{path}: {err} ({where})") from err
+        if isinstance(err, (EOFError, zlib.error)):
+            raise TraceError(f"{path}: the gzip stream is corrupt or truncated {where}; "
+                             f"{reader.text_bytes:,} bytes of JSON came out before it ends "
+                             f"({err}); re-copy the trace or re-record it") from err
+        raise TraceError(f"{path}: the trace breaks {where} ({type(err).__name__}: {err}); "
+                         "truncated or corrupt? Re-copy or re-record it") from err
+    finally:
+        raw.close()
+
+
+def _open_kineto(path: Path, gz: bool) -> tuple[dict[str, Any], Iterator[Any], ReadCounts] | None:
+    """(metadata, kept events, counts) of a file in Kineto's layout, streamed from one open of
+    the file (memory follows the events kept); None for another layout, or a file whose start
+    does not read (the general reader says what is wrong with it)."""
+    raw = open(path, "rb")  # noqa: SIM115 (closed by _kineto_events, or below)
+    blocks = gunzip_blocks(raw) if gz else plain_blocks(raw)
+    try:
+        head = _head(blocks)
+        if block_layout(head) is None:
+            raw.close()
+            return None
+        reader = KinetoEvents(head, blocks)
+    except (OSError, EOFError, zlib.error, LayoutError):
+        raw.close()
+        return None
+    return reader.meta, _kineto_events(path, reader, raw, path.stat().st_size), reader.counts
 
 
 def _stream_events(path: Path, gz: bool) -> Iterator[Any]:
+    """Every event of a big file in another layout, through ijson's C parser."""
     import ijson
 
     n = 0
     size = path.stat().st_size
     with open(path, "rb") as raw:
         f: Any = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
-
-        def where() -> str:
-            """How far reading got: events read, and the position in the file on disk."""
-            at = raw.tell()
-            return (f"after {n:,} device and runtime events, at byte {at:,} of {size:,} "
-                    f"({at / max(1, size):.0%} of the file)")
-
         try:
-            if is_kineto_head(f.read(len(OPEN) + 4 * 2**20)):
-                f.seek(0)
-                for e in split_stream(f, str(path)):
-                    n += 1
-                    yield e
-                return
-            f.seek(0)
             for e in ijson.items(f, "traceEvents.item", use_float=True):
                 n += 1
                 yield e
-        except LayoutError as err:
-            raise TraceError(f"{path}: {err} ({where()})") from err
         except (ijson.JSONError, OSError, EOFError, zlib.error) as err:
-            raise TraceError(f"{path}: the trace breaks {where()} ({type(err).__name__}: "
-                             f"{err}); truncated or corrupt? Re-copy or re-record it") from err
+            at = raw.tell()
+            raise TraceError(f"{path}: the trace breaks after {n:,} events, at byte {at:,} of "
+                             f"{size:,} ({at / max(1, size):.0%} of the file) "
+                             f"({type(err).__name__}: {err}); truncated or corrupt? Re-copy or "
+                             "re-record it") from err
 
 
 def _read_small(path: Path) -> tuple[dict[str, Any], Iterable[Any]]:
-    """(metadata, events) of a file small enough to hold: Kineto's layout through the fast
-    splitter, anything else (or anything odd) through a full JSON parse."""
-    raw = _read_bytes(path)
-    try:
-        meta, events = split_whole(raw)
-        return meta, list(events)
-    except LayoutError:
-        doc = _parse_json(path, raw)
-        return doc, doc["traceEvents"]
+    """(metadata, events) of a file small enough to hold, in a layout other than Kineto's:
+    a full JSON parse."""
+    doc = _parse_json(path, _read_bytes(path))
+    return doc, doc["traceEvents"]
 
 
 def _as_int(v: Any, default: int = -1) -> int:
@@ -233,32 +270,19 @@ def _left_out(counts: dict[str, list[Any]], why: str, e: Any) -> None:
         entry[0] += 1
 
 
-def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
-    """Read one trace file.
+@dataclass(slots=True, kw_only=True)
+class _Converted:
+    """The kept events of one file, and what reading them noticed."""
 
-    Args:
-        path: a ``.json`` or ``.json.gz`` Kineto trace.
-        hta_compat: round times as Holistic Trace Analysis 0.5.0 does when any timestamp is
-            fractional — start up (ceil), end down (floor) — which shortens every event by up to
-            2 µs (HTA's workaround for pytorch#122425). Off by default: redline keeps the exact
-            times (see docs/trace-parity.md for what this changes).
-    """
-    p = Path(path)
-    try:
-        big = p.stat().st_size >= STREAM_MIN_BYTES
-    except OSError as err:
-        if err.errno == errno.ELOOP or (p.is_symlink() and not p.exists()):
-            raise TraceError(_missing(p)) from err
-        raise TraceError(f"{p}: cannot read the file ({err.strerror})") from err
-    raw_events: Iterable[Any]
-    gz = _is_gzip(p)
-    if big or _kineto_layout(p, gz):
-        # Streamed: Kineto's own layout block by block at any size (memory follows the events
-        # kept), other layouts through ijson when big.
-        doc = _stream_meta(p, gz)
-        raw_events = _stream_events(p, gz)
-    else:
-        doc, raw_events = _read_small(p)
+    events: list[Event]
+    left_out: dict[str, list[Any]]
+    floaty: bool
+    """Some timestamp is fractional (nanosecond resolution)."""
+    origin: int | None
+    coarse_ulp_us: float
+
+
+def _convert(p: Path, raw_events: Iterable[Any]) -> _Converted:
     # One pass, converting as we go: a streamed file is never held, and no raw event dict
     # outlives its turn. cpu_op & co. (most events) are skipped unread beyond their category.
     kept_cats, gpu_cats = KEPT_CATEGORIES, GPU_CATEGORIES
@@ -273,6 +297,7 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
     coarse_ulp_us = 0.0
     """The largest spacing between representable times among timestamps the file wrote as
     floats beyond 2**53 µs: finer differences were lost when the file was parsed."""
+    new_event, append = object.__new__, events.append
     for i, e in enumerate(raw_events):
         try:
             cat = e.get("cat")
@@ -325,12 +350,65 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
         stream = args.get("stream", -1) if cat in gpu_cats else -1
         corr = args.get("correlation", -1)
         nbytes = args.get("bytes", -1)
-        events.append(Event(  # positional, int fast paths: this runs once per kept event
-            names.setdefault(name, name), cat, ts_f, end_f,
-            stream if type(stream) is int else _as_int(stream),
-            corr if type(corr) is int else _as_int(corr),
-            nbytes if type(nbytes) is int else _as_int(nbytes),
-        ))
+        # Each field set by name on a bare instance: Event's generated __init__ called with
+        # seven keywords costs 1.2 µs, this 0.4 µs (timeit, CPython 3.11), and it runs once
+        # per kept event (a million in a 1 GB trace). Every field is set, none defaulted.
+        ev = new_event(Event)
+        ev.name = names.setdefault(name, name)
+        ev.cat = cat
+        ev.ts = ts_f
+        ev.end = end_f
+        ev.stream = stream if type(stream) is int else _as_int(stream)
+        ev.corr = corr if type(corr) is int else _as_int(corr)
+        ev.nbytes = nbytes if type(nbytes) is int else _as_int(nbytes)
+        append(ev)
+    return _Converted(events=events, left_out=left_out, floaty=floaty, origin=origin,
+                      coarse_ulp_us=coarse_ulp_us)
+
+
+def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
+    """Read one trace file.
+
+    Args:
+        path: a ``.json`` or ``.json.gz`` Kineto trace.
+        hta_compat: round times as Holistic Trace Analysis 0.5.0 does when any timestamp is
+            fractional — start up (ceil), end down (floor) — which shortens every event by up to
+            2 µs (HTA's workaround for pytorch#122425). Off by default: redline keeps the exact
+            times (see docs/trace-parity.md for what this changes).
+
+    Returns:
+        The file's :class:`RankTrace`: its events (times in µs), rank, device name and compute
+        capability (None when the trace does not say), metadata, and the events left out.
+
+    Raises:
+        TraceError: the file is missing, unreadable or malformed.
+    """
+    p = Path(path)
+    try:
+        big = p.stat().st_size >= STREAM_MIN_BYTES
+    except OSError as err:
+        if err.errno == errno.ELOOP or (p.is_symlink() and not p.exists()):
+            raise TraceError(_missing(p)) from err
+        raise TraceError(f"{p}: cannot read the file ({err.strerror})") from err
+    gz = _is_gzip(p)
+    kineto = _open_kineto(p, gz)
+    counts: ReadCounts | None = None
+    done: _Converted | None = None
+    if kineto is not None:  # a known layout, block by block at any size
+        doc, raw_events, counts = kineto
+        try:
+            done = _convert(p, raw_events)
+        except LayoutError:  # a compact file whose separator cut a kept event: parse it whole
+            counts = None
+    if done is None:
+        if big:  # other layouts: streamed through ijson when big, else parsed whole
+            doc = _stream_meta(p, gz)
+            done = _convert(p, _stream_events(p, gz))
+        else:
+            doc, whole = _read_small(p)
+            done = _convert(p, whole)
+    events, left_out, floaty = done.events, done.left_out, done.floaty
+    origin, coarse_ulp_us = done.origin, done.coarse_ulp_us
     if coarse_ulp_us:
         warnings.warn(f"{p.name}: timestamps near {origin:.3g} µs are written as floating-point "
                       f"numbers, which resolve only {coarse_ulp_us:g} µs there: shorter "
@@ -347,12 +425,24 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
         if isinstance(props[0].get("computeMajor"), int):
             cc = float(f"{props[0]['computeMajor']}.{props[0].get('computeMinor', 0)}")
     meta = {k: v for k, v in doc.items() if k != "traceEvents"}
-    return RankTrace(str(p), _rank_of(p, doc), events, device, floaty, meta, cc,
-                     {why: (n, ex) for why, (n, ex) in left_out.items()})
+    return RankTrace(path=str(p), rank=_rank_of(p, doc), events=events, device_name=device,
+                     float_timestamps=floaty, metadata=meta, compute_capability=cc,
+                     left_out={why: (n, ex) for why, (n, ex) in left_out.items()},
+                     read_counts=counts)
 
 
 def trace_files(paths: list[str | Path]) -> list[Path]:
-    """Expand folders into their ``*.json`` / ``*.json.gz`` files (one per rank)."""
+    """Expand folders into their ``*.json`` / ``*.json.gz`` files (one per rank).
+
+    Args:
+        paths: trace files and folders of them.
+
+    Returns:
+        The files, in the order given; a folder's files sorted by name.
+
+    Raises:
+        TraceError: a path does not exist, or a folder holds no trace file.
+    """
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
