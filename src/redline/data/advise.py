@@ -26,6 +26,8 @@ def tune_starved_loader(report: Report, loaders: list[Any], cpus: float | None =
         report: the run's report (left unchanged).
         loaders: the run's LoaderInfo list (kept with ``WatchConfig.keep_loaders``).
         cpus: the CPUs its workers may use (default: this process's).
+        batches_per_trial: batches timed per loader setting (at least; see
+            :func:`autotune_loader`).
         rank: in a multi-process job, the rank whose loaders these are: only a finding of the
             whole job or of this rank is answered with them (another rank's slow loader is not
             this one).

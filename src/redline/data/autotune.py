@@ -1,10 +1,14 @@
 """DataLoader autotune: settings found by measuring the real loop, not by folklore.
 
-"4–8 workers per GPU" is a common starting point; this measures instead:
-it times the consumer with data ready (the device's consumption rate), then raises
-``num_workers`` (and ``prefetch_factor`` when the fetch waits rather than computes) while each
-step measurably helps, and stops as soon as the loop waits for data ≤ 2 % of the step, the
-usable CPUs are saturated, or /dev/shm / RAM would not hold more batches in flight.
+"4–8 workers per GPU" is a common starting point; this measures instead. It times the
+consumer with data ready (the device's consumption rate, the ceiling no loader can pass) and
+the main process fetching alone, then goes straight to the workers that Little's law says keep
+the consumer fed (the fetch's time per batch over the consumer's), and adds workers while each
+step gains beyond the noise of its timing windows and repays its extra start-up. It stops once
+the loop waits for data ≤ 2 % of the step, the usable CPUs are saturated, the consumer's
+rate is within the noise, a gain is within the windows' spread, more workers would not repay
+their start-up, the search's time budget would be passed, or /dev/shm / RAM / open files would
+not hold more. Each trial is :func:`redline.data.loader_timing.measure`.
 """
 
 from __future__ import annotations
@@ -13,8 +17,7 @@ import dataclasses
 import math
 import statistics
 import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +26,25 @@ import torch
 from torch.utils.data import DataLoader
 
 from redline.core.loader import LoaderSettings
+from redline.data.loader_timing import (
+    IN_FLIGHT_MARGIN,
+    MIN_TIMED_BATCHES,
+    WINDOWS,
+    Trial,
+    default_skip,
+    epoch_batches,
+    in_flight,
+    measure,
+    merge_rank_trials,
+    window_batches,
+)
 from redline.measure.agree import Agreement
 from redline.measure.loader import batch_nbytes, batch_samples
 from redline.measure.system import cpu_budget, shm_info
+
+__all__ = ["IN_FLIGHT_MARGIN", "MIN_TIMED_BATCHES", "WINDOWS", "LoaderPlan", "Trial",
+           "autotune_loader", "consume_time", "epoch_batches", "in_flight", "measure",
+           "merge_rank_trials", "rebuild_factory", "stand_in_consumer", "window_batches"]
 
 WAIT_TARGET = 0.02
 """Stop once data wait is ≤ 2 % of the step: what is left is below the noise of one trial."""
@@ -36,15 +55,16 @@ SATURATED = 0.9
 IO_BOUND = 0.75
 """Below 75 % of the usable cores busy, the fetch mostly waits: workers beyond the core count
 (and a deeper prefetch) may still help."""
-MIN_TIMED_BATCHES = 8
-"""A window inside one epoch times at least 8 batches; an epoch too short for the skip plus the
-window is timed whole (see ``measure``)."""
-WINDOWS = 3
-"""Consecutive windows timed per setting: the rate is their median and their spread is the
-noise a gain must exceed (see ``measure``)."""
-IN_FLIGHT_MARGIN = 8
-"""Batches each window times beyond what is in flight (workers × prefetch): a window no longer
-than the queue could be served from batches made before it began."""
+TRIAL_WINDOW_S = 0.3
+"""A trial's window may end once it lasted 0.3 s and holds more batches than are in flight
+(``measure``'s ``window_s``): a fetch of a second per batch is timed in a few of its batches,
+not in 8 per window."""
+LITTLE_HEADROOM = 1.25
+"""The first workers tried for a fetch that waits: 1.25 × Little's law's count (the fetch's
+time per batch over the consumer's; Little 1961, L = λW), because a worker also collates and
+ships each batch, which the main process's fetch alone did not time."""
+IO_STEP = 1.5
+"""Past the first count, a fetch that waits is tried at 1.5 × the workers of the last trial."""
 SHM_SHARE = 0.5
 """Batches in flight may use at most half of the free /dev/shm."""
 MAX_IO_WORKERS = 64
@@ -60,32 +80,7 @@ FD_SHARE = 0.5
 """Workers and batches in flight may use at most half of the free file descriptors."""
 
 
-@dataclass(slots=True)
-class Trial:
-    settings: LoaderSettings
-    torch_threads: int
-    """Intra-op threads of the training process during the trial."""
-    samples_per_s: float
-    data_wait_fraction: float
-    cpu_cores_busy: float
-    """Process + worker CPU seconds per wall second during the trial."""
-    seconds: float
-    timed_batches: int = 0
-    """Batches inside the timed window."""
-    worker_bytes: int | None = None
-    """Memory of one worker process (unique set size, else resident), measured after the
-    trial; None without workers."""
-    whole_epochs: int = 0
-    """Epochs the window covers start to end (0: a window inside one epoch, see ``measure``)."""
-    spread_fraction: float = 0.0
-    """(max − min) / median of the samples/s of the windows after the first (see
-    ``measure``): the noise of this setting's rate; 0 when fewer than two such windows."""
-    startup_s: float = 0.0
-    """From building the loader to its first batch (worker start-up), paid by the search and
-    left out of the rate."""
-
-
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class LoaderPlan:
     """The chosen settings, every trial behind them, and why."""
 
@@ -97,171 +92,21 @@ class LoaderPlan:
     trials: list[Trial] = field(default_factory=list)
     reason: str = ""
     tuning_s: float = 0.0
+    """Wall time of the whole search: the consumer's timing and every trial, worker start-up
+    included."""
+    startup_s: float = 0.0
+    """The part of ``tuning_s`` spent starting loaders (each trial's build to first batch):
+    what the search paid for its workers' start-up."""
+    consumer_samples_per_s: float | None = None
+    """The consumer's rate with data ready (samples per batch / ``consume_s_per_batch``, every
+    rank's): the ceiling of any setting; None when a batch's samples cannot be counted."""
+    payback_samples: int | None = None
+    """Samples within which more workers must repay their extra start-up (default one epoch);
+    None: start-up not weighed (a loader of unknown length)."""
 
     @property
     def best(self) -> Trial:
         return max(self.trials, key=lambda t: t.samples_per_s)
-
-
-def _proc_cpu(p: psutil.Process) -> float:
-    total = 0.0
-    try:
-        t = p.cpu_times()
-        total += t.user + t.system
-        for c in p.children(recursive=True):
-            try:
-                ct = c.cpu_times()
-                total += ct.user + ct.system
-            except psutil.Error:
-                pass
-    except psutil.Error:
-        pass
-    return total
-
-
-def in_flight(settings: LoaderSettings) -> int:
-    """Batches a loader with these settings holds in flight: num_workers × prefetch_factor."""
-    if not settings.num_workers:
-        return 0
-    return settings.num_workers * (settings.prefetch_factor or 2)  # 2: PyTorch's default
-
-
-def window_batches(settings: LoaderSettings, batches: int) -> int:
-    """Batches timed for one setting: ``batches``, and with workers at least ``WINDOWS``
-    windows of what is in flight plus ``IN_FLIGHT_MARGIN`` each."""
-    queued = in_flight(settings)
-    return batches if queued == 0 else max(batches, WINDOWS * (queued + IN_FLIGHT_MARGIN))
-
-
-def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
-            consume: Callable[[Any], None], settings: LoaderSettings, torch_threads: int = 1,
-            batches: int = 24, skip: int | None = None,
-            whole_epochs: bool | None = None) -> Trial:
-    """Throughput and data wait of one setting, in the real loop, in steady state.
-
-    The first batches are skipped: worker start-up is a one-off with persistent workers, and
-    the workers fill their queues (num_workers × prefetch_factor batches) while it runs; timing
-    from a full queue would credit deep queues with batches made before the clock started.
-    Skipping alone does not empty that queue (the workers keep refilling it while the skipped
-    batches are consumed), so the timed batches are at least ``WINDOWS`` windows each longer
-    than what is in flight (:func:`window_batches`): a window no longer than the queue measures
-    the queue, not the pipeline. The rate is the median of the windows' rates (the first may
-    still drain what start-up queued, which one window cannot move), the data wait that of
-    the median window, and the spread of the later windows is kept as the setting's noise.
-
-    The window must not cross an epoch boundary for one setting and not for another: each new
-    epoch drains the queues and refills them, and deeper queues skip more batches: a trial
-    whose window alone crosses a short epoch reads far slower than one that does not, whatever
-    its workers. ``whole_epochs=False`` times inside one epoch (steady state;
-    the window is shortened to end at the boundary); ``True`` skips to an epoch boundary and
-    times whole epochs, each with its refill, as training pays it; ``None`` chooses inside
-    unless the epoch cannot hold the skip plus ``MIN_TIMED_BATCHES`` (then whole epochs
-    whatever was asked). ``autotune_loader`` chooses once for all its trials.
-    """
-    if skip is None:
-        skip = max(3, in_flight(settings) + 1)
-    batches = window_batches(settings, batches)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(torch_threads)
-    proc = psutil.Process()
-    t_start = time.perf_counter()
-    with warnings.catch_warnings():
-        # Trials may deliberately use more workers than cores (I/O-bound fetches); torch's
-        # advice against that is what the measurement itself settles.
-        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-        return _measure(make_loader, consume, settings, torch_threads, batches, skip,
-                        whole_epochs, proc, threads, t_start)
-
-
-def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
-             consume: Callable[[Any], None], settings: LoaderSettings, torch_threads: int,
-             batches: int, skip: int,
-             whole_epochs: bool | None, proc: psutil.Process, threads: int, t_start: float,
-             ) -> Trial:
-    try:
-        loader = make_loader(settings)
-        it: Iterator[Any] = iter(loader)
-
-        def nxt() -> Any:
-            # Short epochs (small datasets) wrap around, as a training loop's epochs do.
-            nonlocal it
-            try:
-                return next(it)
-            except StopIteration:
-                it = iter(loader)
-                return next(it)
-
-        epoch = epoch_batches(loader)
-        whole = 0
-        if epoch is not None:
-            # the shortest window that still drains the queue (with workers), else 8 batches
-            least = batches if in_flight(settings) else MIN_TIMED_BATCHES
-            if whole_epochs is None:
-                whole_epochs = epoch < skip + least
-            if whole_epochs or epoch < skip + least:
-                skip = math.ceil(skip / epoch) * epoch
-                whole = math.ceil(batches / epoch)
-                batches = whole * epoch
-            else:
-                batches = min(batches, epoch - skip)
-        startup = 0.0
-        if skip:
-            consume(nxt())
-            startup = time.perf_counter() - t_start
-        for _ in range(skip - 1):
-            consume(nxt())
-        if whole:  # windows of whole epochs, each with its refill, as training pays it
-            n_windows = min(WINDOWS, whole)
-            ends = [epoch * round(whole * (k + 1) / n_windows)  # type: ignore[operator]
-                    for k in range(n_windows)]
-        else:
-            n_windows = min(WINDOWS, batches)
-            ends = [round(batches * (k + 1) / n_windows) for k in range(n_windows)]
-        windows: list[tuple[float, float, int]] = []  # (wait s, step s, samples) per window
-        wait = step = 0.0
-        samples = 0
-        c0, w0 = _proc_cpu(proc), time.perf_counter()
-        for i in range(batches):
-            t0 = time.perf_counter()
-            b = nxt()
-            t1 = time.perf_counter()
-            consume(b)
-            t2 = time.perf_counter()
-            wait += t1 - t0
-            step += t2 - t0
-            samples += batch_samples(b) or 1
-            if i + 1 == ends[len(windows)]:
-                windows.append((wait, step, samples))
-                wait = step = 0.0
-                samples = 0
-        busy = (_proc_cpu(proc) - c0) / max(1e-9, time.perf_counter() - w0)
-        per_worker = _worker_bytes(proc) if settings.num_workers else None
-    finally:
-        torch.set_num_threads(threads)
-    rates = [n / max(1e-12, s) for _, s, n in windows]
-    median = sorted(range(len(rates)), key=rates.__getitem__)[len(rates) // 2]
-    later = rates[1:]
-    spread = (max(later) - min(later)) / rates[median] if len(later) >= 2 else 0.0
-    w_s, s_s, _ = windows[median]
-    return Trial(settings, torch_threads, rates[median], w_s / max(1e-12, s_s), busy,
-                 time.perf_counter() - t_start,
-                 timed_batches=batches, whole_epochs=whole, worker_bytes=per_worker,
-                 spread_fraction=spread, startup_s=startup)
-
-
-def _worker_bytes(proc: psutil.Process) -> int | None:
-    """Mean memory of this process's worker children: unique set size (what each adds, not
-    the pages shared with the parent after fork), else resident size."""
-    sizes = []
-    for k in proc.children():
-        try:
-            try:
-                sizes.append(int(k.memory_full_info().uss))
-            except (psutil.AccessDenied, AttributeError):
-                sizes.append(int(k.memory_info().rss))
-        except psutil.Error:
-            continue
-    return int(statistics.fmean(sizes)) if sizes else None
 
 
 def _count_tensors(batch: Any) -> int:
@@ -290,15 +135,6 @@ def free_file_descriptors() -> int | None:
     return None if soft == resource.RLIM_INFINITY else max(0, soft - used)
 
 
-def epoch_batches(loader: Any) -> int | None:
-    """Batches per epoch, None when the loader cannot say (an IterableDataset)."""
-    try:
-        n = len(loader)
-    except TypeError:
-        return None
-    return n if n > 0 else None
-
-
 def consume_time(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                  consume: Callable[[Any], None], repeats: int = 5) -> tuple[float, Any]:
     """(median time the consumer takes per batch with data ready, that batch)."""
@@ -312,26 +148,42 @@ def consume_time(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     return statistics.median(times), batch
 
 
-def merge_rank_trials(trials: list[Trial]) -> Trial:
-    """The job's view of one setting from every rank's trial: samples/s add up (each rank
-    loads its own shard), data wait and CPU busy are the worst rank's (the job steps at the
-    pace of the rank whose loader lags), the window the shortest."""
-    if len(trials) == 1:
-        return trials[0]
-    t0 = trials[0]
-    return Trial(t0.settings, t0.torch_threads, sum(t.samples_per_s for t in trials),
-                 max(t.data_wait_fraction for t in trials),
-                 max(t.cpu_cores_busy for t in trials), max(t.seconds for t in trials),
-                 timed_batches=min(t.timed_batches for t in trials),
-                 whole_epochs=min(t.whole_epochs for t in trials),
-                 spread_fraction=max(t.spread_fraction for t in trials),
-                 startup_s=max(t.startup_s for t in trials))
+def _repays(best: Trial, trial: Trial, horizon: int | None) -> bool:
+    """Whether ``trial``'s extra start-up over ``best``'s is repaid by its faster rate within
+    ``horizon`` samples (always, when start-up is not weighed or costs nothing more)."""
+    extra = trial.startup_s - best.startup_s
+    if horizon is None or extra <= 0:
+        return True
+    saved = horizon * (1 / max(1e-12, best.samples_per_s) - 1 / max(1e-12, trial.samples_per_s))
+    return saved >= extra
+
+
+def _process_bound(t: Trial, consume_s: float, per_batch: int | None,
+                   ranks: int) -> float | None:
+    """Samples/s the training process can take with ``t``'s workers: a batch per
+    ``consume_s`` plus the time it spends receiving a batch already made
+    (:attr:`Trial.ready_fetch_s`), every rank's; None where either is unknown."""
+    if t.ready_fetch_s is None or not per_batch:
+        return None
+    return ranks * per_batch / max(1e-12, consume_s + t.ready_fetch_s)
+
+
+def _predicted_trial_s(s: LoaderSettings, rate_batches: float, per_worker_startup_s: float,
+                       batches: int, window_s: float | None) -> float:
+    """What a trial of ``s`` will cost: its workers' start-up at the measured cost per worker,
+    then its skip and windows at ``rate_batches`` (the best rate so far: a setting tried
+    because it may be faster is not slower than that)."""
+    timed = default_skip(s, window_s) + window_batches(s, batches)
+    return per_worker_startup_s * s.num_workers + timed / max(1e-9, rate_batches)
 
 
 def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                     consume: Callable[[Any], None], *, device: str = "cpu",
                     batches_per_trial: int = 24, max_workers: int | None = None,
-                    cpus: float | None = None, agree: Agreement | None = None) -> LoaderPlan:
+                    cpus: float | None = None, agree: Agreement | None = None,
+                    window_s: float | None = TRIAL_WINDOW_S,
+                    payback_samples: int | None = None,
+                    budget_s: float | None = None) -> LoaderPlan:
     """Find DataLoader settings for this loop by measuring it.
 
     Args:
@@ -339,13 +191,22 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             ``**settings.loader_kwargs()`` to ``DataLoader``).
         consume: one training step on a batch (or a stand-in with the device's speed).
         device: where batches go; ``pin_memory`` is chosen only for CUDA.
-        batches_per_trial: batches timed per setting.
-        max_workers: upper bound (default: 2 × usable CPUs, enough for I/O-bound fetches).
+        batches_per_trial: batches timed per setting (at least; with workers 3 windows of what
+            is in flight + 8; a window may end early once it lasted ``window_s``).
+        max_workers: upper bound (default: 2 × usable CPUs, up to 64 for a fetch that waits).
         cpus: usable CPUs (default: affinity ∩ cgroup quota).
         agree: the job's ranks, each tuning its own loader in step with the others (each
             trial runs the training step, whose collectives need every rank): every input of
             a decision is agreed (the least CPUs, /dev/shm and RAM of any rank; each trial
             merged by :func:`merge_rank_trials`), so every rank stops at the same trial.
+        window_s: a trial's window may end once it lasted this long and holds more batches
+            than are in flight (None: windows of ``batches_per_trial`` / 3 batches at least).
+        payback_samples: more workers are kept only if their extra start-up (measured) is
+            repaid by their faster rate within this many samples; default one epoch (the
+            least a run reads; persistent workers start once per run); None with a loader of
+            unknown length: start-up is not weighed.
+        budget_s: the search's own time limit, worker start-up included: a trial whose
+            predicted cost would pass it is not run (None: no limit).
 
     Returns:
         A :class:`LoaderPlan` with the settings, every trial and the reason in numbers.
@@ -358,7 +219,13 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     pin = device.startswith("cuda") and torch.cuda.is_available()
     consume_s, sample_batch = consume_time(make_loader, consume)
     consume_s = job.max(consume_s, "loader consume time")
-    plan = LoaderPlan(LoaderSettings(), max(1, int(budget)), consume_s)
+    plan = LoaderPlan(settings=LoaderSettings(), torch_threads=max(1, int(budget)),
+                      consume_s_per_batch=consume_s)
+    per_batch = batch_samples(sample_batch)
+    # The consumer's rate with data ready: no loader setting can pass it (every rank's sum,
+    # as merged trials are; the job steps at the slowest rank's consumer).
+    ceiling = (job.world_size * per_batch / max(1e-12, consume_s)) if per_batch else None
+    plan.consumer_samples_per_s = ceiling
     # One window rule for every trial (see measure): whole epochs when the deepest queue this
     # search may try (cap workers × prefetch 4: its skip and its windows) would leave no room
     # inside an epoch.
@@ -366,15 +233,35 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     deepest = LoaderSettings(num_workers=cap, prefetch_factor=4)
     whole = epoch is not None and \
         epoch < in_flight(deepest) + 1 + window_batches(deepest, batches_per_trial)
+    horizon = payback_samples if payback_samples is not None else \
+        (epoch * per_batch if epoch is not None and per_batch else None)
+    plan.payback_samples = horizon
 
     def measure_(s: LoaderSettings, threads: int) -> Trial:
-        return merge_rank_trials(job.run(
+        trial = merge_rank_trials(job.run(
             lambda: measure(make_loader, consume, s, threads, batches_per_trial,
-                            whole_epochs=whole), f"loader trial {s.num_workers} workers"))
+                            whole_epochs=whole, window_s=window_s),
+            f"loader trial {s.num_workers} workers"))
+        plan.trials.append(trial)
+        plan.startup_s += trial.startup_s
+        return trial
+
+    def over_budget(s: LoaderSettings) -> str:
+        """Why a trial of ``s`` is not run for the time budget, else ''."""
+        if budget_s is None:
+            return ""
+        spent = time.perf_counter() - t_begin
+        rate = best.samples_per_s / max(1, per_batch or 1)
+        cost = _predicted_trial_s(s, rate, per_worker_startup, batches_per_trial, window_s)
+        if spent + cost <= budget_s:
+            return ""
+        return (f"a trial of {s.num_workers} workers × prefetch {s.prefetch_factor} would take "
+                f"about {cost:.1f} s, past the search's budget ({spent:.1f} of "
+                f"{budget_s:g} s spent)")
 
     first = measure_(plan.settings, plan.torch_threads)
-    plan.trials.append(first)
     best = first
+    per_worker_startup = 0.0
     batch_bytes = int(job.max(batch_nbytes(sample_batch), "loader batch bytes"))
     shm = shm_info()
     frees = [f for f in job.gather(shm.free_bytes if shm is not None else None, "loader shm")
@@ -388,14 +275,25 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     if first.data_wait_fraction <= WAIT_TARGET:
         reason = (f"data wait is already {first.data_wait_fraction:.1%} of the step in the "
                   f"main process (≤ {WAIT_TARGET:.0%}): no workers needed")
-    workers = 1
+    # Little's law (L = λW): batches being made at once = the rate wanted × the time one
+    # takes. To hand the consumer a batch every consume_s, fetches of fetch_s per batch need
+    # fetch_s / consume_s workers in parallel; the main process's trial timed fetch_s as its
+    # data wait per batch.
+    fetch_s = first.data_wait_fraction * (per_batch or 1) / max(1e-12, first.samples_per_s)
+    little = fetch_s / max(1e-12, consume_s)
+    first_waits = _waits(first, budget)
+    if first_waits:  # a fetch that waits: straight to Little's count, with headroom
+        workers = max(1, min(io_cap, math.ceil(little * LITTLE_HEADROOM)))
+    else:  # a fetch that computes: no more than the cores at first
+        workers = max(1, min(cap, max(1, int(budget)), math.ceil(little)))
     prefetch = 2  # PyTorch's default; deepened once at the end if the fetch is I/O-bound
     stalls = 0
+    more_did_not_pay = False
     last: Trial | None = None
     while not reason:
         # A fetch that waits (its workers leave the cores idle) may use more workers than
         # cores: they wait in parallel. Then memory, /dev/shm and open files bound them.
-        waits = last is not None and _waits(last, budget)
+        waits = _waits(last, budget) if last is not None else first_waits
         if workers > (io_cap if waits else cap):
             reason = (f"reached {io_cap} workers (the most tried for a fetch that waits)"
                       if waits else f"reached {cap} workers (2 × {budget:g} usable CPUs)")
@@ -423,12 +321,56 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             break
         s = LoaderSettings(num_workers=workers, prefetch_factor=prefetch, pin_memory=pin,
                            persistent_workers=True)
+        if best.settings.num_workers:
+            noise = max(MIN_GAIN, best.spread_fraction)
+            if ceiling is not None and best.samples_per_s * (1 + noise) >= ceiling:
+                # the consumer's own rate is within the noise of the best: nothing can gain
+                reason = (f"{best.settings.num_workers} workers reach "
+                          f"{best.samples_per_s:,.0f} samples/s of the consumer's "
+                          f"{ceiling:,.0f} with data ready: no more workers can gain "
+                          f"≥ {noise:.0%} (the larger of {MIN_GAIN:.0%} and the windows' "
+                          "spread)")
+                break
+            taken = _process_bound(best, consume_s, per_batch, job.world_size)
+            if taken is not None and best.samples_per_s * (1 + noise) >= taken:
+                # the training process itself (consuming + receiving each batch) is what
+                # limits: more workers would make batches it cannot take any faster
+                reason = (f"{best.settings.num_workers} workers reach "
+                          f"{best.samples_per_s:,.0f} samples/s of the {taken:,.0f} the "
+                          f"training process can take ({consume_s * 1e3:.1f} ms consuming + "
+                          f"{(best.ready_fetch_s or 0.0) * 1e3:.1f} ms receiving a ready "
+                          "batch): no "
+                          f"more workers can gain ≥ {noise:.0%} (the larger of "
+                          f"{MIN_GAIN:.0%} and the windows' spread)")
+                break
+            extra_s = per_worker_startup * (workers - best.settings.num_workers)
+            if horizon is not None and ceiling is not None and ceiling > best.samples_per_s:
+                most_saved_s = horizon * (1 / best.samples_per_s - 1 / ceiling)
+                if extra_s > most_saved_s:
+                    reason = (f"{workers} workers would start about {extra_s:.2f} s later "
+                              f"than {best.settings.num_workers}, more than even the "
+                              f"consumer's rate would save over {horizon:,} samples "
+                              f"({most_saved_s:.2f} s)")
+                    break
+        why = over_budget(s)
+        if why:
+            reason = why
+            break
         trial = measure_(s, max(1, int(budget) - workers))
-        plan.trials.append(trial)
         last = trial
-        # a gain counts only beyond the noise of both rates (their windows' spread)
+        # start-up per worker: the trial's start-up less the first batch's own fetch
+        per_worker_startup = max(per_worker_startup,
+                                 max(0.0, trial.startup_s - fetch_s) / workers)
+        # a gain counts only beyond the noise of both rates (their windows' spread) and where
+        # its extra start-up is repaid within the payback horizon
         needed = max(MIN_GAIN, best.spread_fraction, trial.spread_fraction)
         gained = trial.samples_per_s >= best.samples_per_s * (1 + needed)
+        if gained and not _repays(best, trial, horizon):
+            reason = (f"{workers} workers gave {trial.samples_per_s:,.0f} samples/s vs "
+                      f"{best.samples_per_s:,.0f} with {best.settings.num_workers}, but start "
+                      f"{trial.startup_s - best.startup_s:.2f} s later, more than that gain "
+                      f"saves over {horizon:,} samples")
+            break
         if gained:
             best, stalls = trial, 0
         else:
@@ -442,39 +384,55 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                       f"({trial.cpu_cores_busy:.2f} busy with {workers} workers): more "
                       "workers would only compete with the training process")
             break
-        if stalls >= 2:
-            # One worker often only matches the main process (same one core); two misses in a
-            # row, with CPUs to spare, mean the fetch is not what limits.
+        # Once workers have gained, one gain within the spread ends the search; while none
+        # has, two (one worker often only matches the main process: the same one core).
+        if stalls >= (2 if best.settings.num_workers == 0 else 1):
+            more_did_not_pay = True
             reason = (f"{workers} workers gave {trial.samples_per_s:,.0f} samples/s vs "
                       f"{best.samples_per_s:,.0f} with {best.settings.num_workers}: no gain "
                       f"≥ {needed:.0%} (the larger of {MIN_GAIN:.0%} and the windows' "
-                      "spread) twice in a row")
+                      "spread)" + (" twice in a row" if stalls > 1 else ""))
             break
         if workers >= budget and trial.cpu_cores_busy >= IO_BOUND * budget:
             # More workers than cores only pay when they mostly wait (I/O-bound fetches).
             reason = (f"{workers} workers already keep {trial.cpu_cores_busy:.2f} of "
                       f"{budget:g} CPUs busy: more workers than cores would only queue")
             break
-        workers = workers + 1 if workers < budget else workers * 2
-    if (best.settings.num_workers and best.data_wait_fraction > WAIT_TARGET
-            and _waits(best, budget)):
+        if _waits(trial, budget) and workers >= budget:
+            workers = max(workers + 1, math.ceil(workers * IO_STEP))
+        else:
+            workers = workers + 1 if workers < budget else workers * 2
+    bounds = [b for b in (ceiling, _process_bound(best, consume_s, per_batch, job.world_size))
+              if b is not None]
+    room = not bounds or \
+        best.samples_per_s * (1 + max(MIN_GAIN, best.spread_fraction)) < min(bounds)
+    if (best.settings.num_workers and best.data_wait_fraction > WAIT_TARGET and room
+            and _waits(best, budget) and not more_did_not_pay):
         # The fetch waits rather than computes: a deeper queue per worker may hide latency.
+        # Not after more workers measurably did not gain: they added as many batches in
+        # flight as a deeper queue would, and producers to fill them (then the producers
+        # already keep ahead; what limits is the consumer side).
         deeper = dataclasses.replace(best.settings, prefetch_factor=4)
-        trial = measure_(deeper, best.torch_threads)
-        plan.trials.append(trial)
-        needed = max(MIN_GAIN, best.spread_fraction, trial.spread_fraction)
-        if trial.samples_per_s >= best.samples_per_s * (1 + needed):
-            best = trial
-            reason += "; prefetch_factor 4 helped"
+        why = over_budget(deeper)
+        if why:
+            reason += f"; prefetch 4 not tried: {why}"
+        else:
+            trial = measure_(deeper, best.torch_threads)
+            needed = max(MIN_GAIN, best.spread_fraction, trial.spread_fraction)
+            if trial.samples_per_s >= best.samples_per_s * (1 + needed):
+                best = trial
+                reason += "; prefetch_factor 4 helped"
     plan.settings, plan.torch_threads = best.settings, best.torch_threads
+    plan.tuning_s = time.perf_counter() - t_begin
     plan.reason = (f"{reason}. Chosen: {best.settings.num_workers} workers, prefetch "
                    f"{best.settings.prefetch_factor}, pin_memory {best.settings.pin_memory}, "
                    f"{best.torch_threads} torch threads → "
                    f"{best.samples_per_s:,.0f} samples/s, data wait "
                    f"{best.data_wait_fraction:.1%} (consumer needs {consume_s * 1e3:.1f} ms/batch"
                    + (f"; timed over whole epochs of {best.timed_batches // best.whole_epochs} "
-                      "batches, refills included" if best.whole_epochs else "") + ")")
-    plan.tuning_s = time.perf_counter() - t_begin
+                      "batches, refills included" if best.whole_epochs else "")
+                   + f"). Search: {len(plan.trials)} trials in {plan.tuning_s:.1f} s, "
+                   f"{plan.startup_s:.1f} s of it starting loaders")
     return plan
 
 

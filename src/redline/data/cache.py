@@ -18,6 +18,12 @@ LRU evicts exactly what the next epoch will ask for (Mosaic streaming #658). So 
 reaches ``max_bytes``, new samples are passed through uncached and nothing is evicted.
 A full disk behaves the same: one warning, then pass-through; training never stops for the
 cache.
+
+Writes are off the training thread (:mod:`redline.data.cache_writer`): a computed sample is
+encoded on the caller's side (tensors and arrays as raw bytes, :mod:`redline.data.sample_codec`)
+and written in batches by a background thread of each process (the main one, each DataLoader
+worker), read back from memory until then. The filling epoch so costs little more than the
+uncached one (``benchmarks/cache.py``; docs/cache.md has its numbers).
 """
 
 from __future__ import annotations
@@ -36,34 +42,32 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from redline.data import store_place
+from redline.data.cache_writer import WRITE_BATCH, StoreWriter, writer_state_for_pickle
 from redline.data.fingerprint import dataset_fingerprint, transform_fingerprint
 from redline.data.sample_codec import FORMAT_VERSION, decode, encode
-from redline.data.stores import LmdbStore, Store, StoreFull
+from redline.data.stores import LmdbStore, Store
 
 FLUSH_EVERY = 64
 """Cache events counted per process before the shared counters are updated."""
 
-WRITE_BATCH = 32
-"""Samples computed on a miss are written in one transaction per 32 (a transaction per sample
-costs a commit each: on the fill epoch that is most of the cache's own overhead). Up to 31
-computed samples per process wait in memory; a process that dies loses them, which a cache
-may (they are computed again)."""
+__all__ = ["DEFAULT_DIR", "FLUSH_EVERY", "WRITE_BATCH", "CacheStats", "CachedDataset"]
 
 DEFAULT_DIR = os.path.join(store_place.SHM_DIR, store_place.DEFAULT_NAME)
 """The default store's folder where /dev/shm has room (:func:`store_place.default_placement`
 chooses, at each CachedDataset made without ``store``)."""
 
-_WITH_PENDING: weakref.WeakSet[CachedDataset] = weakref.WeakSet()
-"""Datasets of this process with computed samples not yet written."""
+_WITH_WRITER: weakref.WeakSet[CachedDataset] = weakref.WeakSet()
+"""Datasets of this process with a background writer."""
 
 
 def _write_before_fork() -> None:
     """Write what this process computed and has not written before it forks (a DataLoader
     starting its workers): the workers then read those samples instead of computing them
-    again. Runs before the stores close their handles (hooks run in reverse order)."""
-    for ds in list(_WITH_PENDING):
+    again, and no writer thread is inside a transaction when the stores close their handles
+    (this hook runs before theirs: hooks run in reverse order of registration)."""
+    for ds in list(_WITH_WRITER):
         with contextlib.suppress(Exception):
-            ds._write_pending()
+            ds._drain()
 
 
 _SAID: set[str] = set()
@@ -79,19 +83,27 @@ def _say_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CacheStats:
+    """Counts of a :class:`CachedDataset`'s reads: hits, misses, bytes read and written."""
+
     hits: int
     misses: int
     bytes_read: int
     bytes_written: int
     uncached: int
-    """Misses not stored because the store was full (or the disk was)."""
+    """Misses not stored because the store was full (or the disk was, or its write failed)."""
 
     @property
     def hit_rate(self) -> float | None:
         n = self.hits + self.misses
         return self.hits / n if n else None
+
+    @property
+    def complete(self) -> bool:
+        """Every sample computed so far was stored: after a fill epoch, the store holds the
+        whole dataset. False once a write was refused or failed."""
+        return self.uncached == 0
 
 
 class CachedDataset(Dataset[Any]):
@@ -163,16 +175,17 @@ class CachedDataset(Dataset[Any]):
         self._writable = True
         self._warned = False
         self._said: set[str] = set()
-        self._pending: dict[bytes, bytes] = {}
-        """Computed samples not yet written (this process's; read back from here first)."""
-        self._pending_pid = -1
+        self._writer: StoreWriter | None = None
+        """This process's background writer (made on the first miss; its ``pending`` samples
+        are read back from memory first)."""
+        self._writer_pid = -1
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for spawned workers: what this process computed goes to the store first.
-        self._write_pending()
+        self._drain()
         if mpc.get_spawning_popen() is not None and not self._spawnable:
             # A fork-context lock refuses to cross into a spawned process ("A SemLock created
             # in a fork context…"): move the counters to a spawn-context array, once. Not
@@ -183,16 +196,39 @@ class CachedDataset(Dataset[Any]):
             with self._counters.get_lock():
                 moved[:] = self._counters[:]
             self._counters, self._spawnable = moved, True
-        return dict(self.__dict__)
+        return writer_state_for_pickle(self.__dict__)
 
     def flush(self) -> None:
-        """Write the samples this process computed and has not written yet (they are written
-        WRITE_BATCH at a time, before a fork, and at exit), and publish its counters."""
-        self._write_pending()
+        """Wait until the samples this process computed are written (they are written
+        WRITE_BATCH at a time by a background thread, before a fork, and at exit), and publish
+        its counters."""
+        self._drain()
         self._flush()
 
+    def _writer_here(self) -> StoreWriter | None:
+        """This process's writer, if it made one (a forked worker's copy is its parent's)."""
+        return self._writer if self._writer_pid == os.getpid() else None
+
+    def _drain(self) -> None:
+        w = self._writer_here()
+        if w is not None:
+            w.drain()
+            self._check_writer(w)
+
+    def _close_writer(self) -> None:
+        w = self._writer_here()
+        if w is not None:
+            w.close()
+            self._check_writer(w)
+            self._flush()
+
+    def _check_writer(self, w: StoreWriter) -> None:
+        """Say once, from this thread, why the writer stopped (if it did)."""
+        if w.failure is not None and self._writable:
+            self._stop_writing(w.failure)
+
     def _add(self, hits: int = 0, misses: int = 0, read: int = 0, written: int = 0,
-             uncached: int = 0) -> None:
+             uncached: int = 0, publish: bool = True) -> None:
         """Count locally; publish to the shared counters every FLUSH_EVERY events (a lock per
         sample costs as much as the read it counts) and when the process exits."""
         local = self._local
@@ -207,10 +243,15 @@ class CachedDataset(Dataset[Any]):
         local[3] += written
         local[4] += uncached
         local[5] += 1
-        if local[5] >= FLUSH_EVERY or uncached:
+        if publish and (local[5] >= FLUSH_EVERY or uncached):
             self._flush()
 
     def _flush(self) -> None:
+        w = self._writer_here()
+        if w is not None:
+            written, lost = w.take_counts()
+            if written or lost:
+                self._add(written=written, uncached=lost, publish=False)
         local = self._local
         if local is None or self._local_pid != os.getpid() or not local[5]:
             return
@@ -237,10 +278,13 @@ class CachedDataset(Dataset[Any]):
         out: list[Any] = []
         puts: list[tuple[bytes, bytes]] = []
         read = hits = 0
-        pending = self._pending if self._pending_pid == os.getpid() else {}
+        w = self._writer_here()
+        pending = w.pending if w is not None else {}
         for i, k, blob in zip(indices, keys, blobs, strict=True):
-            if blob is None and k in pending:
-                blob = pending[k]  # computed here, not yet written: read your own writes
+            if blob is None:
+                # Computed here, not written yet: read your own writes. A sample leaves
+                # `pending` only once written, so one missed by the store read is still here.
+                blob = pending.get(k)
             if blob is not None:
                 value = self._decode(blob, i)
                 if value is not _UNREADABLE:
@@ -266,36 +310,28 @@ class CachedDataset(Dataset[Any]):
         return out
 
     def _queue(self, puts: list[tuple[bytes, bytes]]) -> None:
-        """Write computed samples, WRITE_BATCH at a time (see it)."""
-        if self._pending_pid != os.getpid():
-            # A fresh process (a forked worker): what the parent had pending is the parent's.
-            self._pending, self._pending_pid = {}, os.getpid()
-            mp_util.Finalize(self, self._write_pending, exitpriority=11)
-        self._pending.update(puts)
-        _WITH_PENDING.add(self)
-        if len(self._pending) >= WRITE_BATCH:
-            self._write_pending()
-
-    def _write_pending(self) -> None:
-        if self._pending_pid != os.getpid() or not self._pending:
-            return
-        puts, self._pending = list(self._pending.items()), {}
-        if not self._writable:
-            self._add(uncached=len(puts))
-            return
-        try:
-            written = self.store.put_many(puts)
-        except StoreFull as e:
-            self._add(written=e.written, uncached=len(puts) - e.stored)
-            self._stop_writing(f"{e} (fill-once policy: nothing is evicted)")
-            return
-        self._add(written=written)
+        """Hand computed samples to this process's background writer (made on first use: a
+        forked worker makes its own, the parent's thread is not in it)."""
+        w = self._writer_here()
+        if w is None:
+            w = self._writer = StoreWriter(self.store)
+            self._writer_pid = os.getpid()
+            _WITH_WRITER.add(self)
+            # DataLoader workers end through multiprocessing's exit path, which runs these
+            # (before the counters' publication, priority 10).
+            mp_util.Finalize(self, self._close_writer, exitpriority=11)
+        for k, v in puts:
+            w.submit(k, v)
+        self._check_writer(w)
 
     def get_deterministic(self, i: int) -> Any:
         """Item ``i`` after the deterministic part only: read from the store, or computed and
         stored (what filling the cache ahead of a run calls for every item)."""
         key = self._prefix + str(i).encode()
-        blob = self.store.get(key)
+        w = self._writer_here()
+        blob: bytes | memoryview | None = w.pending.get(key) if w is not None else None
+        if blob is None:
+            blob = self.store.get(key)
         if blob is None:  # the general path computes, queues the write and counts the miss
             return self._deterministic_many([i], [None])[0]
         value = self._decode(blob, i)
@@ -348,11 +384,13 @@ class CachedDataset(Dataset[Any]):
         """Counters summed over this process and its DataLoader workers (workers publish
         theirs every few dozen samples and when they exit). This process's pending writes are
         written first."""
-        self._write_pending()
+        self._drain()
         self._flush()
         with self._counters.get_lock():
             c = [int(x) for x in self._counters[:]]
-        return CacheStats(*c)
+        hits, misses, read, written, uncached = c[:5]
+        return CacheStats(hits=hits, misses=misses, bytes_read=read, bytes_written=written,
+                          uncached=uncached)
 
 
 if hasattr(os, "register_at_fork"):

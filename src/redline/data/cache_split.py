@@ -21,7 +21,7 @@ from redline.data.cache import CachedDataset
 from redline.data.stores import Store
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CacheSplit:
     """How a dataset's samples are made: ``random(deterministic(source[index(i)]))`` is sample
     ``i`` of the training loader's dataset (the same distribution: the random part may draw

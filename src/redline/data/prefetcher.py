@@ -23,7 +23,7 @@ import torch
 B = TypeVar("B")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class PrefetchStats:
     """What the prefetcher did (device times from CUDA events, read without synchronizing)."""
 
@@ -43,7 +43,16 @@ class PrefetchStats:
 
 def map_tensors(obj: Any, fn: Any) -> Any:
     """Apply ``fn`` to every tensor in a nested batch, keeping its structure (dict, list,
-    tuple, namedtuple, dataclass instance)."""
+    tuple, namedtuple, dataclass instance).
+
+    Args:
+        obj: the batch: a tensor, or containers of tensors and other values.
+        fn: called on each tensor; returns its replacement.
+
+    Returns:
+        A batch of the same structure with each tensor replaced by ``fn(tensor)``; other values
+        kept as they are.
+    """
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, Mapping):

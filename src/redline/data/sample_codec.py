@@ -1,13 +1,19 @@
-"""How a cached sample is stored: tensors as raw buffers, everything else pickled.
+"""How a cached sample is stored: tensors and numpy arrays as raw buffers, everything else
+pickled.
 
 Pickling a tensor goes through ``torch.save``'s storage format: for a float image in a
 ``(image, label)`` pair it is most of a cache fill's cost and, unpickled, most of a hit's. So a
-tensor alone is stored as a small header (dtype, shape) and its bytes (``T1``), and a structure
-holding tensors (tuples, lists, dicts) is pickled with each CPU tensor replaced by a reference
-to a raw segment after the pickle (``S1``). Anything else is pickled (``P1``). Decoding makes
-one copy of each tensor's bytes (tensors own their memory; the blob may be a view into LMDB's
-map). :data:`FORMAT_VERSION` is part of every key, so a store written in another format is
-never read as this one.
+tensor alone is stored as a small header (dtype, shape) and its bytes (``T1``), a numpy array
+likewise (``A1``), and a structure holding tensors or arrays (tuples, lists, dicts, nested) is
+pickled with each of them replaced by a reference to a raw segment after the pickle (``S2``).
+Anything else is pickled (``P1``).
+
+Encoding makes one copy of each tensor's bytes, into the one buffer that is stored (joined
+once, never grown): the caller's tensor may be changed in place right after (a random
+transform's ``add_``), while the write happens later, on the cache's writer thread. Decoding
+makes one copy too (tensors own their memory; the blob may be a view into LMDB's map).
+:data:`FORMAT_VERSION` is part of every key, so a store written in another format is never
+read as this one.
 """
 
 from __future__ import annotations
@@ -19,16 +25,26 @@ from typing import Any
 import numpy as np
 import torch
 
-FORMAT_VERSION = 2
-"""Bumped whenever the stored form changes (keys carry it)."""
+FORMAT_VERSION = 3
+"""Bumped whenever the stored form changes (keys carry it). 3: numpy arrays raw (``A1``),
+segments of either kind in structures (``S2``), sizes checked on reading."""
 
 _TENSOR = b"T1"
-_STRUCT = b"S1"
+_ARRAY = b"A1"
+_STRUCT = b"S2"
 _PICKLE = b"P1"
 
+_RAW_KINDS = frozenset("biufc")
+"""numpy dtype kinds stored raw: bool, integers, floats, complex (their ``dtype.str``, with its
+byte order, says all there is; object, string and structured arrays are pickled)."""
 
-def _header(t: torch.Tensor) -> str:
+
+def _tensor_header(t: torch.Tensor) -> str:
     return f"{str(t.dtype)[6:]}|{','.join(map(str, t.shape))}"
+
+
+def _array_header(a: np.ndarray[Any, Any]) -> str:
+    return f"{a.dtype.str}|{','.join(map(str, a.shape))}"
 
 
 def _plain_tensor(v: Any) -> bool:
@@ -38,52 +54,70 @@ def _plain_tensor(v: Any) -> bool:
             and not v.requires_grad and not v.is_quantized)
 
 
+def _plain_array(v: Any) -> bool:
+    """A numpy array of numbers (not a subclass such as a masked array or a matrix)."""
+    return type(v) is np.ndarray and v.dtype.kind in _RAW_KINDS and not v.dtype.fields
+
+
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's values as C-ordered bytes: a view where it is contiguous already."""
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    if not t.numel():
+        return memoryview(b"")
+    return t.reshape(-1).view(torch.uint8).numpy().data
+
+
+def _array_bytes(a: np.ndarray[Any, Any]) -> memoryview:
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
+
+
 class _Pickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.segments: list[torch.Tensor] = []
+        self.segments: list[memoryview] = []
         self.offset = 0
 
     def persistent_id(self, obj: Any) -> Any:
-        if not _plain_tensor(obj):
+        if _plain_tensor(obj):
+            kind, header, raw = "t", _tensor_header(obj), _tensor_bytes(obj)
+        elif _plain_array(obj):
+            kind, header, raw = "a", _array_header(obj), _array_bytes(obj)
+        else:
             return None
-        t = obj.resolve_conj().resolve_neg().contiguous()
-        n = t.numel() * t.element_size()
-        ref = (_header(t), self.offset, n)
-        self.segments.append(t)
-        self.offset += n
+        ref = (kind, header, self.offset, raw.nbytes)
+        self.segments.append(raw)
+        self.offset += raw.nbytes
         return ref
 
 
+def _single(tag: bytes, header: str, raw: memoryview) -> bytes:
+    h = header.encode()
+    return b"".join((tag, len(h).to_bytes(2, "little"), h, raw))  # the one copy of the data
+
+
 def encode(value: Any) -> bytes:
-    """The stored form of ``value`` (see the module docstring)."""
+    """The stored form of ``value`` (see the module docstring). Never pickles a plain CPU
+    tensor or a numeric numpy array."""
     if isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_cuda:
-        t = value.detach().contiguous()
-        header = _header(t).encode()
-        out = bytearray(_TENSOR + len(header).to_bytes(2, "little") + header)
-        if t.numel():
-            out += t.reshape(-1).view(torch.uint8).numpy().data  # the one copy of the data
-        return bytes(out)
+        return _single(_TENSOR, _tensor_header(value), _tensor_bytes(value))
+    if _plain_array(value):
+        return _single(_ARRAY, _array_header(value), _array_bytes(value))
     if isinstance(value, tuple | list | dict):
         f = io.BytesIO()
         p = _Pickler(f)
         p.dump(value)
         if p.segments:
-            body = f.getvalue()
-            out = bytearray(_STRUCT + len(body).to_bytes(8, "little") + body)
-            for t in p.segments:
-                if t.numel():
-                    out += t.reshape(-1).view(torch.uint8).numpy().data
-            return bytes(out)
+            body = f.getbuffer()
+            return b"".join((_STRUCT, body.nbytes.to_bytes(8, "little"), body, *p.segments))
     return _PICKLE + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-_HEADERS: dict[str, tuple[torch.dtype, Any, list[int]]] = {}
-"""Parsed tensor headers (torch dtype, numpy dtype or None, shape): a dataset's samples share a
-few shapes."""
+_HEADERS: dict[str, tuple[torch.dtype, Any, list[int], int]] = {}
+"""Parsed tensor headers (torch dtype, numpy dtype or None, shape, bytes): a dataset's samples
+share a few shapes."""
 
 
-def _parse(header: str) -> tuple[torch.dtype, Any, list[int]]:
+def _parse(header: str) -> tuple[torch.dtype, Any, list[int], int]:
     parsed = _HEADERS.get(header)
     if parsed is None:
         dtype_name, shape_s = header.split("|")
@@ -94,19 +128,41 @@ def _parse(header: str) -> tuple[torch.dtype, Any, list[int]]:
             np_dtype: Any = torch.empty(0, dtype=dtype).numpy().dtype
         except TypeError:  # bfloat16 & co. have no numpy twin
             np_dtype = None
-        parsed = (dtype, np_dtype, [int(x) for x in shape_s.split(",")] if shape_s else [])
+        shape = [int(x) for x in shape_s.split(",")] if shape_s else []
+        size = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+        parsed = (dtype, np_dtype, shape, size)
         if len(_HEADERS) < 4096:
             _HEADERS[header] = parsed
     return parsed
 
 
-def _tensor(header: str, raw: bytearray) -> torch.Tensor:
-    dtype, np_dtype, shape = _parse(header)
-    if not raw:
+def _check_size(what: str, header: str, size: int, got: int) -> None:
+    """A value whose bytes are not all there (a store that kept part of a write) is refused,
+    so it is computed again rather than read as other numbers."""
+    if got != size:
+        raise ValueError(f"a stored {what} ({header}) has {got:,} bytes, not {size:,}")
+
+
+def _tensor(header: str, raw: memoryview) -> torch.Tensor:
+    dtype, np_dtype, shape, size = _parse(header)
+    _check_size("tensor", header, size, raw.nbytes)
+    if not size:
         return torch.empty(shape, dtype=dtype)
+    owned = bytearray(raw)  # the one copy: the tensor owns its memory
     if np_dtype is not None:  # numpy's reshape is cheaper than a tensor view here
-        return torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).reshape(shape))
-    return torch.frombuffer(raw, dtype=dtype).view(shape)
+        return torch.from_numpy(np.frombuffer(owned, dtype=np_dtype).reshape(shape))
+    return torch.frombuffer(owned, dtype=dtype).view(shape)
+
+
+def _array(header: str, raw: memoryview) -> np.ndarray[Any, Any]:
+    dtype_s, shape_s = header.rsplit("|", 1)
+    dtype = np.dtype(dtype_s)
+    if dtype.kind not in _RAW_KINDS:
+        raise ValueError(f"a stored array names dtype {dtype_s!r}, which is never stored raw")
+    shape = [int(x) for x in shape_s.split(",")] if shape_s else []
+    _check_size("array", header, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize,
+                raw.nbytes)
+    return np.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)  # the one copy
 
 
 class _Unpickler(pickle.Unpickler):
@@ -115,22 +171,32 @@ class _Unpickler(pickle.Unpickler):
         self.data = data
 
     def persistent_load(self, pid: Any) -> Any:
-        header, offset, n = pid
-        return _tensor(header, bytearray(self.data[offset:offset + n]))  # the one copy
+        kind, header, offset, n = pid
+        raw = self.data[offset:offset + n]
+        if kind == "t":
+            return _tensor(header, raw)
+        if kind == "a":
+            return _array(header, raw)
+        raise ValueError(f"a stored structure refers to a segment of kind {kind!r}")
+
+
+def _single_parts(m: memoryview) -> tuple[str, memoryview]:
+    n = int.from_bytes(m[2:4], "little")
+    return bytes(m[4:4 + n]).decode(), m[4 + n:]
 
 
 def decode(blob: bytes | memoryview) -> Any:
     """Inverse of :func:`encode`; ``blob`` may be a view into a memory map (copied once)."""
-    tag = bytes(blob[:2])
+    m = memoryview(blob).cast("B") if isinstance(blob, memoryview) else memoryview(blob)
+    tag = bytes(m[:2])
     if tag == _TENSOR:
-        n = int.from_bytes(blob[2:4], "little")
-        header = bytes(blob[4:4 + n]).decode()
-        return _tensor(header, bytearray(memoryview(blob)[4 + n:]))
+        return _tensor(*_single_parts(m))
+    if tag == _ARRAY:
+        return _array(*_single_parts(m))
     if tag == _STRUCT:
-        m = memoryview(blob)
         n = int.from_bytes(m[2:10], "little")
         return _Unpickler(m[10:10 + n], m[10 + n:]).load()
     if tag == _PICKLE:
-        return pickle.loads(blob[2:])
+        return pickle.loads(m[2:])
     raise ValueError(f"a stored sample starts with {tag!r}, not one of the tags this version "
                      "writes")

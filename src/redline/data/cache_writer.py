@@ -1,0 +1,161 @@
+"""A cache's writes, off the training thread: the samples a process computes are encoded on
+the caller's side (one copy of their bytes, so a tensor changed in place afterwards is stored
+as it was), gathered into batches, and written by one background thread per process and
+dataset, one store call (one LMDB transaction) a batch.
+
+The fill epoch then costs the caller the encoding and a queue append per sample; the store's
+copies, its commit and its lock (shared by every DataLoader worker and rank writing to the same
+LMDB) are waited for by the writer thread (py-lmdb releases the GIL inside LMDB's calls; the
+Redis client inside its socket calls). The queue is bounded (:data:`QUEUED_BATCHES` batches of
+at most :data:`WRITE_BATCH` samples or :data:`BATCH_BYTES` bytes): when it is full (a store
+slower than the pipeline, or a writer thread that a loaded host does not schedule: it runs at
+idle priority) the caller writes that batch itself, so memory never grows and the caller never
+waits longer than one write.
+
+Until a batch is written its samples stay readable from :attr:`StoreWriter.pending` (read
+your own writes: a sample computed and asked for again in the same epoch is served from
+there). A write that fails (the store's size bound, a full disk, any error of the store) stops
+this writer: what it held is dropped and counted as not stored, and the reason is kept for the
+dataset to say once, from the training thread. The store's own atomicity (a transaction per
+batch in LMDB) keeps a failed batch from being read as valid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from typing import Any
+
+from redline.data.stores import Store, StoreFull
+
+WRITE_BATCH = 32
+"""Samples per store call at most (a transaction per sample costs a commit each)."""
+
+BATCH_BYTES = 8 * 2**20
+"""Bytes per store call at most: a batch of large samples goes out before it holds 32."""
+
+QUEUED_BATCHES = 4
+"""Batches waiting for the writer thread at most; one more is written by the caller itself.
+With :data:`BATCH_BYTES`, bounds what a process holds unwritten to ~40 MiB (one sample larger
+than BATCH_BYTES makes a batch of its own)."""
+
+
+class StoreWriter:
+    """The background writer of one dataset in one process (see the module docstring)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.pending: dict[bytes, bytes] = {}
+        """Samples handed to the writer and not written yet (key → stored form)."""
+        self.failure: str | None = None
+        """Why writing stopped (None: it has not)."""
+        self._batch: list[tuple[bytes, bytes]] = []
+        self._batch_bytes = 0
+        self._queue: queue.Queue[list[tuple[bytes, bytes]] | None] = queue.Queue(QUEUED_BATCHES)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._writing = threading.Lock()
+        """Held around each store call: the thread's and the caller's writes take turns."""
+        self._written = 0
+        self._lost = 0
+
+    def submit(self, key: bytes, blob: bytes) -> None:
+        """Queue one sample's stored form for writing (readable from :attr:`pending` until it
+        is written)."""
+        self.pending[key] = blob
+        self._batch.append((key, blob))
+        self._batch_bytes += len(blob)
+        if len(self._batch) >= WRITE_BATCH or self._batch_bytes >= BATCH_BYTES:
+            self._send()
+
+    def _send(self) -> None:
+        if not self._batch:
+            return
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="redline-cache-writer",
+                                            daemon=True)
+            self._thread.start()
+        try:
+            self._queue.put_nowait(batch)
+        except queue.Full:  # the thread is behind: write this one here rather than wait
+            self._write(batch)
+
+    def drain(self) -> None:
+        """Return once everything submitted so far is written (or dropped by a failure)."""
+        self._send()
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.join()
+            return
+        while True:  # no thread (this process forked from one that had it): write here
+            try:
+                batch = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if batch is not None:
+                self._write(batch)
+            self._queue.task_done()
+
+    def close(self) -> None:
+        """Drain, then end the thread (a later submit starts another)."""
+        self.drain()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive():
+            self._queue.put(None)
+            thread.join()
+
+    def take_counts(self) -> tuple[int, int]:
+        """(bytes written, samples not stored) since the last call."""
+        with self._lock:
+            out = (self._written, self._lost)
+            self._written = self._lost = 0
+        return out
+
+    def _run(self) -> None:
+        _lower_priority()
+        while True:
+            batch = self._queue.get()
+            try:
+                if batch is None:
+                    return
+                self._write(batch)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, batch: list[tuple[bytes, bytes]]) -> None:
+        with self._writing:
+            self._write_locked(batch)
+
+    def _write_locked(self, batch: list[tuple[bytes, bytes]]) -> None:
+        written = stored = 0
+        try:
+            if self.failure is None:
+                written = self.store.put_many(batch)
+                stored = len(batch)
+        except StoreFull as e:
+            written, stored = e.written, e.stored
+            self.failure = f"{e} (fill-once policy: nothing is evicted)"
+        except Exception as e:  # a full disk (OSError ENOSPC), a store's own error: not fatal
+            self.failure = f"write failed ({type(e).__name__}: {e})"
+        finally:
+            for k, _ in batch:  # written, or given up: read from the store or computed again
+                with contextlib.suppress(KeyError):
+                    del self.pending[k]
+            with self._lock:
+                self._written += written
+                self._lost += len(batch) - stored
+
+
+def _lower_priority() -> None:
+    """Run this thread only on CPU time nothing else wants (Linux's SCHED_IDLE, per thread)."""
+    import os
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+
+
+def writer_state_for_pickle(state: dict[str, Any]) -> dict[str, Any]:
+    """A dataset's state without its writer (threads and locks stay in their process)."""
+    state = dict(state)
+    state["_writer"], state["_writer_pid"] = None, -1
+    return state

@@ -1,0 +1,134 @@
+"""The cache's background writer: a sample computed and not yet written is read back from
+memory, stored as it was when computed, written by the caller when the thread falls behind,
+and a write that fails stops writing without losing a value."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from redline.data import CachedDataset
+from redline.data.cache_writer import QUEUED_BATCHES, WRITE_BATCH, StoreWriter
+
+
+class Numbers(Dataset[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class HeldStore:
+    """A store whose writes wait until ``release`` is set (a writer thread the host does not
+    schedule, or a slow disk); it records which thread wrote each batch."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+        self.release = threading.Event()
+        self.writers: list[str] = []
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.data.get(key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | memoryview | None]:
+        return [self.data.get(k) for k in keys]
+
+    def put_many(self, items: list[tuple[bytes, bytes]]) -> int:
+        name = threading.current_thread().name
+        if name == "redline-cache-writer":
+            self.release.wait(30)
+        self.writers.append(name)
+        self.data.update(items)
+        return sum(len(v) for _, v in items)
+
+
+def test_a_sample_not_yet_written_is_read_back_without_computing_it_again(
+        tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def det(i: int) -> torch.Tensor:
+        calls.append(i)
+        return torch.full((4,), float(i))
+
+    store = HeldStore()
+    ds = CachedDataset(Numbers(WRITE_BATCH), det, store=store)  # type: ignore[arg-type]
+    first = [ds[i] for i in range(WRITE_BATCH)]  # one full batch: handed to the held thread
+    again = [ds[i] for i in range(WRITE_BATCH)]
+    assert calls == list(range(WRITE_BATCH))  # computed once: the rest came from memory
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not store.data  # nothing written yet: the thread is held
+    store.release.set()
+    ds.flush()
+    assert len(store.data) == WRITE_BATCH
+    st = ds.stats()
+    assert (st.misses, st.hits, st.uncached) == (WRITE_BATCH, WRITE_BATCH, 0)
+
+
+def test_a_tensor_changed_in_place_after_it_was_computed_is_stored_as_it_was(
+        tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def det(i: int) -> torch.Tensor:
+        calls.append(i)
+        return torch.full((8,), float(i))
+
+    ds = CachedDataset(Numbers(4), det, path=tmp_path / "c")
+    got = ds[2]
+    got.add_(100)  # the caller's random transform, in place, before the write happened
+    ds.flush()  # written: read back from the store now, not from memory
+    assert torch.equal(ds[2], torch.full((8,), 2.0))  # as computed, not as changed
+    assert calls == [2] and ds.stats().hits == 1
+
+
+def test_a_writer_thread_that_falls_behind_makes_the_caller_write(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = HeldStore()
+    writer = StoreWriter(store)  # type: ignore[arg-type]
+    n = (QUEUED_BATCHES + 3) * WRITE_BATCH
+    done = threading.Event()
+
+    def submit_all() -> None:
+        for i in range(n):
+            writer.submit(str(i).encode(), b"x" * 10)
+        done.set()
+
+    caller = threading.Thread(target=submit_all, name="caller")
+    caller.start()
+    # the thread holds one batch in its write and the queue holds QUEUED_BATCHES; the caller
+    # writes the batches beyond that itself instead of waiting for the held thread
+    assert done.wait(20), "the caller waited for a writer thread that does not run"
+    assert store.writers.count("caller") >= 2
+    store.release.set()
+    writer.close()
+    caller.join()
+    assert len(store.data) == n and not writer.pending
+    assert writer.take_counts() == (10 * n, 0)
+
+
+def test_a_write_that_fails_stops_writing_and_every_value_stays_right(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = CachedDataset(Numbers(3 * WRITE_BATCH), lambda i: torch.full((4,), float(i)),
+                       path=tmp_path / "c")
+
+    def no_space(self: Any, items: list[tuple[bytes, bytes]]) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(type(ds.store), "put_many", no_space)
+    with pytest.warns(RuntimeWarning, match="No space left") as rec:
+        out = [ds[i] for i in range(3 * WRITE_BATCH)]
+        ds.flush()
+        out += [ds[i] for i in range(3 * WRITE_BATCH)]
+    assert len(rec) == 1  # said once
+    assert all(float(o[0]) == i % (3 * WRITE_BATCH) for i, o in enumerate(out))
+    st = ds.stats()
+    assert not st.complete and st.uncached == 6 * WRITE_BATCH  # none stored: each was counted
