@@ -23,10 +23,18 @@ Two estimates of the time a mode adds to a step, both printed:
 The same two for the training thread's CPU time per step, the watch's cost as a fraction of
 the profiler's, and the per-mode quantiles, so a reader sees how noisy the machine was.
 
+Then FLOP counting on a step that makes many small calls (`--counting-rounds`, 0 to skip): a
+recurrent job shaped like pytorch/examples' `time_sequence_prediction` (two `LSTMCell`s stepped
+over the sequence, LBFGS with several closure calls per optimizer step), timed over its whole
+run bare and under `redline.watch()` with FLOP counting on (the default) and off, rounds
+alternating. It prints the whole run's cost of each and whether the report's step time left the
+counted step out (its p50 against the bare median).
+
 Run: .venv/bin/python benchmarks/overhead.py [--rounds 101] [--steps 100] [--settle 80]
-     [--scrape-interval 1]
-Target: watch, with or without the metrics endpoint, adds ≤ 50 µs per step (≤ 0.5 % of a 10 ms
-step).
+     [--scrape-interval 1] [--counting-rounds 5]
+Targets: watch, with or without the metrics endpoint, adds ≤ 50 µs per step (≤ 0.5 % of a 10 ms
+step); FLOP counting adds ≤ 5 % to the recurrent job's whole run, and its step time is within
+10 % of the bare median.
 """
 
 from __future__ import annotations
@@ -81,6 +89,98 @@ def make_loop() -> Callable[[int], tuple[list[float], list[float]]]:
     return run
 
 
+class Sequence(nn.Module):
+    """pytorch/examples' time_sequence_prediction model (two LSTMCells, hidden 51), smaller."""
+
+    def __init__(self, hidden: int = 51) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.lstm1 = nn.LSTMCell(1, hidden)
+        self.lstm2 = nn.LSTMCell(hidden, hidden)
+        self.linear = nn.Linear(hidden, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h1 = c1 = torch.zeros(x.size(0), self.hidden)
+        h2 = c2 = torch.zeros(x.size(0), self.hidden)
+        outputs = []
+        for value in x.split(1, dim=1):
+            h1, c1 = self.lstm1(value, (h1, c1))
+            h2, c2 = self.lstm2(h1, (h2, c2))
+            outputs.append(self.linear(h2))
+        return torch.cat(outputs, dim=1)
+
+
+def recurrent_job(steps: int, watch: AbstractContextManager[object] | None
+                  ) -> tuple[float, list[float], object]:
+    """Run the recurrent job for ``steps`` optimizer steps; (whole run s, step s, the watch)."""
+    torch.manual_seed(0)
+    t_axis = torch.arange(120, dtype=torch.float32)
+    series = torch.sin(t_axis / 8 + torch.arange(16).view(16, 1).float())
+    x, y = series[:, :-1], series[:, 1:]
+    model = Sequence()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=6)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    times: list[float] = []
+    with watch if watch is not None else nullcontext() as w:
+        start = t = time.perf_counter()
+        for _ in range(steps):
+            opt.step(closure)
+            now = time.perf_counter()
+            times.append(now - t)
+            t = now
+        whole = time.perf_counter() - start
+    return whole, times, w
+
+
+def counting(rounds: int, steps: int = 12) -> None:
+    """FLOP counting's cost on the recurrent job, and whether its step time stays true."""
+    modes = {
+        "bare": lambda: None,
+        "watch (counting)": lambda: redline.watch(warmup_steps=2),
+        "watch (no count)": lambda: redline.watch(warmup_steps=2, count_flops=False),
+    }
+    whole: dict[str, list[float]] = {m: [] for m in modes}
+    step_p50: dict[str, list[float]] = {m: [] for m in modes}
+    flops: list[float | None] = []
+    for r in range(rounds):
+        for m in (list(modes) if r % 2 == 0 else list(reversed(modes))):
+            run_s, times, w = recurrent_job(steps, modes[m]())
+            whole[m].append(run_s)
+            if w is None:
+                step_p50[m].append(statistics.median(times[2:]))
+                continue
+            report = w.report(show=False)  # type: ignore[attr-defined]
+            timing = report.measurements.timing
+            step_p50[m].append(timing.step_time_p50_s if timing.step_time_p50_s is not None
+                               else float("nan"))
+            if m == "watch (counting)":
+                mfu = report.measurements.mfu
+                flops.append(None if mfu is None else mfu.flops_per_step)
+    bare_whole = statistics.median(whole["bare"])
+    bare_step = statistics.median(step_p50["bare"])
+    print(f"\nFLOP counting on a recurrent job (2 LSTMCells over 119 time steps, LBFGS with 6 "
+          f"closure calls a step, {steps} steps, {rounds} alternating rounds; bare step "
+          f"{bare_step * 1e3:.1f} ms)")
+    print(f"{'mode':<18} {'whole run':>10} {'vs bare':>8} {'step p50':>9} {'vs bare':>8}")
+    for m in modes:
+        run_s = statistics.median(whole[m])
+        p50 = statistics.median(step_p50[m])
+        print(f"{m:<18} {run_s:>9.2f}s {run_s / bare_whole:>7.3f}× {p50 * 1e3:>7.1f}ms "
+              f"{p50 / bare_step:>7.3f}×")
+    cost = statistics.median(whole["watch (counting)"]) / bare_whole - 1
+    drift = statistics.median(step_p50["watch (counting)"]) / bare_step - 1
+    print(f"FLOPs per step counted: {flops[0] if flops else None}")
+    print(f"target counting ≤ 5 % of the whole run: {'MET' if cost <= 0.05 else 'NOT MET'} "
+          f"({cost:+.1%}); step time within 10 % of bare: "
+          f"{'MET' if abs(drift) <= 0.10 else 'NOT MET'} ({drift:+.1%})")
+
+
 @contextmanager
 def watch_scraped(interval_s: float) -> Iterator[None]:
     """A watch serving metrics, scraped from another thread as Prometheus would."""
@@ -109,7 +209,15 @@ def main() -> None:
     ap.add_argument("--settle", type=int, default=FETCHES_READ_IN_FULL + 16,
                     help="steps run before the timed ones in each round and mode")
     ap.add_argument("--scrape-interval", type=float, default=1.0)
+    ap.add_argument("--counting-rounds", type=int, default=5,
+                    help="rounds of the FLOP-counting recurrent job (0: skip it)")
+    ap.add_argument("--only-counting", action="store_true",
+                    help="run only the FLOP-counting recurrent job")
     args = ap.parse_args()
+    if args.only_counting:
+        torch.set_num_threads(1)
+        counting(args.counting_rounds)
+        return
     torch.set_num_threads(1)
     run = make_loop()
     modes: dict[str, Callable[[], AbstractContextManager[object]]] = {
@@ -174,6 +282,8 @@ def main() -> None:
         verdict = "MET" if quiet[name] <= 50e-6 else "NOT MET"
         print(f"target {name} ≤ 50 µs/step: {verdict} ({quiet[name] * 1e6:.1f} µs quiet-machine "
               f"shift; {typical[name] * 1e6:.1f} µs median of paired rounds)")
+    if args.counting_rounds:
+        counting(args.counting_rounds)
 
 if __name__ == "__main__":
     main()

@@ -90,7 +90,8 @@ def mfu_for(dev: DeviceInfo, effective_precision: str | None, flops: float | Non
     Args:
         dev: the device (its name selects the peak-table entry).
         effective_precision: the precision the step ran in ('fp32', 'tf32', 'bf16-autocast', …).
-        flops, conv_flops: FLOPs of one step, and the part in convolutions.
+        flops: FLOPs of one step; None = not counted.
+        conv_flops: the part of ``flops`` in convolutions; None = not counted.
         step_time_mean_s: the window's wall time ÷ its steps.
         counted: whether FLOP counting was asked for.
         flop_error: why counting failed, if it did.

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from redline.core.measurements import (
+    MAX_STEP_TIMES,
     CompetingProcess,
     DeviceInfo,
     DeviceMetrics,
@@ -22,12 +23,16 @@ from redline.core.measurements import (
     MetricTier,
     PhaseShare,
     PrecisionInfo,
+    StartupCost,
+    StepDrift,
     StepTiming,
 )
 from redline.core.report import TraceSummary
 from redline.measure.ddp import ddp_stats, fsdp_stats, snapshot
+from redline.measure.drift import STARTUP_EXCESS, startup_cost, step_modes, step_trend
 from redline.measure.evaluation import evaluation_metrics
 from redline.measure.loop_work import loop_work
+from redline.measure.memory import memory_timeline
 from redline.measure.mfu import mfu_for
 from redline.measure.stats import percentile, span_fraction, step_times
 from redline.measure.system import cpu_budget, cpu_flags, shm_info
@@ -42,15 +47,16 @@ def device_info(dev: torch.device) -> DeviceInfo:
     """What the report says of the device a watch measured on."""
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
-        return DeviceInfo("cuda", props.name, torch.cuda.device_count(),
-                          f"{props.major}.{props.minor}", int(props.total_memory))
-    return DeviceInfo(dev.type, platform.processor() or platform.machine(), 1)
+        return DeviceInfo(type="cuda", name=props.name, count=torch.cuda.device_count(),
+                          compute_capability=f"{props.major}.{props.minor}",
+                          total_memory_bytes=int(props.total_memory))
+    return DeviceInfo(type=dev.type, name=platform.processor() or platform.machine(), count=1)
 
 
 def _timing(w: Recorder, steps: list[StepRecord]) -> StepTiming:
     total_steps, warmup, excluded, measured = w.step_counts
     times = step_times(steps)
-    samples = [s.samples for s in steps if s.samples is not None]
+    samples = [step.samples for step in steps if step.samples is not None]
     total = sum(times)
     return StepTiming(
         step_source=w.tracker.source,
@@ -66,25 +72,28 @@ def _timing(w: Recorder, steps: list[StepRecord]) -> StepTiming:
                                   if samples and len(samples) == len(steps) and total > 0
                                   else None),
         steps_per_s=len(times) / total if total > 0 else None,
+        step_times_s=[round(step_s, 9) for step_s in times[-MAX_STEP_TIMES:]] if times else None,
     )
 
 
 def _breakdown(steps: list[StepRecord]) -> list[PhaseShare]:
-    n = len(steps)
-    total = sum(s.step_s for s in steps)
+    n_steps = len(steps)
+    total = sum(step.step_s for step in steps)
     out = []
-    for ph in (*PHASES, "other"):
-        per = ([s.other_s for s in steps] if ph == "other"
-               else [s.phases[PHASES.index(ph)] for s in steps])
-        v = sum(per)
+    for phase in (*PHASES, "other"):
+        per = ([step.other_s for step in steps] if phase == "other"
+               else [step.phases[PHASES.index(phase)] for step in steps])
+        phase_total_s = sum(per)
         trimmed = None
-        k = max(range(n), key=per.__getitem__) if n else None
-        if k is not None and n >= 3:
+        k = max(range(n_steps), key=per.__getitem__) if n_steps else None
+        if k is not None and n_steps >= 3:
             rest = total - steps[k].step_s
-            trimmed = (v - per[k]) / rest if rest > 0 else None
-        out.append(PhaseShare(ph, v / n if n else 0.0, v / total if total > 0 else 0.0,
-                              trimmed, None if k is None else steps[k].index,
-                              None if k is None else per[k]))
+            trimmed = (phase_total_s - per[k]) / rest if rest > 0 else None
+        out.append(PhaseShare(phase=phase, mean_s=phase_total_s / n_steps if n_steps else 0.0,
+                              fraction=phase_total_s / total if total > 0 else 0.0,
+                              fraction_without_slowest=trimmed,
+                              slowest_step=None if k is None else steps[k].index,
+                              slowest_step_s=None if k is None else per[k]))
     return out
 
 
@@ -92,33 +101,43 @@ def precision_info(w: Recorder, dev: DeviceInfo) -> PrecisionInfo:
     """The precision the watched steps ran in, from the parameter and autocast dtypes seen."""
     inst = w.inst
     assert inst is not None
-    p = inst.precision
-    params: Counter[str] = p.param_dtypes or Counter()
-    ac: Counter[str] = p.autocast or Counter()
+    seen = inst.precision
+    params: Counter[str] = seen.param_dtypes or Counter()
+    autocast: Counter[str] = seen.autocast or Counter()
     param_dtype = params.most_common(1)[0][0] if params else None
-    ac_dtype = ac.most_common(1)[0][0] if ac else None
-    ac_frac = sum(ac.values()) / p.forwards if p.forwards else None
-    mm = torch.get_float32_matmul_precision()
-    tf32 = bool(torch.backends.cuda.matmul.allow_tf32) or mm != "highest"
+    ac_dtype = autocast.most_common(1)[0][0] if autocast else None
+    ac_frac = sum(autocast.values()) / seen.forwards if seen.forwards else None
+    matmul_precision = torch.get_float32_matmul_precision()
+    tf32 = bool(torch.backends.cuda.matmul.allow_tf32) or matmul_precision != "highest"
     eff: str | None
     if ac_frac is not None and ac_frac >= 0.5 and ac_dtype is not None:
         eff = f"{ac_dtype}-autocast"
     elif param_dtype in ("bf16", "fp16"):
         eff = param_dtype
-    elif param_dtype == "fp32" or (param_dtype is None and p.forwards):
-        cc = float(dev.compute_capability) if dev.compute_capability else 0.0
-        eff = "tf32" if dev.type == "cuda" and cc >= 8.0 and tf32 else "fp32"
+    elif param_dtype == "fp32" or (param_dtype is None and seen.forwards):
+        compute_capability = float(dev.compute_capability) if dev.compute_capability else 0.0
+        eff = "tf32" if dev.type == "cuda" and compute_capability >= 8.0 and tf32 else "fp32"
     else:
         eff = None
-    return PrecisionInfo(eff, param_dtype, ac_dtype, ac_frac, mm, tf32)
+    return PrecisionInfo(effective=eff, param_dtype=param_dtype, autocast_dtype=ac_dtype,
+                         autocast_forward_fraction=ac_frac, float32_matmul_precision=matmul_precision,
+                         tf32_matmul_allowed=tf32)
 
 
 def build_measurements(w: Recorder) -> Measurements:
-    """Everything ``w`` recorded, as :class:`~redline.core.measurements.Measurements`."""
+    """Everything ``w`` recorded, as :class:`~redline.core.measurements.Measurements`.
+
+    Args:
+        w: a recorder (a watch or a doctor run) whose block has been left.
+
+    Returns:
+        The run's :class:`~redline.core.measurements.Measurements`, with notes saying which
+        steps the statistics cover (warm-up or start-up steps included or left out, sampling).
+    """
     notes: list[str] = []
     steps = w.measured_steps
     if not steps:
-        steps = [s for s in w.steps if s.kind != "excluded"]
+        steps = [step for step in w.steps if step.kind != "excluded"]
         if steps:
             notes.append(
                 f"Only {len(steps)} step(s) ran, none after the {w.config.warmup_steps} warm-up "
@@ -139,6 +158,32 @@ def build_measurements(w: Recorder) -> Measurements:
             f"breakdown and the timeline are over every {stride}th step, a uniform sample; "
             "step counts are exact."
         )
+    startup = None
+    if w.measured_steps:
+        startup = startup_cost([step for step in w.steps if step.kind != "excluded"], stride,
+                               w.cpu.loop_delay_between)
+        steady = ([step for step in steps if step.index >= startup_end(w, startup)]
+                  if startup is not None and startup.steps_after_warmup else steps)
+        if startup is not None and 3 <= len(steady) < len(steps):
+            if startup.left_out:
+                notes.append(
+                    f"The first {len(steps) - len(steady)} measured step(s) were still "
+                    f"start-up (step time above {1 + STARTUP_EXCESS:g}× the steady "
+                    f"{startup.steady_step_s * 1e3:.2f} ms; drift.startup): they are left out "
+                    "of the step statistics and the breakdown.")
+                steps = steady
+            else:
+                why = ("the training thread waited for a CPU through much of them "
+                       "(drift.startup.run_delay_s): a loaded host, not start-up"
+                       if startup.run_delay_s is not None else
+                       "the training thread's run delay over them could not be read, so a "
+                       "loaded host cannot be ruled out")
+                notes.append(
+                    f"The first {startup.steps} step(s) were slower than the steady "
+                    f"{startup.steady_step_s * 1e3:.2f} ms, but {why}; they stay in the step "
+                    "statistics.")
+    drift = StepDrift(startup=startup, trend=step_trend(steps, w.cpu.loop_delay_between),
+                      modes=step_modes(steps, w.cpu.loop_delay_between))
     dev = device_info(w.device)
     inst = w.inst
     assert inst is not None
@@ -148,9 +193,9 @@ def build_measurements(w: Recorder) -> Measurements:
     shm = shm_info()
     win = w.cpu_window
     flags = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})
-    data_cpu = sum(s.data_cpu_s for s in steps)
-    data_delay = sum(s.data_run_delay_s for s in steps)
-    data_read = sum(s.data_read_s for s in steps)  # the fetches whose CPU and delay were read
+    data_cpu = sum(step.data_cpu_s for step in steps)
+    data_delay = sum(step.data_run_delay_s for step in steps)
+    data_read = sum(step.data_read_s for step in steps)  # the fetches whose CPU and delay were read
     delay_known = inst.data.run_delay_known
     wall = win.wall_s if win and win.wall_s > 0 else None
     others = None
@@ -190,28 +235,30 @@ def build_measurements(w: Recorder) -> Measurements:
     )
     loaders = [
         LoaderReport(
-            batch_size=li.batch_size, settings=li.settings, dataset_type=li.dataset_type,
-            multiprocessing_context=li.multiprocessing_context,
-            iterators=li.iterators, worker_starts=li.worker_starts,
-            worker_startup_mean_s=(sum(li.startup_s) / len(li.startup_s)
-                                   if li.startup_s else None),
-            worker_startup_total_s=sum(li.startup_s), batch_bytes=li.batch_bytes,
+            batch_size=loader_info.batch_size, settings=loader_info.settings,
+            dataset_type=loader_info.dataset_type,
+            multiprocessing_context=loader_info.multiprocessing_context,
+            iterators=loader_info.iterators, worker_starts=loader_info.worker_starts,
+            worker_startup_mean_s=(sum(loader_info.startup_s) / len(loader_info.startup_s)
+                                   if loader_info.startup_s else None),
+            worker_startup_total_s=sum(loader_info.startup_s), batch_bytes=loader_info.batch_bytes,
             python_containers=[
-                {"path": c.path, "type": c.type, "items": c.items, "est_bytes": c.est_bytes}
-                for c in li.containers
+                {"path": container.path, "type": container.type, "items": container.items,
+                 "est_bytes": container.est_bytes}
+                for container in loader_info.containers
             ],
-            cache=_cache_stats(li.cache),
+            cache=_cache_stats(loader_info.cache),
         )
-        for li in inst.loaders
+        for loader_info in inst.loaders
     ]
-    dm = _device_metrics(w, steps, dev)
+    device_metrics = _device_metrics(w, steps, dev)
     precision = precision_info(w, dev)
     mfu = mfu_for(dev, precision.effective, w.flops.flops, w.flops.conv_flops,
                   timing.step_time_mean_s, counted=w.config.count_flops,
                   flop_error=w.flops.error, cudnn_tf32=bool(torch.backends.cudnn.allow_tf32))
-    main_loader = next((li for li, info in zip(loaders, inst.loaders, strict=True)
+    main_loader = next((loader_info for loader_info, info in zip(loaders, inst.loaders, strict=True)
                         if info.training), None) or next(
-        (li for li in loaders if li.iterators), loaders[0] if loaders else None)
+        (loader_info for loader_info in loaders if loader_info.iterators), loaders[0] if loaders else None)
     config = EffectiveConfig(
         device=str(w.device),
         batch_size=(main_loader.batch_size if main_loader and main_loader.batch_size
@@ -236,7 +283,7 @@ def build_measurements(w: Recorder) -> Measurements:
     parallel = w.parallel if w.parallel is not None else snapshot(inst.roots)
     return Measurements(
         device=dev, config=config, timing=timing, breakdown=breakdown, host=host,
-        device_metrics=dm, loaders=loaders, precision=precision, mfu=mfu,
+        device_metrics=device_metrics, loaders=loaders, precision=precision, mfu=mfu,
         tier=_tier(w), counts=dict(w.tracker.counts),
         root_modules=max(inst.root_modules, w.root_names, key=len),  # roots freed since: seen
         sources=_sources(w), notes=notes,
@@ -244,7 +291,17 @@ def build_measurements(w: Recorder) -> Measurements:
         fsdp=fsdp_stats(parallel, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
         evaluation=evaluation_metrics(steps),
         loop=loop_work(w, steps),
+        memory=memory_timeline(w.memory, t_enter=w.t_enter, window_start=w.window_start,
+                               pid=w.cpu.pid, interval_s=w.config.sample_interval_s,
+                               device_total_bytes=dev.total_memory_bytes),
+        drift=drift if startup is not None or drift.trend is not None else None,
     )
+
+
+def startup_end(w: Recorder, startup: StartupCost) -> int:
+    """Index of the first steady step (the first step after the start-up)."""
+    kept = [step for step in w.steps if step.kind != "excluded"]
+    return kept[startup.steps].index if startup.steps < len(kept) else w.tracker.closed
 
 
 def _competing(w: Recorder) -> list[CompetingProcess] | None:
@@ -252,44 +309,46 @@ def _competing(w: Recorder) -> list[CompetingProcess] | None:
     win, inst = w.cpu_window, w.inst
     if win is None or win.processes is None or inst is None:
         return None
-    workers = {pid for li in inst.loaders for pid in li.worker_pids}
+    workers = {pid for loader_info in inst.loaders for pid in loader_info.worker_pids}
     wall = win.wall_s if win.wall_s > 0 else None
-    return [CompetingProcess(pid=p.pid, command=p.command, cpu_s=p.cpu_s,
-                             cpu_cores=p.cpu_s / wall if wall else 0.0, child=p.child,
-                             same_job=p.same_job)
-            for p in win.processes if p.pid not in workers]
+    return [CompetingProcess(pid=proc.pid, command=proc.command, cpu_s=proc.cpu_s,
+                             cpu_cores=proc.cpu_s / wall if wall else 0.0, child=proc.child,
+                             same_job=proc.same_job)
+            for proc in win.processes if proc.pid not in workers]
 
 
 def _cache_stats(cache: object) -> dict[str, int | float | None] | None:
     if cache is None:
         return None
-    st = cache.stats()  # type: ignore[attr-defined]
-    return {"hits": st.hits, "misses": st.misses, "bytes_read": st.bytes_read,
-            "bytes_written": st.bytes_written, "uncached": st.uncached, "hit_rate": st.hit_rate}
+    stats = cache.stats()  # type: ignore[attr-defined]
+    return {"hits": stats.hits, "misses": stats.misses, "bytes_read": stats.bytes_read,
+            "bytes_written": stats.bytes_written, "uncached": stats.uncached, "hit_rate": stats.hit_rate}
 
 
 def _device_metrics(w: Recorder, steps: list[StepRecord], dev: DeviceInfo) -> DeviceMetrics:
-    n = len(steps)
+    n_steps = len(steps)
     inst = w.inst
     assert inst is not None
-    h = inst.h2d
+    h2d_seen = inst.h2d
     h2d = None
-    if dev.type != "cpu" and n:
+    if dev.type != "cpu" and n_steps:
         h2d = H2DMetrics(
-            copies_per_step=h.copies / max(1, w.tracker.closed),
-            bytes_per_step=h.bytes / max(1, w.tracker.closed),
-            pageable_fraction=h.pageable_bytes / h.bytes if h.bytes else None,
-            host_s_per_step=h.host_s / max(1, w.tracker.closed),
+            copies_per_step=h2d_seen.copies / max(1, w.tracker.closed),
+            bytes_per_step=h2d_seen.bytes / max(1, w.tracker.closed),
+            pageable_fraction=h2d_seen.pageable_bytes / h2d_seen.bytes if h2d_seen.bytes else None,
+            host_s_per_step=h2d_seen.host_s / max(1, w.tracker.closed),
         )
     if dev.type != "cuda":
-        return DeviceMetrics(None, None, None, None, None, None, None, None, h2d=h2d)
-    with_dev = [s for s in steps if s.device_s is not None]
+        return DeviceMetrics(device_span_fraction=None, device_s_per_step=None, peak_allocated_bytes=None,
+                             peak_reserved_bytes=None, total_memory_bytes=None, nvml=None, sync_calls=None,
+                             sync_calls_per_step=None, h2d=h2d)
+    with_dev = [step for step in steps if step.device_s is not None]
     span = span_fraction(with_dev)
     mem = w.cuda_memory
     syncs = w.syncs
     return DeviceMetrics(
         device_span_fraction=span,
-        device_s_per_step=(sum(s.device_s or 0.0 for s in with_dev) / len(with_dev)
+        device_s_per_step=(sum(step.device_s or 0.0 for step in with_dev) / len(with_dev)
                            if with_dev else None),
         peak_allocated_bytes=mem.peak_allocated_bytes if mem else None,
         peak_reserved_bytes=mem.peak_reserved_bytes if mem else None,
@@ -297,7 +356,7 @@ def _device_metrics(w: Recorder, steps: list[StepRecord], dev: DeviceInfo) -> De
         nvml=w.nvml_summary,
         sync_calls=syncs.count if syncs else None,
         sync_calls_per_step=syncs.count / max(1, w.tracker.closed) if syncs else None,
-        sync_sites=[{"site": s, "count": c} for s, c in syncs.sites.most_common(5)]
+        sync_sites=[{"site": site, "count": count} for site, count in syncs.sites.most_common(5)]
         if syncs else [],
         h2d=h2d,
     )
@@ -309,29 +368,29 @@ def _tier(w: Recorder) -> MetricTier:
     if w.device.type != "cuda":
         missing.append({"metric": "device time, memory, NVML",
                         "reason": f"the job runs on {w.device.type}, not CUDA"})
-        return MetricTier("cpu", have, missing)
+        return MetricTier(tier="cpu", have=have, missing=missing)
     have += ["device span per step (CUDA events)", "peak device memory (allocator)"]
     tier = "cuda-events"
     if w.syncs is not None:
         have.append("host-sync count (set_sync_debug_mode, lower bound)")
-    nv = w.nvml_summary
+    nvml_summary = w.nvml_summary
     if w.nvml is None:
         missing.append({"metric": "NVML utilization, power, energy, clocks",
                         "reason": w.nvml_reason or "NVML unavailable"})
     else:
         tier += "+nvml"
         have.append("NVML utilization, power, energy, clocks")
-        if nv is not None and nv.gpm_sm_active_pct is not None:
+        if nvml_summary is not None and nvml_summary.gpm_sm_active_pct is not None:
             tier += "+gpm"
             have.append("GPM SM-active, tensor-active")
         else:
             missing.append({"metric": "SM-active / tensor-active (GPM)",
-                            "reason": (nv.gpm_reason if nv and nv.gpm_reason
+                            "reason": (nvml_summary.gpm_reason if nvml_summary and nvml_summary.gpm_reason
                                        else "no GPM sample in the window")})
     missing.append({"metric": "exact device-busy time, per-kernel breakdown",
                     "reason": "needs a kernel-level trace (torch.profiler with CUDA activities); "
                               "always-on mode does not record one"})
-    return MetricTier(tier, have, missing)
+    return MetricTier(tier=tier, have=have, missing=missing)
 
 
 def _sources(w: Recorder) -> dict[str, str]:
@@ -353,6 +412,16 @@ def _sources(w: Recorder) -> dict[str, str]:
                + " ÷ mean step time (the measured window's wall time ÷ its steps) ÷ peak from "
                "redline/data/peak_flops.json",
     }
+    src["memory_over_time"] = (
+        "RSS of the process and of each child (psutil memory_info) every "
+        f"{w.config.sample_interval_s:g} s on the CPU sampler's thread"
+        + (", and torch.cuda.memory_allocated / memory_reserved (allocator counters, no sync) "
+           "at the same samples" if w.device.type == "cuda" else "")
+        + "; growth fitted over the measured window (Theil–Sen slope, Mann–Kendall test)")
+    src["drift"] = ("the kept step records' times (start-up: the steps before the step time "
+                    "settles at its steady level; trend: Theil–Sen against the step index; "
+                    "levels: Otsu's split and Ashman's D; the loop thread's run delay from the "
+                    "CPU sampler's readings)")
     if w.config.stack_sample_interval_s is not None:
         src["other"] = ("step time in no phase above, split between the user's lines by the "
                         "training thread's Python stack, read every "
@@ -380,19 +449,25 @@ def recorded_trace(w: Recorder) -> tuple[TraceSummary | None, TraceAnalysis | No
     if not cap.written:
         note = cap.error or (f"the run ended before the trace's {cap.steps_needed} steps "
                              "were recorded")
-        return TraceSummary(None, steps, 0, None, None, None, None, note), None
+        return TraceSummary(path=None, steps=steps, device_events=0, window_us=None, idle_pct=None,
+                            compute_pct=None, non_compute_pct=None, note=note), None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # rank defaults to 0 for a single-process trace
-            a = analyze_paths([cap.path])
+            analysis = analyze_paths([cap.path])
     except TraceError as e:
-        return TraceSummary(str(cap.path), steps, 0, None, None, None, None, str(e)), None
-    (r,) = a.ranks
-    t = r.temporal
-    if t is None:
+        return TraceSummary(path=str(cap.path), steps=steps, device_events=0, window_us=None, idle_pct=None,
+                            compute_pct=None, non_compute_pct=None, note=str(e)), None
+    (rank_analysis,) = analysis.ranks
+    temporal = rank_analysis.temporal
+    if temporal is None:
         note = ("CPU-only trace (no CUDA activity was recorded): it shows host operators; "
                 "kernel-level analysis needs a GPU" if w.device.type != "cuda"
                 else "the trace holds no GPU events")
-        return TraceSummary(str(cap.path), steps, 0, None, None, None, None, note), a
-    return (TraceSummary(str(cap.path), steps, r.device_events, t.window_us, t.pct(t.idle_us),
-                         t.pct(t.compute_us), t.pct(t.non_compute_us), None), a)
+        return TraceSummary(path=str(cap.path), steps=steps, device_events=0, window_us=None, idle_pct=None,
+                            compute_pct=None, non_compute_pct=None, note=note), analysis
+    return (TraceSummary(path=str(cap.path), steps=steps, device_events=rank_analysis.device_events,
+                         window_us=temporal.window_us, idle_pct=temporal.pct(temporal.idle_us),
+                         compute_pct=temporal.pct(temporal.compute_us),
+                         non_compute_pct=temporal.pct(temporal.non_compute_us),
+                         note=None), analysis)
