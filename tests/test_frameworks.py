@@ -224,10 +224,16 @@ def test_a_starved_framework_run_gets_the_plain_loops_findings(
         tmp_path: Path, plain_starved: dict, mode: str) -> None:
     """The same dataset (~12 ms of CPU per batch, no workers) and model: the framework adds
     its own overhead to each step, but the diagnosis — its findings, in the same order — and
-    the data wait per step are the plain loop's."""
+    the data wait per step are the plain loop's. A finding the plain loop has not is allowed
+    only as that overhead itself: host work the report names as the framework's own (where the
+    step is short, the framework's fixed per-step cost can pass the host-code bar)."""
     rep = _starved(tmp_path, mode)
+    plain = [f["id"] for f in plain_starved["findings"]]
     ids = [f["id"] for f in rep["findings"]]
-    assert ids == [f["id"] for f in plain_starved["findings"]]
+    extra = [f for f in rep["findings"] if f["id"] not in plain]
+    for f in extra:
+        assert f["id"] == "host_work_in_loop" and f["evidence"].get("framework"), f
+    assert [i for i in ids if i in plain] == plain
     assert ids[:2] == ["data_starvation", "cpu_preprocessing"]
 
     def wait(r: dict) -> float:

@@ -244,7 +244,7 @@ def _rec(i: int, step_s: float, other_s: float = 0.0, data_s: float = 0.0) -> St
     phases = [0.0] * len(PHASES)
     phases[PHASES.index("data_wait")] = data_s
     phases[PHASES.index("forward")] = step_s - other_s - data_s
-    return StepRecord(i, i * 1.0, i * 1.0 + step_s, phases)
+    return StepRecord(index=i, start_s=i * 1.0, end_s=i * 1.0 + step_s, phases=phases)
 
 
 def test_periodic_stall_arithmetic_and_phase() -> None:
@@ -305,3 +305,23 @@ def test_on_cuda_the_ceiling_is_bounded_by_the_device_idle_share() -> None:
     m = measurements(device="cuda", cc="9.0", dev={"device_span_fraction": 0.8})
     f = next(f for f in diagnose(replace(m, loop=lw)) if f.id == "logging_in_loop")
     assert f.ceiling_speedup == pytest.approx(1 / 0.8)  # the device idles 20 %, not 50 %
+
+
+@pytest.mark.parametrize(("via", "framework", "setting"), [
+    ("transformers.trainer:_prepare_input", "the Hugging Face Trainer", "logging_steps"),
+    ("lightning.pytorch.loops.fit_loop:advance", "Lightning", "log_every_n_steps"),
+    (None, None, "vectorize"),
+])
+def test_host_code_inside_a_framework_is_told_as_the_framework_s_own(
+        via: str | None, framework: str | None, setting: str) -> None:
+    """The sampled line is the user's ``trainer.train()``; the code under it is the
+    framework's: the finding says whose work it is and which settings make it run less often."""
+    site = CodeSite(file="train.py", line=73, function="<module>", kind="code", via=via,
+                    step_fraction=0.15, samples=30, text="trainer.train()")
+    lw = _loop(other_fraction=0.16, sites=[site], kind_fractions={"code": 0.15})
+    f = next(f for f in diagnose(replace(measurements(phases={"forward": 0.5}), loop=lw))
+             if f.id == "host_work_in_loop")
+    assert f.evidence.get("framework") == framework
+    assert setting in f.fix and "train.py:73" in f.title
+    if framework is not None:
+        assert f.fix.startswith(f"The largest share is {framework}'s own per-step work ({via})")

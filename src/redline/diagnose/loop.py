@@ -23,6 +23,22 @@ SITES_NAMED = 3
 _SPECIFIC = ("checkpoint", "logging", "batch")
 """Kinds with a finding of their own (GC has ``gc_pauses``, timed exactly)."""
 
+_FRAMEWORKS = {
+    "transformers": ("the Hugging Face Trainer", "a larger logging_steps, disable_tqdm=True"),
+    "lightning": ("Lightning", "a larger log_every_n_steps, enable_progress_bar=False"),
+    "pytorch_lightning": ("Lightning", "a larger log_every_n_steps, enable_progress_bar=False"),
+    "accelerate": ("Accelerate", "fewer per-step gather() and log() calls"),
+}
+"""Packages whose own per-step code a sampled line can run through (``CodeSite.via``), with
+the settings that make that code run less often."""
+
+
+def _framework_of(site: CodeSite) -> tuple[str, str] | None:
+    """The training framework whose code spent a site's time, from its ``via``, and its
+    settings; None for the user's own code or another library."""
+    package = (site.via or "").split(":", 1)[0].split(".", 1)[0]
+    return _FRAMEWORKS.get(package)
+
 
 def _where(site: CodeSite) -> str:
     return f"{site.file}:{site.line} ({site.function})"
@@ -111,9 +127,9 @@ def _kind_finding(m: Measurements, kind: str, fid: str, what: str, fix: str) -> 
         ev["period_steps"] = p.period_steps
         ev["extra_ms_per_slow_step"] = round(p.extra_s_per_slow_step * 1e3, 3)
     removable = _removable(m, f)
-    return [Finding(fid, severity_for(f),
-                    f"{what} takes {f:.0%} of each step{every}, at {_sites_text(sites)}",
-                    ev, ceiling_speedup(removable), fix)]
+    return [Finding(id=fid, severity=severity_for(f),
+                    title=f"{what} takes {f:.0%} of each step{every}, at {_sites_text(sites)}",
+                    evidence=ev, ceiling_speedup=ceiling_speedup(removable), fix=fix)]
 
 
 def checkpoint_in_loop(m: Measurements) -> list[Finding]:
@@ -162,11 +178,11 @@ def host_work_in_loop(m: Measurements) -> list[Finding]:
         if f < HOST_CODE_MIN_FRACTION:
             return []
         return [Finding(
-            "host_work_in_loop", severity_for(f),
-            f"{f:.0%} of each step is spent outside every measured phase; no stack sample "
+            id="host_work_in_loop", severity=severity_for(f),
+            title=f"{f:.0%} of each step is spent outside every measured phase; no stack sample "
             "named its code",
-            {"other_fraction": round(lw.other_fraction, 4), "samples": 0}, None,
-            "Profile the loop between the optimizer step and the next forward (py-spy record, "
+            evidence={"other_fraction": round(lw.other_fraction, 4), "samples": 0}, ceiling_speedup=None,
+            fix="Profile the loop between the optimizer step and the next forward (py-spy record, "
             "or `redline doctor --trace`) to find the code that spends it.")]
     if f < HOST_CODE_MIN_FRACTION:
         return []
@@ -174,14 +190,24 @@ def host_work_in_loop(m: Measurements) -> list[Finding]:
     p = _period(lw, "code", m)
     if _mostly_periodic(p, f):
         return []  # periodic_stall names it: the period is the more precise diagnosis
+    fix = ("This code runs in the training thread between steps, while the device waits for "
+           "it: run it every k steps, move it to a background thread or into the DataLoader's "
+           "workers, or vectorize it (tensor operations instead of Python loops).")
+    framework = _framework_of(sites[0]) if sites else None
+    if framework is not None:
+        # The line is the user's call into the framework (``trainer.train()``): the time is the
+        # framework's own per-step work, which the user changes through its settings.
+        name, settings = framework
+        ev["framework"] = name
+        fix = (f"The largest share is {name}'s own per-step work ({sites[0].via}), not code "
+               f"of yours: log and refresh progress less often ({settings}), drop per-step "
+               "callbacks you do not need; a larger batch spreads this fixed cost over more "
+               "samples.")
     return [Finding(
-        "host_work_in_loop", severity_for(f),
-        f"Host code between the training phases takes {f:.0%} of each step: "
+        id="host_work_in_loop", severity=severity_for(f),
+        title=f"Host code between the training phases takes {f:.0%} of each step: "
         f"{_sites_text(sites)}",
-        ev, ceiling_speedup(_removable(m, f)),
-        "This code runs in the training thread between steps, while the device waits for it: "
-        "run it every k steps, move it to a background thread or into the DataLoader's "
-        "workers, or vectorize it (tensor operations instead of Python loops).")]
+        evidence=ev, ceiling_speedup=ceiling_speedup(_removable(m, f)), fix=fix)]
 
 
 def _mostly_periodic(p: PeriodicStall | None, code_share: float) -> bool:
@@ -222,9 +248,9 @@ def gc_pauses(m: Measurements) -> list[Finding]:
         where = f", {s.step_fraction:.0%} in gc.collect() at {_where(s)}"
         fix = (f"Remove the gc.collect() at {_where(s)} from the step, or call it every few "
                "hundred steps. " + fix)
-    return [Finding("gc_pauses", severity_for(f),
-                    f"Garbage collection pauses the loop {f:.0%} of each step{where}",
-                    ev, ceiling_speedup(_removable(m, f)), fix)]
+    return [Finding(id="gc_pauses", severity=severity_for(f),
+                    title=f"Garbage collection pauses the loop {f:.0%} of each step{where}",
+                    evidence=ev, ceiling_speedup=ceiling_speedup(_removable(m, f)), fix=fix)]
 
 
 def periodic_stall(m: Measurements) -> list[Finding]:
@@ -260,9 +286,9 @@ def periodic_stall(m: Measurements) -> list[Finding]:
         ev["site_code"] = p.site.text
         where += f", at {_where(p.site)}" + (f": `{p.site.text}`" if p.site.text else "")
     return [Finding(
-        "periodic_stall", severity_for(p.step_fraction),
-        f"Every {p.period_steps}th step takes {p.extra_s_per_slow_step * 1e3:.0f} ms more "
+        id="periodic_stall", severity=severity_for(p.step_fraction),
+        title=f"Every {p.period_steps}th step takes {p.extra_s_per_slow_step * 1e3:.0f} ms more "
         f"than the median step ({where}): {p.step_fraction:.0%} of the time",
-        ev, ceiling_speedup(_removable(m, p.step_fraction)),
-        f"Find what runs every {p.period_steps} steps there and move it off the step path (a "
+        evidence=ev, ceiling_speedup=ceiling_speedup(_removable(m, p.step_fraction)),
+        fix=f"Find what runs every {p.period_steps} steps there and move it off the step path (a "
         "background thread or process), spread it over the steps, or run it less often.")]
