@@ -8,7 +8,7 @@ timer, NVML sampler readings, allocator memory stats, peak-FLOPs lookup and MFU 
 host-sync counting, pinned vs pageable host→device copies, a real CUDA OOM, a whole
 `redline.watch` over a GPU training loop (tier, device span, findings), and the step replayed
 as CUDA graphs (torch.compile's reduce-overhead mode) under the watch, against eager, with the
-graph-blocker spy on the device.
+graph-blocker spy on the device, and the device-memory curves (a leak named, a flat loop not).
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def span_excludes_fetches() -> tuple[bool, str]:
 def batch_finder_cuda() -> tuple[bool, str]:
     """Predicted max batch under a real cap (a memory fraction), verified by the allocator."""
     from redline.tune.batch_finder import find_batch_size
-    from redline.tune.trial import state_tensors
+    from redline.tune.samples import state_tensors
 
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(0).total_memory
@@ -246,7 +246,7 @@ def tuned_loop_cuda() -> tuple[bool, str]:
 
     from redline.core.loader import LoaderSettings
     from redline.tune import TunePlan, apply_plan
-    from redline.tune.plan import plan_key
+    from redline.tune.tuned import plan_key
 
     model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
     opt = torch.optim.AdamW(model.parameters())
@@ -279,9 +279,9 @@ def kernel_busy_trace() -> tuple[bool, str]:
     A host-bound step (tiny layers) must read below its CUDA-event span, a GPU-bound one ~1."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from redline.tune.plan import TunePlan, plan_key
     from redline.tune.setup import TrainSetup
     from redline.tune.trial import measure
+    from redline.tune.tuned import TunePlan, plan_key
 
     out = {}
     for name, width, depth, batch in (("tiny", 64, 12, 32), ("large", 4096, 4, 4096)):
@@ -349,7 +349,7 @@ def cuda_graphs_under_watch() -> tuple[bool, str]:
     from torch.utils.data import DataLoader, TensorDataset
 
     from redline.tune import TunePlan, apply_plan
-    from redline.tune.plan import plan_key
+    from redline.tune.tuned import plan_key
 
     def run(mode: str | None) -> tuple[float, int]:
         torch.manual_seed(0)
@@ -398,6 +398,39 @@ def graph_spy_on_cuda() -> tuple[bool, str]:
         f"{b.location}: {b.what}" for b in found)[:150]
 
 
+def memory_over_time() -> tuple[bool, str]:
+    """The device-memory curves on a real device: a loop that keeps a 4 MiB CUDA tensor every
+    step gets memory_growth on the device's memory, read on the sampler's thread
+    (torch.cuda.memory_allocated / memory_reserved); the same loop keeping nothing does not."""
+    def run(leak: bool) -> redline.Report:
+        model = nn.Linear(256, 256).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        kept: list[torch.Tensor] = []
+        x = torch.randn(64, 256, device="cuda")
+        with redline.watch(warmup_steps=3, count_flops=False, sample_interval_s=0.05) as w:
+            for _ in range(300):
+                model(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+                if leak:
+                    kept.append(torch.ones(2**20, device="cuda"))  # 4 MiB
+                time.sleep(0.005)
+        assert w.memory.cuda_error is None, w.memory.cuda_error
+        return w.report(show=False)
+
+    leak, flat = run(True), run(False)
+    found = [f for f in leak.findings if f.id == "memory_growth"]
+    mt = leak.measurements.memory
+    dev = [c for c in (mt.curves if mt else []) if c.kind == "cuda_allocated"]
+    ok = (bool(found) and str(found[0].evidence["kind"]).startswith("cuda_") and bool(dev)
+          and "memory_growth" not in [f.id for f in flat.findings])
+    slope = dev[0].slope_bytes_per_1k_steps if dev else None
+    return ok, (f"leak: {found[0].title if found else 'no finding'}; allocated slope "
+                f"{'unknown' if slope is None else f'{slope / 2**20:.0f} MiB'}/1k steps "
+                "(4,000 expected); flat: "
+                f"{'memory_growth' if 'memory_growth' in [f.id for f in flat.findings] else 'none'}")
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device (torch.cuda.is_available() is False); run this on a "
@@ -416,7 +449,8 @@ def main() -> int:
         ("batch finder on CUDA", batch_finder_cuda), ("tuned loop on CUDA", tuned_loop_cuda),
         ("kernel busy from a trace", kernel_busy_trace), ("MFU of an fp32 conv net", conv_mfu),
         ("CUDA graphs under the watch", cuda_graphs_under_watch),
-        ("graph-blocker spy on CUDA", graph_spy_on_cuda)]]
+        ("graph-blocker spy on CUDA", graph_spy_on_cuda),
+        ("device memory over time", memory_over_time)]]
     w = max(len(r[0]) for r in rows)
     print(f"| {'check':<{w}} | result | detail |")
     print(f"|{'-' * (w + 2)}|--------|--------|")

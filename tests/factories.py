@@ -23,7 +23,7 @@ from redline.core.measurements import (
     PrecisionInfo,
     StepTiming,
 )
-from redline.tune.plan import PlanKey
+from redline.tune.tuned import PlanKey
 
 
 def breakdown(**fractions: float) -> list[PhaseShare]:
@@ -31,7 +31,7 @@ def breakdown(**fractions: float) -> list[PhaseShare]:
     fr = {"data_wait": 0.0, "h2d_copy": 0.0, "forward": 0.3, "backward": 0.5, "optimizer": 0.1}
     fr.update(fractions)
     fr["other"] = max(0.0, 1.0 - sum(fr.values()))
-    return [PhaseShare(k, v * step, v) for k, v in fr.items()]
+    return [PhaseShare(phase=k, mean_s=v * step, fraction=v) for k, v in fr.items()]
 
 
 def loader(**kw: Any) -> LoaderReport:
@@ -60,9 +60,13 @@ def measurements(*, device: str = "cpu", phases: dict[str, float] | None = None,
                     read_chars_per_s=0.0, data_fetch_cpu_fraction=None,
                     shm_total_bytes=64 * 2**20, shm_free_bytes=64 * 2**20)
     h = replace(h, **(host or {}))
-    dm = DeviceMetrics(None, None, None, None, None, None, None, None)
+    dm = DeviceMetrics(device_span_fraction=None, device_s_per_step=None, peak_allocated_bytes=None,
+                       peak_reserved_bytes=None, total_memory_bytes=None, nvml=None, sync_calls=None,
+                       sync_calls_per_step=None)
     if device == "cuda":
-        dm = DeviceMetrics(0.9, 0.09, 2**30, 2**31, 80 * 2**30, None, 0, 0.0)
+        dm = DeviceMetrics(device_span_fraction=0.9, device_s_per_step=0.09, peak_allocated_bytes=2**30,
+                           peak_reserved_bytes=2**31, total_memory_bytes=80 * 2**30, nvml=None,
+                           sync_calls=0, sync_calls_per_step=0.0)
     dm = replace(dm, **(dev or {}))
     cfg = EffectiveConfig(device=device, batch_size=li.batch_size if li else 32,
                           loader=li.settings if li else None,
@@ -70,14 +74,22 @@ def measurements(*, device: str = "cpu", phases: dict[str, float] | None = None,
                           data_source="DataLoader")
     cfg = replace(cfg, **config)
     return Measurements(
-        device=DeviceInfo(device, name, 1, cc, 80 * 2**30 if device == "cuda" else None),
+        device=DeviceInfo(type=device, name=name, count=1, compute_capability=cc,
+                          total_memory_bytes=80 * 2**30 if device == "cuda" else None),
         config=cfg,
-        timing=StepTiming("optimizer", steps + 4, 3, 1, steps, 0.1, 0.12, 0.1, 32.0, 320.0, 10.0),
+        timing=StepTiming(step_source="optimizer", steps_total=steps + 4, steps_warmup=3, steps_excluded=1,
+                          steps_measured=steps, step_time_p50_s=0.1, step_time_p95_s=0.12,
+                          step_time_mean_s=0.1, samples_per_step=32.0, throughput_samples_per_s=320.0,
+                          steps_per_s=10.0),
         breakdown=breakdown(**(phases or {})),
         host=h, device_metrics=dm, loaders=loaders,
-        precision=PrecisionInfo(precision, "fp32", None, 0.0, "highest", False),
-        mfu=MfuResult(None, None, None, None, None, None, "test"),
-        tier=MetricTier("cpu", [], []), counts={}, root_modules=["Net"], sources={}, ddp=ddp,
+        precision=PrecisionInfo(effective=precision, param_dtype="fp32", autocast_dtype=None,
+                                autocast_forward_fraction=0.0, float32_matmul_precision="highest",
+                                tf32_matmul_allowed=False),
+        mfu=MfuResult(flops_per_step=None, achieved_flops_per_s=None, peak_flops_per_s=None,
+                      compute_dtype=None, mfu=None, peak_source=None, reason="test"),
+        tier=MetricTier(tier="cpu", have=[], missing=[]), counts={}, root_modules=["Net"], sources={},
+                        ddp=ddp,
         fsdp=fsdp,
     )
 
@@ -87,7 +99,8 @@ __all__ = ["H2DMetrics", "breakdown", "loader", "measurements", "plan_key"]
 
 def plan_key(sig: str = "abc") -> PlanKey:
     """A plan key for a CPU model whose samples are 8 floats."""
-    return PlanKey(sig, "m.Net", "cpu:x86_64", "fp32", "(8,):float32")
+    return PlanKey(model_signature=sig, model_class="m.Net", device="cpu:x86_64", precision="fp32",
+                   input_shapes="(8,):float32")
 
 
 class FakeNvml(types.SimpleNamespace):

@@ -1,6 +1,6 @@
 """Real redline JSON documents for the HTML report's tests: a watched run that starves for data,
-a tuning result of tests/scripts/tune_tiny.py, and a 2-rank trace analysis (built once per
-test session)."""
+a tuning result of tests/scripts/tune_tiny.py, a 2-rank trace analysis, and comparisons of
+reports and of traces (built once per test session)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import redline
+from redline.compare import compare_paths, compare_reports
 from redline.core.report import MergedMetric, RankEntry, RanksReport
 from redline.diagnose import diagnose_trace
+from redline.report.compare_render import to_dict as compare_dict
 from redline.report.json_io import plain, to_dict
 from redline.report.trace_render import to_dict as trace_dict
 from redline.report.tune_render import to_dict as tune_dict
@@ -72,6 +74,36 @@ def trace_doc() -> dict[str, Any]:
     return d
 
 
+@functools.cache
+def compare_doc() -> dict[str, Any]:
+    """The run's report against a copy whose steps and phases take twice as long."""
+    before = report_doc()
+    after = json.loads(json.dumps(before))
+    timing = after["measurements"]["timing"]
+    timing["step_times_s"] = [t * 2 for t in timing["step_times_s"]]
+    timing["step_time_mean_s"] *= 2
+    timing["throughput_samples_per_s"] /= 2
+    for share in after["measurements"]["breakdown"]:
+        share["mean_s"] *= 2
+    d: dict[str, Any] = plain(compare_dict(compare_reports(
+        before, after, before_source="run.json", after_source="slower.json")))
+    return d
+
+
+@functools.cache
+def trace_compare_doc() -> dict[str, Any]:
+    """The synthetic trace against a copy whose GEMMs take twice as long."""
+    folder = Path(tempfile.mkdtemp(prefix="redline-html-trace-diff-"))
+    events = synthetic_events()
+    for e in events:
+        if e["name"] == "sm90_xmma_gemm_f32f32" and e["cat"] == "kernel":
+            e["dur"] *= 2
+    before = write_trace(folder / "before.json.gz")
+    after = write_trace(folder / "after.json.gz", events)
+    d: dict[str, Any] = plain(compare_dict(compare_paths(str(before), str(after))))
+    return d
+
+
 def two_ranks_doc() -> dict[str, Any]:
     """The run's report as rank 0 of a 2-rank job whose rank 1 is slower in backward."""
     doc = json.loads(json.dumps(report_doc()))
@@ -86,7 +118,7 @@ def two_ranks_doc() -> dict[str, Any]:
                for r in (0, 1)]
     doc["ranks"] = dataclasses.asdict(RanksReport(
         world_size=2, missing=[], ranks=entries,
-        merged={"step_time_mean_s": MergedMetric(0.012, 1, 0.004)},
+        merged={"step_time_mean_s": MergedMetric(median=0.012, slowest_rank=1, spread=0.004)},
         arrivals_source="flight recorder"))
     return doc
 

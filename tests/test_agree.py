@@ -39,7 +39,8 @@ def _ranks(world: int, body: Callable[[Agreement], Any], timeout_s: float = 10.0
     out: list[Any] = [None] * world
     agreements = []
     for r in range(world):
-        info = RankInfo(r, world, r, world, f"h{r // 2}", "test.0")
+        info = RankInfo(rank=r, world_size=world, local_rank=r, local_world_size=world, host=f"h{r // 2}",
+                        run_id="test.0")
         a = Agreement(info, JobStore(info), timeout_s=timeout_s)
         a.name = "t"  # the n-th agreement of every rank is one: here, one per test
         agreements.append(a)

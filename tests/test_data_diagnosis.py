@@ -129,7 +129,11 @@ def test_after_the_first_fetches_one_in_eight_is_read_and_the_shares_hold() -> N
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-        shares[burn] = w.report(show=False).measurements.host.data_fetch_cpu_fraction
+        host = w.report(show=False).measurements.host
+        cpu_share, delay = host.data_fetch_cpu_fraction, host.data_fetch_run_delay_fraction
+        # a burning fetch's time is CPU, or waiting for a CPU on a loaded host (its run delay);
+        # a sleeping one's is neither (its run delay, after each wake-up, is not its work)
+        shares[burn] = None if cpu_share is None else cpu_share + ((delay or 0.0) if burn else 0.0)
         # one fetch a step; the loader's iter() is in the first step
         late = w.steps[FETCHES_READ_IN_FULL + 1:]
         read = [r for r in late if r.data_read_s > 0]

@@ -319,7 +319,7 @@ def test_span_and_throughput_use_the_device_clock_when_the_host_runs_ahead() -> 
 
     def rec(i: int, host_s: float, dev: tuple[float, float] | None, busy: float | None
             ) -> StepRecord:
-        return StepRecord(i, i * host_s, (i + 1) * host_s, [0.0] * 6, samples=32,
+        return StepRecord(index=i, start_s=i * host_s, end_s=(i + 1) * host_s, phases=[0.0] * 6, samples=32,
                           device_s=busy, device_window_s=dev)
 
     ahead = [rec(i, 0.01, (i * 0.1, i * 0.1 + 0.1), 0.1) for i in range(5)]

@@ -92,7 +92,8 @@ def test_doctor_tune_loader_names_measured_settings(tmp_path: Path) -> None:
     d = json.loads(out.read_text())
     f = next(x for x in d["findings"] if x["id"] == "data_starvation")
     # storage-bound fetches: workers overlap the waits, several times the throughput
-    assert f["evidence"]["tuned_num_workers"] >= 2
-    assert f["evidence"]["tuned_samples_per_s"] > 1.5 * f["evidence"]["baseline_samples_per_s"]
+    assert f["evidence"]["tuned_num_workers"] >= 2, f["fix"]  # the search's reason on failure
+    assert f["evidence"]["tuned_samples_per_s"] > 1.5 * f["evidence"]["baseline_samples_per_s"], \
+        f["fix"]
     assert f["fix"].startswith("Measured in your loop")
     assert "num_workers=" in f["fix"]

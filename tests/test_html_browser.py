@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from html_docs import report_doc, trace_doc, tune_doc, two_ranks_doc
+from html_docs import (
+    compare_doc,
+    report_doc,
+    trace_compare_doc,
+    trace_doc,
+    tune_doc,
+    two_ranks_doc,
+)
 from redline.report.html import write_html
 
 pytest.importorskip("plotly", reason="plotly (redline[html]) not installed")
@@ -49,6 +56,8 @@ KINDS = {
     "trace": lambda: [trace_doc()],
     "ranks": lambda: [two_ranks_doc()],
     "demo": lambda: [report_doc(), tune_doc()],
+    "compare": lambda: [compare_doc()],
+    "trace_diff": lambda: [trace_compare_doc()],
 }
 
 

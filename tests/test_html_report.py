@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from html_docs import SCRIPTS, embedded, report_doc, trace_doc, tune_doc, two_ranks_doc
+from html_docs import (
+    SCRIPTS,
+    compare_doc,
+    embedded,
+    report_doc,
+    trace_compare_doc,
+    trace_doc,
+    tune_doc,
+    two_ranks_doc,
+)
 from redline.report import html as html_report
 from redline.report.html import HtmlReportError, kind_of, read_documents, render_html
 from trace_fixtures import synthetic_events, write_trace
@@ -148,6 +157,25 @@ def test_a_trace_page_shows_each_rank_and_its_top_kernels() -> None:
         bars = _trace(kt, f"rank {r['rank']}")
         assert dict(zip(bars["y"], bars["x"], strict=True)) == pytest.approx(
             {k: v / 1e3 for k, v in r["kernel_types_us"].items()})
+
+
+def test_a_comparison_page_shows_the_verdict_the_phases_and_the_kernels() -> None:
+    doc = compare_doc()
+    page = render_html([doc])
+    # the verdict is the statistics' (tests/test_compare.py); the page shows it first
+    assert page.index(f"<h2>Verdict: {doc['verdict']['verdict']}</h2>") < page.index("Phases")
+    tested = _chart(_charts(page), "Tested time")["data"][0]
+    test = doc["verdict"]["test"]
+    assert tested["y"] == pytest.approx([test["before_mean_s"] * 1e3, test["after_mean_s"] * 1e3])
+    phases = _chart(_charts(page), "Phases, mean ms per step")
+    assert _trace(phases, "before")["y"] == [p["before_ms"] for p in doc["phases"]]
+    assert _trace(phases, "after")["y"] == pytest.approx([2 * p["before_ms"]
+                                                          for p in doc["phases"]])
+    diff = trace_compare_doc()
+    kernels = _chart(_charts(render_html([diff])), "Kernels: largest changes")["data"][0]
+    assert kernels["x"] == [20.0]  # the GEMMs' 20 µs per step more
+    assert kernels["customdata"] == [["sm90_xmma_gemm_f32f32", "slower"]]
+    assert kernels["marker"]["color"] == ["#ff7f0e"]  # slower: orange, as the page says
 
 
 def test_a_multi_rank_report_compares_the_ranks() -> None:

@@ -20,7 +20,7 @@ from redline.integrations.session import FitWatch
 from redline.measure.config import WatchConfig
 from redline.measure.live import live_snapshot
 from redline.measure.timeline import DATA_WAIT
-from redline.tune.plan import DdpSettings, TunePlan
+from redline.tune.tuned import DdpSettings, TunePlan
 
 
 def _plan(**kw: Any) -> TunePlan:
@@ -198,7 +198,7 @@ def test_live_snapshot_reads_device_time_only_of_completed_steps() -> None:
 
 
 def test_skip_leaves_an_evaluation_out_of_the_next_step() -> None:
-    fit = FitWatch(WatchConfig(warmup_steps=0, count_flops=False), show=False)
+    fit = FitWatch(config=WatchConfig(warmup_steps=0, count_flops=False), show=False)
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     fit.begin()
@@ -222,8 +222,8 @@ def test_skip_leaves_an_evaluation_out_of_the_next_step() -> None:
 def test_a_report_path_in_a_missing_folder_fails_when_the_callback_is_built(
         tmp_path: Path) -> None:
     with pytest.raises(IntegrationError, match="does not exist"):
-        FitWatch(WatchConfig(), json_path=str(tmp_path / "no" / "r.json"))
+        FitWatch(config=WatchConfig(), json_path=str(tmp_path / "no" / "r.json"))
     with pytest.raises(IntegrationError, match=r"html_path .*does not exist"):
-        FitWatch(WatchConfig(), html_path=str(tmp_path / "no" / "r.html"))
+        FitWatch(config=WatchConfig(), html_path=str(tmp_path / "no" / "r.html"))
     with pytest.raises(IntegrationError, match="name the same file"):
-        FitWatch(WatchConfig(), json_path=str(tmp_path / "r"), html_path=str(tmp_path / "r"))
+        FitWatch(config=WatchConfig(), json_path=str(tmp_path / "r"), html_path=str(tmp_path / "r"))

@@ -17,14 +17,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("redline.measure",),
     ("redline.diagnose",),
     ("redline.data",),
-    ("redline.tune", "redline.workloads", "redline.plan"),
+    ("redline.tune", "redline.workloads", "redline.plan", "redline.compare"),
     ("redline.report",),
+    ("redline.runs",),
     ("redline.doctor", "redline.demo", "redline.integrations"),
     ("redline.cli", "redline"),
 ]
 """Bottom to top: a module may import its own layer and the ones below, never one above."""
 
-TORCH_FREE = ("redline.core", "redline.trace")
+TORCH_FREE = ("redline.core", "redline.trace", "redline.compare")
 """Layers that must load without torch (trace analysis runs on machines without it)."""
 
 

@@ -7,13 +7,16 @@ from typing import Any
 import pytest
 
 from factories import plan_key as _key
-from redline.tune.plan import TunePlan
+from redline.tune.tuned import TunePlan
 
 
 def _after(wait: float | None, kernels: float | None, span: float | None) -> Any:
-    from redline.tune.trial import TrialMetrics
+    from redline.tune.result import TrialMetrics
 
-    return TrialMetrics("after", 1000.0, 0.01, wait, span, None, None, "", None, "", 10, 1.0,
+    return TrialMetrics(label="after", throughput_samples_per_s=1000.0, step_time_s=0.01,
+                        data_wait_fraction=wait, device_busy_fraction=span, mfu=None,
+                        peak_memory_bytes=None, peak_memory_source="", energy_j_per_step=None,
+                        energy_source="", steps=10, wall_s=1.0,
                         device_busy_kernels_fraction=kernels)
 
 
@@ -53,9 +56,10 @@ def test_tune_table_prints_what_still_limits() -> None:
     from redline.tune.result import Projection, TuneResult
 
     after = _after(0.022, 0.40, 0.856)
-    proj = Projection(10_000, 100.0, None, None)
-    res = TuneResult(TunePlan(key=_key(), effective_batch=64, micro_batch=64),
-                     _after(0.86, 0.10, 0.13), after, proj, proj, "default", None,
+    proj = Projection(run_steps=10_000, job_time_s=100.0, cost=None, energy_kwh=None)
+    res = TuneResult(plan=TunePlan(key=_key(), effective_batch=64, micro_batch=64),
+                     before=_after(0.86, 0.10, 0.13), after=after, before_projection=proj,
+                     after_projection=proj, run_steps_source="default", price_per_device_hour=None,
                      limits=remaining_limits(0.022, 0.40, 0.856))
     buf = io.StringIO()
     render(res, console=Console(file=buf, width=200))

@@ -12,7 +12,7 @@ import pytest
 
 from redline.cli.main import main
 from redline.core.files import OutputPathError, refuse_overwriting_inputs, write_text_atomic
-from redline.doctor.runner import DoctorError, run_doctor
+from redline.doctor import DoctorError, DoctorOptions, run_doctor
 from trace_fixtures import synthetic_events, write_trace
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -48,14 +48,15 @@ def test_doctor_refuses_to_write_over_the_script(tmp_path: Path) -> None:
     link.symlink_to(script)
     for out in (script, link):
         with pytest.raises(DoctorError, match="the script to run"):
-            run_doctor(["python", str(script)], json_path=str(out), show=False)
+            run_doctor(["python", str(script)], DoctorOptions(json_path=str(out)), show=False)
         assert script.read_bytes() == before
     module = SCRIPTS / "pkg_mod" / "train.py"
     cwd = os.getcwd()
     os.chdir(SCRIPTS)
     try:
         with pytest.raises(DoctorError, match="the script to run"):
-            run_doctor(["python", "-m", "pkg_mod.train"], json_path=str(module), show=False)
+            run_doctor(["python", "-m", "pkg_mod.train"], DoctorOptions(json_path=str(module)),
+                       show=False)
     finally:
         os.chdir(cwd)
 
@@ -105,7 +106,8 @@ def test_text_with_square_brackets_is_printed_not_parsed(
         capsys: pytest.CaptureFixture[str]) -> None:
     """An error message, a path or a kernel name with [...] in it is shown as it is (the
     terminal renderer's markup must never read the user's text)."""
-    r = run_doctor(["python", str(SCRIPTS / "raises_brackets.py")], warmup=1, count_flops=False)
+    r = run_doctor(["python", str(SCRIPTS / "raises_brackets.py")],
+                   DoctorOptions(warmup=1, count_flops=False))
     assert r.report is not None and r.report.status == "script_error" and r.exit_code == 1
     err = capsys.readouterr().err
     assert "[/__w/pytorch/third_party/gloo/transport/tcp/pair.cc:553] Connection closed" in err

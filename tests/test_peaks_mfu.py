@@ -72,7 +72,7 @@ def test_fp32_convolutions_count_against_the_tf32_peak() -> None:
     assert win.conv_flops == 2 * conv_fwd
     assert win.flops == win.conv_flops + 3 * linear_fwd
 
-    h200 = DeviceInfo("cuda", "NVIDIA H200", 1, "9.0")
+    h200 = DeviceInfo(type="cuda", name="NVIDIA H200", count=1, compute_capability="9.0")
     fp32 = peak_flops("NVIDIA H200", "fp32")
     tf32 = peak_flops("NVIDIA H200", "tf32")
     assert fp32 and tf32
@@ -82,7 +82,7 @@ def test_fp32_convolutions_count_against_the_tf32_peak() -> None:
     assert fp32[0] < peak < tf32[0]
     # TF32 convolutions turned off, or a pre-Ampere GPU: the fp32 peak stands
     assert fp32_with_tf32_convolutions(h200, 100.0, 99.0, fp32, False) == (fp32, "fp32")
-    v100 = DeviceInfo("cuda", "Tesla V100-SXM2-16GB", 1, "7.0")
+    v100 = DeviceInfo(type="cuda", name="Tesla V100-SXM2-16GB", count=1, compute_capability="7.0")
     v_fp32 = peak_flops(v100.name, "fp32")
     assert v_fp32
     assert fp32_with_tf32_convolutions(v100, 100.0, 99.0, v_fp32, True) == (v_fp32, "fp32")
@@ -94,17 +94,18 @@ def test_mfu_divides_by_the_mean_step_time_as_its_source_says() -> None:
     from redline.core.measurements import DeviceInfo
     from redline.measure.mfu import mfu_for
 
-    h100 = DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 1, "9.0")
+    h100 = DeviceInfo(type="cuda", name="NVIDIA H100 80GB HBM3", count=1, compute_capability="9.0")
     bf16 = peak_flops(h100.name, "bf16")
     assert bf16
     r = mfu_for(h100, "bf16-autocast", 1e14, 0.0, 0.5, counted=True)
     assert r.compute_dtype == "bf16" and r.peak_flops_per_s == bf16[0]
     assert r.mfu == pytest.approx(1e14 / 0.5 / bf16[0])
-    cpu = mfu_for(DeviceInfo("cpu", "x86_64", 1), "fp32", 1e9, 0.0, 0.5, counted=True)
+    cpu = mfu_for(DeviceInfo(type="cpu", name="x86_64", count=1), "fp32", 1e9, 0.0, 0.5, counted=True)
     assert cpu.mfu is None and "CPU" in (cpu.reason or "")
     off = mfu_for(h100, "bf16-autocast", None, None, 0.5, counted=False)
     assert off.mfu is None and "turned off" in (off.reason or "")
-    unknown = mfu_for(DeviceInfo("cuda", "NVIDIA Imaginary X1", 1, "9.0"), "bf16-autocast",
+    unknown = mfu_for(DeviceInfo(type="cuda", name="NVIDIA Imaginary X1", count=1,
+                      compute_capability="9.0"), "bf16-autocast",
                       1e14, 0.0, 0.5, counted=True)
     assert unknown.mfu is None and "no peak-FLOPs entry" in (unknown.reason or "")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 from pathlib import Path
 
 import jsonschema
@@ -54,6 +55,20 @@ def test_report_validates_against_schema(report: redline.Report) -> None:
     assert sum(p["fraction"] for p in m["breakdown"]) == pytest.approx(1.0, abs=1e-6)
     assert set(m["sources"]) >= {"step_time", "data_wait", "cpu", "mfu"}
     assert m["loaders"][0]["settings"] == m["config"]["loader"]
+
+
+def test_memory_curves_and_drift_sections_in_the_json(report: redline.Report) -> None:
+    m = to_dict(report)["measurements"]
+    main = m["memory"]["curves"][0]
+    assert (main["kind"], main["process"], main["pid"]) == ("host_rss", "main", os.getpid())
+    assert len(main["bytes"]) == len(main["t_s"]) == len(main["steps"]) >= 2
+    assert main["steps"] == sorted(main["steps"]) and main["steps"][-1] == 10
+    assert main["peak_bytes"] >= max(main["bytes"])  # the peak over every sample kept
+    assert m["drift"] is None  # 10 steps: fewer than start-up and trends need
+    d = to_dict(report)
+    d["measurements"]["memory"]["curves"][0]["kind"] = "swap"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(d, schema())
 
 
 def test_schema_rejects_a_broken_report(report: redline.Report) -> None:

@@ -14,7 +14,12 @@ from redline.core.measurements import (
     DdpStats,
     FsdpStats,
     LoopWork,
+    MemoryCurve,
+    MemoryTimeline,
     PeriodicStall,
+    StepDrift,
+    StepModes,
+    StepTrend,
 )
 from redline.diagnose import (
     JOB_RULES,
@@ -41,9 +46,12 @@ def _ddp(*, backward: float = 1.0, reduces: float | None = 1.0, buckets: int = 1
          params_mib: float = 10.0, comm_s: float | None = 0.012,
          overlap_s: float | None = 0.002, unused: int = 0,
          static: bool = False) -> DdpStats:
-    return DdpStats("gloo", find_unused, unused, view, cap_mib * 2**20,
-                    [int(params_mib * 2**20 / buckets)] * buckets, int(params_mib * 2**20),
-                    comm_s, overlap_s, backward, reduces, static)
+    return DdpStats(backend="gloo", find_unused_parameters=find_unused, unused_parameter_bytes=unused,
+                    gradient_as_bucket_view=view, bucket_cap_bytes=cap_mib * 2**20,
+                    bucket_sizes_bytes=[int(params_mib * 2**20 / buckets)] * buckets,
+                                            parameter_bytes=int(params_mib * 2**20),
+                    backward_comm_s=comm_s, backward_overlap_s=overlap_s, backward_per_step=backward,
+                    all_reduces_per_step=reduces, static_graph=static)
 
 
 def test_sync_every_microbatch_from_counted_all_reduces() -> None:
@@ -66,11 +74,14 @@ def test_sync_every_microbatch_from_counted_all_reduces() -> None:
 def test_fsdp_sync_every_microbatch_from_counted_reductions() -> None:
     """FSDP2, 3 fully_shard groups, 4 micro-batches: 12 reductions per step unsynced, 3 with
     set_requires_gradient_sync(False) on all but the last."""
-    f = get(measurements(fsdp=FsdpStats(3, 4.0, 12.0)), "sync_every_microbatch")
+    f = get(measurements(fsdp=FsdpStats(groups=3, backward_per_step=4.0, reductions_per_step=12.0)),
+            "sync_every_microbatch")
     assert f.evidence["extra_reductions_per_step"] == 9 and f.ceiling_speedup is None
     assert "set_requires_gradient_sync(is_last)" in f.fix and "no_sync" not in f.fix
-    for quiet in (FsdpStats(3, 4.0, 3.0), FsdpStats(3, 1.0, 3.0), FsdpStats(3, None, 12.0),
-                  FsdpStats(3, 4.0, None)):
+    for quiet in (FsdpStats(groups=3, backward_per_step=4.0, reductions_per_step=3.0),
+                  FsdpStats(groups=3, backward_per_step=1.0, reductions_per_step=3.0),
+                  FsdpStats(groups=3, backward_per_step=None, reductions_per_step=12.0),
+                  FsdpStats(groups=3, backward_per_step=4.0, reductions_per_step=None)):
         assert "sync_every_microbatch" not in ids(measurements(fsdp=quiet))
 
 
@@ -153,6 +164,27 @@ def test_each_rule_reports_only_its_own_id() -> None:
                     periodic=periodic)
     cases.append(dataclasses.replace(measurements(phases={"forward": 0.3}, data_source="not seen"),
                                      loop=loop))
+    curve = MemoryCurve(kind="host_rss", process="main", pid=7, t_s=[0.0, 60.0],
+                        steps=[0, 600], bytes=[2**30, 2**30 + 600 * 2**20], start_bytes=2**30,
+                        end_bytes=2**30 + 600 * 2**20, peak_bytes=2**30 + 600 * 2**20,
+                        window_s=60.0, window_samples=300, slope_bytes_per_1k_steps=2**30,
+                        slope_bytes_per_hour=36_000 * 2**20,
+                        late_slope_bytes_per_hour=36_000 * 2**20, trend_z=9.0,
+                        noise_bytes=2**20, limit_bytes=8 * 2**30, limit_source="MemAvailable",
+                        hours_to_limit=0.2)
+    trend = StepTrend(steps=600, slope_s_per_1k_steps=0.05, slope_s_per_hour=5.0,
+                      trend_z=12.0, start_s=0.08, end_s=0.11, noise_s=0.004, rise_fraction=0.33,
+                      extra_fraction=0.12, phase="forward", phase_slope_s_per_1k_steps=0.05,
+                      run_delay_rise_s=0.0)
+    modes = StepModes(fast_s=0.08, slow_s=0.16, slow_share=0.3, separation=9.0,
+                      slow_first_half_share=0.5, extra_fraction=0.2, phase="data_wait",
+                      run_delay_fraction=0.0)
+    cases.append(dataclasses.replace(
+        measurements(), memory=MemoryTimeline(interval_s=0.2, samples=300, curves=[curve]),
+        drift=StepDrift(startup=None, trend=trend, modes=None)))
+    # two levels with no trend (a drift's early and late steps are its own)
+    cases.append(dataclasses.replace(measurements(), drift=StepDrift(
+        startup=None, trend=dataclasses.replace(trend, trend_z=0.5), modes=modes)))
     fired = set()
     for m in cases:
         for fid, rule in RULES.items():

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import redline
 from factories import plan_key
 from redline.cli.main import main
-from redline.report import watch as watch_module
+from redline.runs import watch as watch_module
 from redline.tune import (
     PlanError,
     PlanMismatchError,
@@ -32,8 +32,7 @@ from redline.tune import (
     tune,
 )
 from redline.tune import setup as tune_setup
-from redline.tune.result import TuneResult
-from redline.tune.trial import TrialMetrics
+from redline.tune.result import TrialMetrics, TuneResult
 
 # -- the user's script is imported, never run ----------------------------------------------
 
@@ -350,7 +349,10 @@ def test_the_warm_up_asked_for_is_the_warm_up_reported(warmup: int) -> None:
 
 
 def _trial(tp: float, step_s: float, times: list[float]) -> TrialMetrics:
-    return TrialMetrics("x", tp, step_s, None, None, None, None, "", None, "", len(times), 1.0,
+    return TrialMetrics(label="x", throughput_samples_per_s=tp, step_time_s=step_s,
+                        data_wait_fraction=None, device_busy_fraction=None, mfu=None,
+                        peak_memory_bytes=None, peak_memory_source="", energy_j_per_step=None,
+                        energy_source="", steps=len(times), wall_s=1.0,
                         step_times_s=times)
 
 
@@ -362,8 +364,10 @@ def test_the_before_after_table_states_one_speed_up() -> None:
     before = _trial(8 / 0.04, 0.02, [0.02, 0.02, 0.08])
     after = _trial(8 / 0.01, 0.009, [0.009, 0.009, 0.012])
     plan = TunePlan(key=plan_key(), effective_batch=8, micro_batch=8)
-    res = TuneResult(plan, before, after, project(before, 100, None, samples_per_step=8),
-                     project(after, 100, None, samples_per_step=8), "test", None)
+    res = TuneResult(plan=plan, before=before, after=after,
+                     before_projection=project(before, 100, None, samples_per_step=8),
+                     after_projection=project(after, 100, None, samples_per_step=8),
+                     run_steps_source="test", price_per_device_hour=None)
     table = {r[0]: r for r in rows(res)}
     assert table["throughput (samples/s)"][3] == "4.00×"
     assert table["job time (100 steps)"][3] == "4.00× faster"
@@ -378,3 +382,19 @@ def test_tune_states_the_same_speed_up_in_throughput_and_job_time(tmp_path: Path
     table = {r[0].split(" (")[0]: r[3] for r in rows(res)}
     assert res.speedup is not None
     assert table["job time"] == f"{res.speedup:.2f}× faster" == f"{table['throughput']} faster"
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"metrics_port": 99999}, "metrics_port must be 0..65535"),
+    ({"warmup_steps": -1}, "warmup_steps must be >= 0"),
+    ({"stack_sample_interval_s": 5.0}, "stack_sample_interval_s must be within"),
+])
+def test_a_watch_setting_out_of_range_is_a_redline_error_naming_the_field(
+        kwargs: dict[str, Any], field: str) -> None:
+    import redline
+    from redline.measure.config import WatchConfigError
+
+    with pytest.raises(WatchConfigError, match=field) as err:
+        redline.watch(**kwargs)
+    assert isinstance(err.value, redline.RedlineError) and isinstance(err.value, ValueError)
+    assert str(next(iter(kwargs.values()))) in str(err.value)  # the value received

@@ -15,14 +15,14 @@ if TYPE_CHECKING:
     from redline.core.findings import Finding
     from redline.core.report import Report
     from redline.measure.config import WatchConfig
-    from redline.report.watch import Watch, watch
+    from redline.runs.watch import Watch, watch
 
 __all__ = ["Finding", "RedlineError", "Report", "Watch", "WatchConfig", "__version__", "watch"]
 
 _LAZY = {
     "WatchConfig": "redline.measure.config",
-    "Watch": "redline.report.watch",
-    "watch": "redline.report.watch",
+    "Watch": "redline.runs.watch",
+    "watch": "redline.runs.watch",
     "Finding": "redline.core.findings",
     "Report": "redline.core.report",
     "RedlineError": "redline.core.errors",

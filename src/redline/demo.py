@@ -13,7 +13,7 @@ from redline.measure.config import WatchConfig
 from redline.report.json_io import write_json
 from redline.report.terminal import print_report
 from redline.report.tune_render import render as render_tune
-from redline.report.watch import Watch
+from redline.runs.watch import Watch
 from redline.tune.config import TuneConfig
 from redline.tune.result import TuneResult
 from redline.tune.run import tune

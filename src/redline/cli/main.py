@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from redline._version import __version__
-from redline.cli.args import int_at_least, non_negative_float, port
+from redline.cli.args import dest_flags, flag_words, int_at_least, non_negative_float, port
 from redline.core.errors import RedlineError
-from redline.measure.config import WatchConfig
-from redline.tune.config import TuneConfig
 
-_WATCH = WatchConfig()
-_TUNE = TuneConfig()
-DOCTOR_STEPS = 50
-"""Measured steps ``redline doctor`` stops after, unless told otherwise."""
 DEMO_STEPS = 30
 """Measured steps of ``redline demo``'s naive run."""
 HTML_HELP = ("also write a self-contained HTML report (charts inline, opens offline) to PATH; "
@@ -31,55 +27,104 @@ def _fail(command: str, message: str, code: int) -> int:
     return code
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with ``command`` only that sub-command's arguments (the
+    others listed by name and help): each sub-command's defaults come from its library's
+    config, which need not be loaded to run another one (``redline trace`` loads neither the
+    doctor's, the tuner's nor the planner's)."""
     p = argparse.ArgumentParser(prog="redline", description=(
         "Measure how busy the accelerator really is, say why it idles, and what to change."))
     p.add_argument("--version", action="version", version=f"redline {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    for name, (help_text, add_arguments) in _commands().items():
+        if command is None or command == name:
+            add_arguments(sub, help_text)
+        else:
+            sub.add_parser(name, help=help_text)
+    return p
 
-    d = sub.add_parser("doctor", help="measure and diagnose an unmodified training script",
+
+def _commands() -> dict[str, tuple[str, Callable[[Any, str], None]]]:
+    """Sub-command → (its one-line help, the function that adds its parser), in help order."""
+    from redline.cli import compare as compare_cli
+    from redline.cli import plan as plan_cli
+
+    return {
+        "doctor": ("measure and diagnose an unmodified training script", _add_doctor),
+        "trace": ("analyse PyTorch profiler (Kineto) traces", _add_trace),
+        "tune": ("tune a training script's setup: loader, batch, precision, kernels; "
+                 "before/after table and a plan", _add_tune),
+        "plan": (plan_cli.HELP, plan_cli.add_parser),
+        "compare": (compare_cli.HELP, compare_cli.add_parser),
+        "demo": ("run a built-in naive workload under redline and report", _add_demo),
+        "report": ("make a self-contained HTML report from saved JSON", _add_report),
+    }
+
+
+def _add_doctor(sub: Any, help_text: str) -> None:
+    from redline.doctor.options import DoctorOptions
+    from redline.measure.config import WatchConfig
+
+    defaults = DoctorOptions()
+    watch_defaults = WatchConfig()
+    d = sub.add_parser("doctor", help=help_text,
                        description="Run `python script.py args` (or `python -m module args`) "
                        "unchanged under redline's instrumentation and print the report.")
-    d.add_argument("--steps", type=int_at_least("--steps", 1, "measured steps after warm-up"),
-                   default=DOCTOR_STEPS,
-                   help=f"measured steps after warm-up, then stop (default: {DOCTOR_STEPS})")
-    d.add_argument("--warmup", type=int_at_least("--warmup", 0, "steps left out at the start"),
-                   default=_WATCH.warmup_steps,
-                   help="steps left out of the statistics at the start (default: "
-                   f"{_WATCH.warmup_steps})")
-    d.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
-    d.add_argument("--no-flops", action="store_true",
+    d.add_argument("--steps", dest="steps",
+                   type=int_at_least("--steps", 1, "measured steps after warm-up"),
+                   default=defaults.steps,
+                   help=f"measured steps after warm-up, then stop (default: {defaults.steps})")
+    d.add_argument("--warmup", dest="warmup",
+                   type=int_at_least("--warmup", 0, "steps left out at the start"),
+                   default=defaults.warmup,
+                   help=f"steps left out of the statistics at the start (default: "
+                   f"{defaults.warmup})")
+    d.add_argument("--json", dest="json_path", metavar="PATH", default=defaults.json_path,
+                   help="also write the report as JSON to PATH")
+    d.add_argument("--no-flops", dest="count_flops", action="store_false",
+                   default=defaults.count_flops,
                    help="do not count FLOPs (MFU is then unknown)")
-    d.add_argument("--tune-loader", action="store_true",
+    d.add_argument("--tune-loader", dest="tune_loader", action="store_true",
+                   default=defaults.tune_loader,
                    help="when the loop starves for data, time DataLoader settings in it "
                    "(rebuilding your loader) and put the measured best in the fix")
-    d.add_argument("--trace", nargs="?", const="redline-trace", metavar="DIR",
-                   help=f"also record a short torch.profiler trace ({_WATCH.trace_steps} steps, "
+    d.add_argument("--trace", dest="trace_dir", nargs="?", const="redline-trace", metavar="DIR",
+                   default=defaults.trace_dir,
+                   help=f"also record a short torch.profiler trace ({watch_defaults.trace_steps} steps, "
                    "excluded from the statistics) into DIR (default ./redline-trace), analyse "
                    "it and add its findings")
-    d.add_argument("--metrics-port", type=port("--metrics-port"),
-                   metavar="PORT", default=None,
+    d.add_argument("--metrics-port", dest="metrics_port", type=port("--metrics-port"),
+                   metavar="PORT", default=defaults.metrics_port,
                    help="serve live Prometheus metrics (redline_*) on PORT while the script "
                    "runs (each rank of a job: PORT + LOCAL_RANK); needs redline[metrics]")
-    d.add_argument("--metrics-address", metavar="ADDR", default=_WATCH.metrics_address,
+    d.add_argument("--metrics-address", dest="metrics_address", metavar="ADDR",
+                   default=defaults.metrics_address,
                    help="address the metrics endpoint binds to (default: "
-                   f"{_WATCH.metrics_address}, this machine only; 0.0.0.0 = every interface)")
-    d.add_argument("--timeline", metavar="PATH",
+                   f"{defaults.metrics_address}, this machine only; 0.0.0.0 = every interface)")
+    d.add_argument("--timeline", dest="timeline_path", metavar="PATH",
+                   default=defaults.timeline_path,
                    help="also write the steps (a track per phase, per rank) and the sampled "
                    "CPU/GPU counters as a Chrome-trace JSON for Perfetto UI to PATH")
-    d.add_argument("--html", metavar="PATH", help=HTML_HELP)
-    d.add_argument("--live", action="store_true",
+    d.add_argument("--html", dest="html_path", metavar="PATH", default=defaults.html_path,
+                   help=HTML_HELP)
+    d.add_argument("--live", dest="live", action="store_true", default=defaults.live,
                    help="while the script runs, show a live panel on stderr (steps, step time, "
                    "phase bars, data wait, the leading issue so far), redrawn twice a second; "
                    "the script's output goes above it; erased at exit")
+    d.add_argument("--device", dest="device", metavar="DEVICE", default=defaults.device,
+                   help="the device the script trains on ('cuda', 'cuda:1', 'cpu'; default: "
+                   "CUDA if available, else CPU)")
     d.add_argument("cmd", nargs=argparse.REMAINDER, help="-- python train.py [args]")
-    d.set_defaults(func=_doctor)
+    d.set_defaults(func=_doctor, parser=d)
 
-    t = sub.add_parser("trace", help="analyse PyTorch profiler (Kineto) traces",
+
+def _add_trace(sub: Any, help_text: str) -> None:
+    t = sub.add_parser("trace", help=help_text,
                        description="Where GPU time goes and why the GPU idles, from "
                        "torch.profiler traces: one file, or a folder of per-rank files "
                        "(.json or .json.gz).")
-    t.add_argument("paths", nargs="+", metavar="PATH")
+    t.add_argument("paths", nargs="+", metavar="PATH",
+                   help="trace files (.json, .json.gz) or folders of them, one per rank")
     t.add_argument("--json", metavar="PATH", help="also write the analysis as JSON to PATH")
     t.add_argument("--html", metavar="PATH", help=HTML_HELP)
     t.add_argument("--hta-compat", action="store_true",
@@ -87,8 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "(to compare numbers with it)")
     t.set_defaults(func=_trace)
 
-    u = sub.add_parser("tune", help="tune a training script's setup: loader, batch, precision, "
-                       "kernels; before/after table and a plan",
+
+def _add_tune(sub: Any, help_text: str) -> None:
+    from redline.tune.config import TuneConfig
+
+    defaults = TuneConfig()
+    u = sub.add_parser("tune", help=help_text,
                        description="Load SCRIPT (its __main__ block does not run), call its "
                        "factory (default redline_setup(), returning redline.tune.TrainSetup) "
                        "once per trial and walk the path data pipeline → batch size → "
@@ -101,13 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--factory", default="redline_setup",
                    help="name of the factory function (default: redline_setup)")
     u.add_argument("--steps", type=int_at_least("--steps", 1, "measured steps per trial"),
-                   default=_TUNE.steps_per_trial,
-                   help=f"measured optimizer steps per trial (default: {_TUNE.steps_per_trial})")
+                   default=defaults.steps_per_trial,
+                   help=f"measured optimizer steps per trial (default: {defaults.steps_per_trial})")
     u.add_argument("--rounds", type=int_at_least(
                        "--rounds", 1, "times each comparison alternates current and candidate"),
-                   default=_TUNE.rounds,
+                   default=defaults.rounds,
                    help="times each comparison alternates current and candidate (default: "
-                   f"{_TUNE.rounds})")
+                   f"{defaults.rounds})")
     u.add_argument("--run-steps", type=int_at_least(
                        "--run-steps", 1, "optimizer steps of the planned job"), default=None,
                    help="optimizer steps of the planned job, for compile amortization and "
@@ -132,11 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "Hugging Face TrainingArguments (docs/integrations.md)")
     u.set_defaults(func=_tune)
 
-    from redline.cli import plan as plan_cli
 
-    plan_cli.add_parser(sub)
-
-    m = sub.add_parser("demo", help="run a built-in naive workload under redline and report",
+def _add_demo(sub: Any, help_text: str) -> None:
+    m = sub.add_parser("demo", help=help_text,
                        description="Train a built-in workload (no download) with its naive "
                        "defaults under redline.watch and print the report.")
     m.add_argument("--workload", choices=["vision", "vision-storage", "vision-large", "lm",
@@ -162,33 +209,37 @@ def build_parser() -> argparse.ArgumentParser:
                    "for a GPU job on a CPU-only machine; labelled in every output")
     m.set_defaults(func=_demo)
 
-    r = sub.add_parser("report", help="make a self-contained HTML report from saved JSON",
+
+def _add_report(sub: Any, help_text: str) -> None:
+    r = sub.add_parser("report", help=help_text,
                        description="Read JSON documents written by redline (doctor, demo, "
                        "trace or tune --json) and write one HTML page with their charts; a "
                        "report and a tuning result given together are shown side by side.")
-    r.add_argument("paths", nargs="+", metavar="JSON")
+    r.add_argument("paths", nargs="+", metavar="JSON",
+                   help="JSON documents written by redline (doctor, demo, tune, trace)")
     r.add_argument("--html", metavar="PATH", required=True,
                    help="the HTML file to write (charts inline, opens offline)")
     r.set_defaults(func=_report)
-    return p
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from redline.doctor.runner import DoctorError, run_doctor
+    import dataclasses
+
+    from redline.doctor.options import DoctorError, DoctorOptions
+    from redline.doctor.runner import run_doctor
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
+    flags = dest_flags(args.parser)
     try:
-        result = run_doctor(cmd, steps=args.steps, warmup=args.warmup, json_path=args.json,
-                            count_flops=not args.no_flops, trace_dir=args.trace,
-                            tune_loader=args.tune_loader, metrics_port=args.metrics_port,
-                            metrics_address=args.metrics_address,
-                            timeline_path=args.timeline, live=args.live, html_path=args.html)
+        options = DoctorOptions(**{f.name: getattr(args, f.name)
+                                   for f in dataclasses.fields(DoctorOptions)})
+        result = run_doctor(cmd, options)
     except DoctorError as e:
-        return _fail("doctor", str(e), 2)
+        return _fail("doctor", flag_words(str(e), flags), 2)
     except (OSError, RedlineError) as e:  # a report could not be written (disk full, …)
-        return _fail("doctor", str(e), 1)
+        return _fail("doctor", flag_words(str(e), flags), 1)
     return result.exit_code
 
 
@@ -196,10 +247,8 @@ def _trace(args: argparse.Namespace) -> int:
     import json
     import warnings
 
-    from rich.console import Console
-
     from redline.core.files import OutputPathError, refuse_overwriting_inputs, write_text_atomic
-    from redline.diagnose import diagnose_trace
+    from redline.diagnose.trace_rules import diagnose_trace
     from redline.report.json_io import plain
     from redline.report.trace_render import render, to_dict
     from redline.trace import TraceError, analyze_paths, trace_files
@@ -219,7 +268,7 @@ def _trace(args: argparse.Namespace) -> int:
     except TraceError as e:
         return _fail("trace", str(e), 2)
     findings = diagnose_trace(analysis)
-    render(analysis, findings, Console())
+    render(analysis, findings)
     doc = to_dict(analysis, findings)
     try:
         if args.json:
@@ -377,9 +426,19 @@ def _printable_streams() -> None:
                 reconfigure(errors="replace")
 
 
+def _command_named(argv: list[str]) -> str | None:
+    """The sub-command ``argv`` runs (its first word, past ``--version`` / ``-h``), or None
+    when it names none (then the whole parser reports what is missing)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in _commands() else None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     _printable_streams()
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(_command_named(words)).parse_args(words)
     code: int = args.func(args)
     return code
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -61,7 +60,7 @@ def output_problem(flag: str, path: str | os.PathLike[str]) -> str | None:
     writable."""
     p = Path(path)
     if p.is_dir():
-        example = p / _EXAMPLE_NAMES.get(flag.lstrip("-").replace("_path", ""), "report.json")
+        example = p / _EXAMPLE_NAMES.get(flag.strip("-`").replace("_path", ""), "report.json")
         return (f"{flag} {str(path)!r} is an existing directory; give the path of a file, "
                 f"e.g. {str(example)!r}")
     parent = p.parent if str(p.parent) else Path(".")
@@ -115,6 +114,13 @@ def write_text_atomic(text: str, path: str | os.PathLike[str]) -> Path:
     The new file keeps the mode of the file it replaces, else gets 0666 less the umask (as
     ``open(path, 'w')`` would).
 
+    Args:
+        text: the content, written as UTF-8.
+        path: the destination file; its folder must exist.
+
+    Returns:
+        The destination, as a :class:`~pathlib.Path`.
+
     Raises:
         OSError: with the path in the message when the folder is missing or not writable, or
             the disk is full; the destination is then left untouched and no temporary file
@@ -126,6 +132,8 @@ def write_text_atomic(text: str, path: str | os.PathLike[str]) -> Path:
         mode = stat.S_IMODE(dest.stat().st_mode)
     except OSError:
         mode = 0o666 & ~_umask()
+    import tempfile  # here: a command that writes nothing need not load it (random, shutil)
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=directory)
     except OSError as e:

@@ -17,7 +17,8 @@ CATALOGUE: tuple[str, ...] = (
     "copy_on_access_dataset", "worker_respawn", "unused_parameter_search", "small_ddp_buckets",
     "gradient_bucket_copies", "ddp_static_graph", "fetch_wait", "cpu_contention",
     "evaluation_in_loop", "checkpoint_in_loop", "logging_in_loop", "gc_pauses",
-    "batches_built_in_loop", "host_work_in_loop", "periodic_stall",
+    "batches_built_in_loop", "host_work_in_loop", "periodic_stall", "memory_growth",
+    "step_time_drift", "step_time_bimodal",
 )
 """Stable finding ids (docs/report.md lists what each means); a report may add more."""
 
@@ -27,7 +28,7 @@ SEVERITIES: tuple[str, ...] = ("high", "medium", "low")
 Evidence = dict[str, float | int | str | bool | None]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Finding:
     """One diagnosis (a :data:`CATALOGUE` id), with the numbers that triggered it."""
 
@@ -45,7 +46,7 @@ class Finding:
     single process."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Limit:
     """One bottleneck left after tuning: what no knob of the path moved."""
 
@@ -62,7 +63,16 @@ class Limit:
 
 def ceiling_speedup(removable_fraction: float) -> float | None:
     """Amdahl ceiling of removing a measured share of step time (docs/report.md):
-    step_time ÷ (step_time − removable) = 1 ÷ (1 − fraction)."""
+    step_time ÷ (step_time − removable) = 1 ÷ (1 − fraction).
+
+    Args:
+        removable_fraction: share of step time the fix would remove, 0..1 (a fraction, not
+            a percentage).
+
+    Returns:
+        The ceiling speedup (×): 1.0 when the fraction is ≤ 0; None when it is ≥ 1 (no finite
+        ceiling).
+    """
     if removable_fraction <= 0:
         return 1.0
     if removable_fraction >= 1:
@@ -71,7 +81,16 @@ def ceiling_speedup(removable_fraction: float) -> float | None:
 
 
 def severity_for(fraction: float, high: float = 0.3, medium: float = 0.1) -> str:
-    """Severity from the share of step time at stake."""
+    """Severity from the share of step time at stake.
+
+    Args:
+        fraction: share of step time at stake, 0..1.
+        high: fraction at or above which the severity is "high" (default 0.3).
+        medium: fraction at or above which the severity is "medium" (default 0.1).
+
+    Returns:
+        "high", "medium" or "low".
+    """
     if fraction >= high:
         return "high"
     if fraction >= medium:
@@ -80,7 +99,15 @@ def severity_for(fraction: float, high: float = 0.3, medium: float = 0.1) -> str
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
-    """Largest ceiling speedup first; findings without one after, by severity."""
+    """Largest ceiling speedup first; findings without one after, by severity.
+
+    Args:
+        findings: the findings to order (left unchanged).
+
+    Returns:
+        A new list of the same findings: by ``ceiling_speedup`` descending, then those whose
+        ceiling is None, each group by severity (high, medium, low, then unknown severities).
+    """
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(findings, key=lambda f: (f.ceiling_speedup is None,
                                            -(f.ceiling_speedup or 0.0),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LoaderSettings:
     """The knobs of a ``torch.utils.data.DataLoader`` that decide how batches are fetched."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from redline.core.loader import LoaderSettings
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class NvmlSummary:
     """NVML readings over the measured window (means over samples unless said otherwise)."""
 
@@ -33,7 +33,7 @@ class NvmlSummary:
     """Why GPM metrics are missing, if they are."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class MfuResult:
     """Model FLOPs utilization and how it was obtained."""
 
@@ -48,8 +48,10 @@ class MfuResult:
     """Why MFU is unknown, if it is."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class DeviceInfo:
+    """The device the job trained on, as torch reports it."""
+
     type: str
     """'cuda', 'cpu', ..."""
     name: str
@@ -58,7 +60,7 @@ class DeviceInfo:
     total_memory_bytes: int | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class EffectiveConfig:
     """The training configuration redline saw (not what it recommends)."""
 
@@ -75,8 +77,10 @@ class EffectiveConfig:
     """'DataLoader', 'wrapped iterable' or 'not seen'."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class StepTiming:
+    """Step counts, step-time percentiles and throughput over the measured steps."""
+
     step_source: str | None
     """What delimited steps: 'optimizer', 'forward_backward', 'manual', or None (no step)."""
     steps_total: int
@@ -93,10 +97,20 @@ class StepTiming:
     clock where the device ran longer than the host (a device-bound loop whose host queued
     work ahead; see :func:`redline.measure.stats.step_times`)."""
     steps_per_s: float | None
+    step_times_s: list[float] | None = None
+    """The measured steps' times in order, on the clock of ``step_time_mean_s``, the last
+    :data:`MAX_STEP_TIMES` of them: what ``redline compare`` tests a change against each run's
+    own spread with. None in reports written before it was recorded."""
 
 
-@dataclass(slots=True)
+MAX_STEP_TIMES = 2000
+"""Most step times a report lists (about 30 kB of JSON); longer runs keep the last ones."""
+
+
+@dataclass(slots=True, kw_only=True)
 class PhaseShare:
+    """One phase's share of the measured step time."""
+
     phase: str
     """'data_wait', 'h2d_copy', 'forward', 'backward', 'optimizer' or 'other'."""
     mean_s: float
@@ -134,8 +148,11 @@ class CompetingProcess:
     rendezvous variables in its environment: listed, never counted as competition."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class HostMetrics:
+    """What the host did over the measured steps: usable CPUs, the CPU time, memory and reads of
+    the training process and its DataLoader workers."""
+
     cpus_available: float
     cpus_source: str
     torch_threads: int
@@ -181,8 +198,10 @@ class HostMetrics:
     window, most CPU first; None where /proc could not be read."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class H2DMetrics:
+    """Host-to-device copies per measured step: their count, bytes, pageable share and host time."""
+
     copies_per_step: float
     bytes_per_step: float
     pageable_fraction: float | None
@@ -190,8 +209,11 @@ class H2DMetrics:
     host_s_per_step: float
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class DeviceMetrics:
+    """What the device did over the measured steps: its busy span, memory peaks, NVML samples,
+    synchronizing calls and host-to-device copies."""
+
     device_span_fraction: float | None
     """Σ device span (CUDA events, first work → step end) ÷ Σ step time: an upper bound of
     device-busy; None off CUDA."""
@@ -207,8 +229,11 @@ class DeviceMetrics:
     h2d: H2DMetrics | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class LoaderReport:
+    """The DataLoader the loop read from: its settings, dataset, worker start-ups and batch size
+    in bytes."""
+
     batch_size: int | None
     settings: LoaderSettings
     dataset_type: str
@@ -224,8 +249,11 @@ class LoaderReport:
     summed over the process and its workers, when the loader reads through one."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class PrecisionInfo:
+    """The numeric precision the job trained in: parameter and autocast dtypes, and the float32
+    matmul settings."""
+
     effective: str | None
     param_dtype: str | None
     autocast_dtype: str | None
@@ -235,7 +263,7 @@ class PrecisionInfo:
     tf32_matmul_allowed: bool
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class MetricTier:
     """Which metrics this run could have, and why not more."""
 
@@ -246,7 +274,7 @@ class MetricTier:
     """[{'metric': ..., 'reason': ...}]"""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class DdpStats:
     """A DistributedDataParallel model's own runtime statistics (``_get_ddp_logging_data``,
     sampled by DDP itself), and the collectives this rank enqueued per optimizer step."""
@@ -272,7 +300,7 @@ class DdpStats:
     once instead of searched every step."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class FsdpStats:
     """An FSDP2 (``fully_shard``) model's parameter groups, and the gradient reductions this
     rank enqueued per optimizer step (flight recorder)."""
@@ -372,7 +400,166 @@ class LoopWork:
     periodic: PeriodicStall | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
+class MemoryCurve:
+    """One process's memory over the run (host RSS, or the CUDA caching allocator's
+    allocated or reserved bytes), sampled off the step path, with a robust fit of its growth
+    over the measured window (:mod:`redline.measure.trend`)."""
+
+    kind: str
+    """'host_rss' | 'cuda_allocated' | 'cuda_reserved'."""
+    process: str
+    """'main' (the training process) or 'worker' (a DataLoader worker, ``pid``)."""
+    pid: int | None
+    """The process id (None for the device's memory)."""
+    t_s: list[float]
+    """Sample times, seconds from the watch's entry (at most 120 points, evenly spaced)."""
+    steps: list[int]
+    """Steps closed at each sample (warm-up included)."""
+    bytes: list[int]
+    """The reading at each sample."""
+    start_bytes: int
+    """Its value where the measured window began (its first sample in it)."""
+    end_bytes: int
+    """Its last value."""
+    peak_bytes: int
+    """Its largest sample over the whole run."""
+    window_s: float
+    """Seconds between its first and last sample in the measured window."""
+    window_samples: int
+    """Samples in the measured window: the points the slope and the trend test read."""
+    slope_bytes_per_1k_steps: float | None
+    """Theil–Sen slope over the measured window against steps closed, × 1,000; None where
+    no step closed between its samples."""
+    slope_bytes_per_hour: float | None
+    """Theil–Sen slope over the measured window against time, × 3,600; None with fewer than
+    4 samples in it."""
+    late_slope_bytes_per_hour: float | None
+    """The same over the last half of the window's samples: ≈ the slope for a steady growth,
+    ≈ 0 for memory that rose and then plateaued (an allocator's cache filled)."""
+    trend_z: float | None
+    """Mann–Kendall z of the window's samples (positive: rising; |z| ≥ 3 is beyond the noise at
+    p < 0.003)."""
+    noise_bytes: float | None
+    """Scaled median absolute deviation of the samples around the fitted line."""
+    limit_bytes: int | None
+    """The level at which it runs out: host, its last value + the memory still available
+    (``MemAvailable``, lowered by the cgroup's ``memory.max`` − ``memory.current``); CUDA,
+    the device's total memory. None where unknown."""
+    limit_source: str | None
+    hours_to_limit: float | None
+    """(limit − last value) ÷ ``slope_bytes_per_hour`` where the slope is positive."""
+
+
+@dataclass(slots=True, kw_only=True)
+class MemoryTimeline:
+    """Memory of the training process, its DataLoader workers and the device over the run."""
+
+    interval_s: float
+    """The sampler's period."""
+    samples: int
+    """Samples kept (a long run keeps every 2nd, 4th, ... one: a uniform sample)."""
+    curves: list[MemoryCurve]
+    """The training process first, then its workers (longest lived first, at most 8), then
+    the device's allocated and reserved memory."""
+
+
+@dataclass(slots=True, kw_only=True)
+class StartupCost:
+    """The first steps of the run (compilation, autotuning, cold caches, worker start-up),
+    told apart from the steady state: the steps before the step time first settles at its
+    steady level (docs/report.md, Definitions, "start-up")."""
+
+    steps: int
+    """Steps from the first until the steady state (warm-up included, excluded steps not
+    counted)."""
+    seconds: float
+    """Their wall time."""
+    extra_s: float
+    """Of it, the seconds above the steady step time (what start-up cost)."""
+    steady_step_s: float
+    """The steady step time: the median of the second half of the steps."""
+    first_step_s: float
+    steps_after_warmup: int
+    """Of the start-up steps, those after the warm-up."""
+    run_delay_s: float | None
+    """Seconds the training loop's thread was runnable but waiting for a CPU over the start-up
+    steps (an upper bound: the CPU sampler's readings that bracket them);
+    None where unreadable."""
+    left_out: bool
+    """Whether the start-up steps after the warm-up were left out of the step statistics:
+    not where ``run_delay_s`` is unknown or at least half of ``extra_s`` (a loaded host's burst
+    of contention, not start-up)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class StepTrend:
+    """A robust line through the steady steps' times (Theil–Sen against the step index)."""
+
+    steps: int
+    """Steps fitted."""
+    slope_s_per_1k_steps: float
+    slope_s_per_hour: float | None
+    """The slope × the steps per hour at the mean step time."""
+    trend_z: float
+    """Mann–Kendall z (positive: slower over time)."""
+    start_s: float
+    """The fitted step time at the first fitted step."""
+    end_s: float
+    """…and at the last."""
+    noise_s: float
+    """Scaled median absolute deviation of the step times around the line."""
+    rise_fraction: float
+    """(end − start) ÷ the median step time."""
+    extra_fraction: float
+    """Seconds the steps took above the start level ÷ their total: what the drift cost."""
+    phase: str
+    """The phase (or 'other') whose own Theil–Sen slope is the largest."""
+    phase_slope_s_per_1k_steps: float
+    run_delay_rise_s: float | None
+    """The training loop's thread's scheduler run delay per step over the last third of the
+    steps minus over the first third (the CPU sampler's readings that bracket each): how much of the
+    rise is waiting for a CPU; None where unreadable."""
+
+
+@dataclass(slots=True, kw_only=True)
+class StepModes:
+    """The steady steps' times split in two levels (Otsu), whether or not they are two."""
+
+    fast_s: float
+    """Median of the fast level."""
+    slow_s: float
+    """Median of the slow level."""
+    slow_share: float
+    """Share of the steps in the slow level, 0..1."""
+    separation: float | None
+    """Ashman's D of the two levels (robust σ): > 2 separates two modes cleanly; None where
+    neither level has a spread."""
+    slow_first_half_share: float
+    """Of the slow steps, the share in the first half of the run: ≈ 0.5 when the levels are
+    interleaved, near 0 or 1 when the step time shifted once (a drift's)."""
+    extra_fraction: float
+    """Seconds the slow steps took above the fast level ÷ the steps' total."""
+    phase: str
+    """The phase (or 'other') whose median time differs most between the two levels."""
+    run_delay_fraction: float | None
+    """The training loop's thread's scheduler run delay over these steps ÷ their wall time
+    (the CPU sampler's readings that bracket them): a loaded host's two speeds, with a CPU and
+    without; None where unreadable."""
+
+
+@dataclass(slots=True, kw_only=True)
+class StepDrift:
+    """How the step time moves within the run: start-up, trend, two levels."""
+
+    startup: StartupCost | None
+    """None with fewer than 20 steps, or a run whose steps thin out (``steps_kept``)."""
+    trend: StepTrend | None
+    """None with fewer than 30 steady steps."""
+    modes: StepModes | None
+
+
+@dataclass(slots=True, kw_only=True)
 class Measurements:
     """Everything measured, before diagnosis."""
 
@@ -399,6 +586,11 @@ class Measurements:
     """Set when evaluation ran inside the measured steps."""
     loop: LoopWork | None = None
     """Where the time outside the phases went; None where stacks were not sampled."""
+    memory: MemoryTimeline | None = None
+    """Memory over the run; None where nothing was sampled."""
+    drift: StepDrift | None = None
+    """Start-up cost and how the step time moves within the run; None with fewer than 20
+    steps."""
 
     def fraction(self, phase: str) -> float:
         for p in self.breakdown:

@@ -14,7 +14,7 @@ STATUSES = ("completed", "step_limit", "script_error", "interrupted", "no_steps"
 """How the measured run ended."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class TraceSummary:
     """The short profiler trace recorded by ``doctor --trace`` and what its analysis found."""
 
@@ -31,7 +31,7 @@ class TraceSummary:
     """Why kernel-level numbers are missing (CPU-only trace, profiler error), if they are."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RankEntry:
     """One rank of a multi-process job: where its steps went, and how it met the others at
     collectives. Times are means per measured step."""
@@ -91,7 +91,7 @@ class RankEntry:
     ``sw_power_cap``, ...); None without NVML readings."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class MergedMetric:
     """One metric across ranks."""
 
@@ -102,7 +102,7 @@ class MergedMetric:
     """Largest − smallest."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RanksReport:
     """The ranks of a multi-process job, side by side (only in rank 0's report)."""
 
@@ -118,7 +118,7 @@ class RanksReport:
     """Error bound of the clock alignment across hosts (0 on one host: one clock)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class StepTimeline:
     """The steps one by one and the counters sampled while they ran: what the HTML report's
     timeline and device charts draw. Times are seconds from the first step's start (this rank's
@@ -144,8 +144,11 @@ MAX_COUNTER_POINTS = 2000
 """Most points a counter series keeps; longer series keep every k-th sample."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Report:
+    """One run's report: its measurements, ranked findings and trace summary, with where and
+    how it ran (what ``redline doctor``/``watch`` write as JSON)."""
+
     schema: str
     redline_version: str
     torch_version: str

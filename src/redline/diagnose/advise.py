@@ -14,7 +14,7 @@ from redline.core.findings import Finding
 from redline.core.loader import LoaderSettings
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MeasuredLoader:
     """DataLoader settings timed in the user's loop, against the setting it started from."""
 
@@ -33,7 +33,17 @@ class MeasuredLoader:
 
 
 def with_measured_loader(finding: Finding, tuned: MeasuredLoader) -> Finding:
-    """A copy of ``finding`` whose fix and evidence name the measured settings."""
+    """A copy of ``finding`` whose fix and evidence name the measured settings.
+
+    Args:
+        finding: the data finding to annotate (left unchanged).
+        tuned: the loader settings measured in the user's loop and their rates.
+
+    Returns:
+        A copy whose evidence adds the tuned workers, prefetch factor, samples/s and data-wait
+        fraction (and the num_workers=0 baseline's samples/s), and whose fix names the
+        DataLoader arguments and thread count.
+    """
     s = tuned.settings
     kw = ", ".join(f"{k}={v!r}" for k, v in s.loader_kwargs().items())
     evidence = {**finding.evidence,
@@ -51,6 +61,14 @@ def with_measured_loader(finding: Finding, tuned: MeasuredLoader) -> Finding:
 
 
 def with_loader_not_tuned(finding: Finding, why: str) -> Finding:
-    """A copy of ``finding`` whose evidence says why the loader was not timed."""
+    """A copy of ``finding`` whose evidence says why the loader was not timed.
+
+    Args:
+        finding: the data finding to annotate (left unchanged).
+        why: the reason the loader autotune did not run, as a clause.
+
+    Returns:
+        A copy whose evidence has ``loader_tuning`` = "not run: <why>".
+    """
     return dataclasses.replace(finding, evidence={**finding.evidence,
                                                   "loader_tuning": f"not run: {why}"})

@@ -27,7 +27,7 @@ def suggested_workers(cpus: float, local_world_size: int = 1) -> int:
     return max(1, int(cpus) // max(1, local_world_size) - 1)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Split:
     """The data wait split by what the fetcher did, each share measured (docs/report.md)."""
 
@@ -53,9 +53,9 @@ def _split(m: Measurements) -> _Split | None:
         cpu = min(1.0, f)
         delay = h.data_fetch_run_delay_fraction
         cont = min(1.0 - cpu, delay) if delay is not None else 0.0
-        return _Split(cpu, cont, max(0.0, 1.0 - cpu - cont),
-                      "training-thread CPU time and run delay ÷ wall time inside the fetches "
-                      "(num_workers=0)", delay is not None)
+        return _Split(cpu=cpu, contention=cont, waiting=max(0.0, 1.0 - cpu - cont),
+                      basis="training-thread CPU time and run delay ÷ wall time inside the fetches "
+                      "(num_workers=0)", contention_known=delay is not None)
     if h.workers_cpu_cores is None:
         return None
     capacity = min(float(nw), h.cpus_available)
@@ -64,19 +64,19 @@ def _split(m: Measurements) -> _Split | None:
     cores, delay = h.workers_cpu_cores, h.workers_run_delay_cores
     if delay is None:
         cpu = min(1.0, cores / capacity)
-        return _Split(cpu, 0.0, 1.0 - cpu,
-                      f"worker CPU cores used ÷ min(num_workers={nw}, usable CPUs="
-                      f"{h.cpus_available:g}); run delay unknown", False)
+        return _Split(cpu=cpu, contention=0.0, waiting=1.0 - cpu,
+                      basis=f"worker CPU cores used ÷ min(num_workers={nw}, usable CPUs="
+                      f"{h.cpus_available:g}); run delay unknown", contention_known=False)
     # In worker-seconds per second (nw of them): on a CPU, runnable without one, the rest
     # off-CPU. Run delay the job's own runnable workers explain (more of them than CPUs) is
     # CPU-bound work at capacity; only the delay beyond it is contention.
     own = min(delay, max(0.0, cores + delay - h.cpus_available))
     cont = min(1.0, (delay - own) / nw)
     cpu = min(1.0 - cont, (cores + own) / nw)
-    return _Split(cpu, cont, max(0.0, 1.0 - cpu - cont),
-                  f"worker CPU time and run delay per worker-second ({nw} workers, "
+    return _Split(cpu=cpu, contention=cont, waiting=max(0.0, 1.0 - cpu - cont),
+                  basis=f"worker CPU time and run delay per worker-second ({nw} workers, "
                   f"{h.cpus_available:g} usable CPUs; delay the workers' own number explains "
-                  "counts as CPU-bound)", True)
+                  "counts as CPU-bound)", contention_known=True)
 
 
 def _reads_evidence(m: Measurements) -> bool:
@@ -158,9 +158,9 @@ def data_starvation(m: Measurements) -> list[Finding]:
         fix = (f"Workers are not keeping up and CPUs are left ({busy:.2f} of {cpus:g} cores busy): "
                f"raise num_workers above {nw} (and prefetch_factor); "
                "redline.data.autotune_loader(make_loader, step) finds the setting by measuring.")
-    return [Finding("data_starvation", severity_for(f),
-                    f"The training loop waits for data {f:.0%} of each step",
-                    evidence, ceiling_speedup(f), fix)]
+    return [Finding(id="data_starvation", severity=severity_for(f),
+                    title=f"The training loop waits for data {f:.0%} of each step",
+                    evidence=evidence, ceiling_speedup=ceiling_speedup(f), fix=fix)]
 
 
 _SIDES = ("cpu_preprocessing", "cpu_contention", "waiting")
@@ -217,9 +217,9 @@ def cpu_preprocessing(m: Measurements) -> list[Finding]:
     if _workers(m) > 0 and _saturated(m):
         fix = "CPUs are saturated: " + fix.split("; ", 1)[1]
     return [Finding(
-        "cpu_preprocessing", severity_for(removable),
-        f"CPU preprocessing (decode/augment) makes {share:.0%} of the data wait "
-        f"({removable:.0%} of the step)", ev, ceiling_speedup(removable), fix)]
+        id="cpu_preprocessing", severity=severity_for(removable),
+        title=f"CPU preprocessing (decode/augment) makes {share:.0%} of the data wait "
+        f"({removable:.0%} of the step)", evidence=ev, ceiling_speedup=ceiling_speedup(removable), fix=fix)]
 
 
 def cpu_contention(m: Measurements) -> list[Finding]:
@@ -250,9 +250,9 @@ def cpu_contention(m: Measurements) -> list[Finding]:
                "torch.set_num_threads(1) in worker processes (worker_init_fn), fewer "
                "intra-op threads in the training process while workers run, or fewer workers.")
     return [Finding(
-        "cpu_contention", severity_for(removable),
-        f"The fetcher waits for a CPU {share:.0%} of the data wait ({removable:.0%} of the "
-        f"step): {who}", ev, ceiling_speedup(removable), fix)]
+        id="cpu_contention", severity=severity_for(removable),
+        title=f"The fetcher waits for a CPU {share:.0%} of the data wait ({removable:.0%} of the "
+        f"step): {who}", evidence=ev, ceiling_speedup=ceiling_speedup(removable), fix=fix)]
 
 
 def storage_fetch(m: Measurements) -> list[Finding]:
@@ -264,10 +264,10 @@ def storage_fetch(m: Measurements) -> list[Finding]:
     share, removable, ev = part
     cpus = m.host.cpus_available
     return [Finding(
-        "storage_fetch", severity_for(removable),
-        f"Fetching data waits on storage {share:.0%} of the data wait ({removable:.0%} of the "
-        "step)", ev, ceiling_speedup(removable),
-        "The fetcher waits rather than computes: hide the latency with more "
+        id="storage_fetch", severity=severity_for(removable),
+        title=f"Fetching data waits on storage {share:.0%} of the data wait ({removable:.0%} of the "
+        "step)", evidence=ev, ceiling_speedup=ceiling_speedup(removable),
+        fix="The fetcher waits rather than computes: hide the latency with more "
         f"workers (I/O-bound workers may exceed the {cpus:g} CPUs, e.g. "
         f"{max(2, math.ceil(2 * cpus))}) and a larger prefetch_factor, copy the "
         "dataset to local disk or RAM, or read it in larger sequential chunks.")]
@@ -282,11 +282,11 @@ def fetch_wait(m: Measurements) -> list[Finding]:
     share, removable, ev = part
     cpus = m.host.cpus_available
     return [Finding(
-        "fetch_wait", severity_for(removable),
-        f"The fetcher waits off-CPU {share:.0%} of the data wait ({removable:.0%} of the "
+        id="fetch_wait", severity=severity_for(removable),
+        title=f"The fetcher waits off-CPU {share:.0%} of the data wait ({removable:.0%} of the "
         f"step) with no storage reads measured: a network request, a lock or a sleep",
-        ev, ceiling_speedup(removable),
-        "Whatever the fetch waits on, waits overlap: more workers (they may exceed the "
+        evidence=ev, ceiling_speedup=ceiling_speedup(removable),
+        fix="Whatever the fetch waits on, waits overlap: more workers (they may exceed the "
         f"{cpus:g} CPUs, e.g. {max(2, math.ceil(2 * cpus))}) and a larger prefetch_factor; "
         "for a remote store, larger requests or a local cache "
         "(redline.data.CachedDataset); a lock shared by the workers serializes them.")]
@@ -303,9 +303,9 @@ def h2d_copy(m: Measurements) -> list[Finding]:
            "batch.to(device, non_blocking=True); better, prefetch the next batch to the device on "
            "a side CUDA stream while this one computes.")
     return [Finding(
-        "h2d_copy", severity_for(f),
-        f"Host→device copies block the training loop {f:.0%} of each step",
-        {"h2d_fraction": round(f, 4), "h2d_ms_per_step": round(h2d.host_s_per_step * 1e3, 3),
+        id="h2d_copy", severity=severity_for(f),
+        title=f"Host→device copies block the training loop {f:.0%} of each step",
+        evidence={"h2d_fraction": round(f, 4), "h2d_ms_per_step": round(h2d.host_s_per_step * 1e3, 3),
          "mb_per_step": round(h2d.bytes_per_step / 1e6, 3),
          "pageable_fraction": None if pageable is None else round(pageable, 3)},
-        ceiling_speedup(f), fix)]
+        ceiling_speedup=ceiling_speedup(f), fix=fix)]

@@ -38,16 +38,16 @@ def sync_every_microbatch(m: Measurements) -> list[Finding]:
     removable = None if exposed is None else (k - 1) * exposed
     share = None if removable is None else min(0.99, removable / step)
     return [Finding(
-        "sync_every_microbatch", severity_for(share) if share is not None else "medium",
-        f"Gradients are all-reduced after each of the {k:.0f} micro-batches of a step: "
+        id="sync_every_microbatch", severity=severity_for(share) if share is not None else "medium",
+        title=f"Gradients are all-reduced after each of the {k:.0f} micro-batches of a step: "
         f"{d.all_reduces_per_step:.1f} all-reduces per step where {buckets} would do",
-        {"backward_per_step": round(k, 2), "all_reduces_per_step": round(d.all_reduces_per_step, 2),
+        evidence={"backward_per_step": round(k, 2), "all_reduces_per_step": round(d.all_reduces_per_step, 2),
          "buckets": buckets, "extra_all_reduces_per_step": round(extra, 2),
          "extra_mb_per_step": round((k - 1) * d.parameter_bytes / 1e6, 3),
          "exposed_comm_ms_per_backward": None if exposed is None else round(exposed * 1e3, 3),
          "comm_source": "DDP's own logging data (sampled iterations)"},
-        None if share is None else ceiling_speedup(share),
-        "Skip the gradient sync on all but the last micro-batch: `with model.no_sync():` around "
+        ceiling_speedup=None if share is None else ceiling_speedup(share),
+        fix="Skip the gradient sync on all but the last micro-batch: `with model.no_sync():` around "
         "their forward and backward (DDP), or `model.set_requires_gradient_sync(is_last)` "
         "(FSDP2); gradients then accumulate locally and are all-reduced once per step "
         "(redline.tune.accumulate does this).")]
@@ -61,16 +61,16 @@ def _fsdp_sync_every_microbatch(m: Measurements) -> list[Finding]:
     if k < 1.5 or f.reductions_per_step < (k - 0.5) * groups:
         return []
     return [Finding(
-        "sync_every_microbatch", "medium",
-        f"Gradients are reduced after each of the {k:.0f} micro-batches of a step: "
+        id="sync_every_microbatch", severity="medium",
+        title=f"Gradients are reduced after each of the {k:.0f} micro-batches of a step: "
         f"{f.reductions_per_step:.1f} gradient reductions per step where {groups} would do "
         f"(one per fully_shard group)",
-        {"backward_per_step": round(k, 2), "reductions_per_step": round(f.reductions_per_step, 2),
+        evidence={"backward_per_step": round(k, 2), "reductions_per_step": round(f.reductions_per_step, 2),
          "fully_shard_groups": groups,
          "extra_reductions_per_step": round(f.reductions_per_step - groups, 2),
          "comm_source": "flight recorder: reduce-scatters (all-reduces on gloo) enqueued"},
-        None,
-        "Skip the gradient sync on all but the last micro-batch: "
+        ceiling_speedup=None,
+        fix="Skip the gradient sync on all but the last micro-batch: "
         "`model.set_requires_gradient_sync(is_last)` before each micro-batch's backward "
         "(FSDP2); gradients then accumulate unsharded locally and are reduced once per step.")]
 
@@ -81,12 +81,12 @@ def unused_parameter_search(m: Measurements) -> list[Finding]:
     if d is None or not d.find_unused_parameters or d.unused_parameter_bytes:
         return []
     return [Finding(
-        "unused_parameter_search", "low",
-        "DDP searches the autograd graph for unused parameters every step, and finds none",
-        {"find_unused_parameters": True, "unused_parameter_bytes": d.unused_parameter_bytes,
+        id="unused_parameter_search", severity="low",
+        title="DDP searches the autograd graph for unused parameters every step, and finds none",
+        evidence={"find_unused_parameters": True, "unused_parameter_bytes": d.unused_parameter_bytes,
          "parameter_mb": round(d.parameter_bytes / 1e6, 3)},
-        None,
-        "DistributedDataParallel(..., find_unused_parameters=False): the search walks the "
+        ceiling_speedup=None,
+        fix="DistributedDataParallel(..., find_unused_parameters=False): the search walks the "
         "autograd graph after every forward and adds an all-reduce of the used-parameter map "
         "to every step (PyTorch warns of the cost); static_graph=True where control flow "
         "skips parameters the same way every step. Re-measure after the change.")]
@@ -100,15 +100,15 @@ def static_graph(m: Measurements) -> list[Finding]:
             or not d.unused_parameter_bytes:
         return []
     return [Finding(
-        "ddp_static_graph", "low",
-        f"DDP searches the autograd graph every step for the {d.unused_parameter_bytes / 1e6:,.3f}"
+        id="ddp_static_graph", severity="low",
+        title=f"DDP searches the autograd graph every step for the {d.unused_parameter_bytes / 1e6:,.3f}"
         f" MB of parameters the forward skips",
-        {"find_unused_parameters": True, "static_graph": False,
+        evidence={"find_unused_parameters": True, "static_graph": False,
          "unused_parameter_bytes": d.unused_parameter_bytes,
          "parameter_mb": round(d.parameter_bytes / 1e6, 3),
          "source": "DDP's own logging data (_get_ddp_logging_data: unused_parameter_size)"},
-        None,
-        "If the forward skips the same parameters every step, "
+        ceiling_speedup=None,
+        fix="If the forward skips the same parameters every step, "
         "DistributedDataParallel(..., static_graph=True): DDP records the used parameters in "
         "the first iteration and stops searching the graph after every forward (the "
         "static_graph argument's documentation); it also allows reentrant activation "
@@ -124,13 +124,13 @@ def small_ddp_buckets(m: Measurements) -> list[Finding]:
         return []
     n = len(d.bucket_sizes_bytes)
     return [Finding(
-        "small_ddp_buckets", "low",
-        f"{n} gradient buckets of at most {_size(d.bucket_cap_bytes)} for "
+        id="small_ddp_buckets", severity="low",
+        title=f"{n} gradient buckets of at most {_size(d.bucket_cap_bytes)} for "
         f"{d.parameter_bytes / _MIB:,.0f} MiB of parameters: {n} all-reduces per step",
-        {"buckets": n, "bucket_cap_mib": round(d.bucket_cap_bytes / _MIB, 2),
+        evidence={"buckets": n, "bucket_cap_mib": round(d.bucket_cap_bytes / _MIB, 2),
          "parameter_mib": round(d.parameter_bytes / _MIB, 1)},
-        None,
-        f"Raise bucket_cap_mb (default {DDP_DEFAULT_BUCKET_BYTES // _MIB}): a small message "
+        ceiling_speedup=None,
+        fix=f"Raise bucket_cap_mb (default {DDP_DEFAULT_BUCKET_BYTES // _MIB}): a small message "
         "runs far below the link's bandwidth (nccl-tests: bus bandwidth grows with message "
         "size), and each bucket is one more collective; keep enough buckets for the "
         "all-reduce to overlap backward.")]
@@ -142,11 +142,11 @@ def gradient_bucket_copies(m: Measurements) -> list[Finding]:
     if d is None or d.gradient_as_bucket_view or d.parameter_bytes < DDP_BUCKET_COPY_MIN_BYTES:
         return []
     return [Finding(
-        "gradient_bucket_copies", "low",
-        f"DDP keeps a second copy of the {d.parameter_bytes / _MIB:,.0f} MiB of gradients "
+        id="gradient_bucket_copies", severity="low",
+        title=f"DDP keeps a second copy of the {d.parameter_bytes / _MIB:,.0f} MiB of gradients "
         "and copies into it every step",
-        {"gradient_as_bucket_view": False, "gradient_mib": round(d.parameter_bytes / _MIB, 1)},
-        None,
-        "DistributedDataParallel(..., gradient_as_bucket_view=True): gradients become views "
+        evidence={"gradient_as_bucket_view": False, "gradient_mib": round(d.parameter_bytes / _MIB, 1)},
+        ceiling_speedup=None,
+        fix="DistributedDataParallel(..., gradient_as_bucket_view=True): gradients become views "
         "of the all-reduce buckets, saving their size in memory and the copy (PyTorch docs; "
         "do not detach_() gradients then).")]

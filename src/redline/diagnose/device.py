@@ -34,12 +34,12 @@ def host_sync(m: Measurements) -> list[Finding]:
     sites = "; ".join(f"{s['site']} ×{s['count']}" for s in dm.sync_sites[:3])
     span = dm.device_span_fraction
     return [Finding(
-        "host_sync", "medium" if dm.sync_calls_per_step >= 1 else "low",
-        f"{dm.sync_calls_per_step:.1f} synchronizing CUDA calls per step stall the host",
-        {"sync_calls": dm.sync_calls, "sync_calls_per_step": round(dm.sync_calls_per_step, 2),
+        id="host_sync", severity="medium" if dm.sync_calls_per_step >= 1 else "low",
+        title=f"{dm.sync_calls_per_step:.1f} synchronizing CUDA calls per step stall the host",
+        evidence={"sync_calls": dm.sync_calls, "sync_calls_per_step": round(dm.sync_calls_per_step, 2),
          "top_sites": sites, "device_span_fraction": None if span is None else round(span, 3)},
-        None,
-        f"Remove host reads of device values from the loop ({sites}): .item(), .cpu(), "
+        ceiling_speedup=None,
+        fix=f"Remove host reads of device values from the loop ({sites}): .item(), .cpu(), "
         "print(tensor), bool(tensor), nonzero(); accumulate metrics on the device and read them "
         "every N steps. Their cost is not measurable without a kernel-level trace "
         "(torch.profiler with CUDA activities).")]
@@ -108,11 +108,11 @@ def _amortization(m: Measurements) -> Finding | None:
     parts = (f"{fixed_s * 1e3:.1f} ms fixed per step" + (f" + {per_sample * 1e3:.3f} ms per sample"
                                                           if per_sample is not None else ""))
     return Finding(
-        "small_batch", severity_for(1.0 - 1.0 / gain),
-        f"Per-step costs that do not grow with the batch make {fixed_f:.0%} of the step "
+        id="small_batch", severity=severity_for(1.0 - 1.0 / gain),
+        title=f"Per-step costs that do not grow with the batch make {fixed_f:.0%} of the step "
         f"({parts})",
-        ev, ceiling_speedup(fixed_f),
-        f"Raise the batch size ({'from ' + str(bs) + ' ' if bs else ''}to {k}× projects "
+        evidence=ev, ceiling_speedup=ceiling_speedup(fixed_f),
+        fix=f"Raise the batch size ({'from ' + str(bs) + ' ' if bs else ''}to {k}× projects "
         f"{gain:.2f}× the samples per second, the optimizer's {opt_s * 1e3:.1f} ms then spread "
         f"over {k}× the samples) and scale the learning rate with it (linear for SGD, square "
         "root for Adam-family optimizers, with warm-up); `redline tune --allow-batch-change` "
@@ -141,12 +141,12 @@ def _memory_headroom(m: Measurements) -> Finding | None:
     if mem >= SMALL_BATCH_MAX_MEMORY_FRACTION or span >= SMALL_BATCH_MAX_BUSY:
         return None
     return Finding(
-        "small_batch", "medium",
-        f"The batch uses {mem:.0%} of device memory and the device works {span:.0%} of the step",
-        {"peak_reserved_fraction": round(mem, 3), "device_span_fraction": round(span, 3),
+        id="small_batch", severity="medium",
+        title=f"The batch uses {mem:.0%} of device memory and the device works {span:.0%} of the step",
+        evidence={"peak_reserved_fraction": round(mem, 3), "device_span_fraction": round(span, 3),
          "batch_size": m.config.batch_size},
-        ceiling_speedup(1.0 - span),
-        "Raise the batch size towards the memory limit (keep the effective batch with gradient "
+        ceiling_speedup=ceiling_speedup(1.0 - span),
+        fix="Raise the batch size towards the memory limit (keep the effective batch with gradient "
         "accumulation if the optimization must not change); per-step overheads then amortize.")
 
 
@@ -178,13 +178,13 @@ def no_mixed_precision(m: Measurements) -> list[Finding]:
            "torch.autocast('cuda', dtype=torch.float16) with torch.amp.GradScaler()" if on_cuda
            else "torch.autocast('cpu', dtype=torch.bfloat16)")
     return [Finding(
-        "no_mixed_precision", "high" if ceiling and ceiling >= 1.5 else "medium",
-        f"Training runs in {eff} on a device with {low} matrix units",
-        {"precision": eff, "compute_fraction": None if comp is None else round(comp, 3),
+        id="no_mixed_precision", severity="high" if ceiling and ceiling >= 1.5 else "medium",
+        title=f"Training runs in {eff} on a device with {low} matrix units",
+        evidence={"precision": eff, "compute_fraction": None if comp is None else round(comp, 3),
          f"peak_{eff}_over_{low}": None if ratio is None else round(ratio, 4),
          "compute_capability": m.device.compute_capability},
-        ceiling,
-        f"Run forward and loss under {amp}; keep the optimizer in fp32. Compare loss and "
+        ceiling_speedup=ceiling,
+        fix=f"Run forward and loss under {amp}; keep the optimizer in fp32. Compare loss and "
         "gradient norm with an fp32 run from the same weights for a few hundred steps before "
         "keeping it.")]
 
@@ -198,11 +198,11 @@ def fp32_matmul_on_tensor_cores(m: Measurements) -> list[Finding]:
     ratio = _peak_ratio(m, "fp32", "tf32")
     ceiling = ceiling_speedup(comp * (1.0 - ratio)) if comp is not None and ratio else None
     return [Finding(
-        "fp32_matmul_on_tensor_cores", "medium",
-        "fp32 matmuls run without TF32 on an Ampere-or-newer GPU",
-        {"float32_matmul_precision": m.precision.float32_matmul_precision,
+        id="fp32_matmul_on_tensor_cores", severity="medium",
+        title="fp32 matmuls run without TF32 on an Ampere-or-newer GPU",
+        evidence={"float32_matmul_precision": m.precision.float32_matmul_precision,
          "compute_capability": m.device.compute_capability,
          "peak_fp32_over_tf32": None if ratio is None else round(ratio, 4)},
-        ceiling,
-        "torch.set_float32_matmul_precision('high') (TF32 matmuls, 10-bit mantissa inputs) — "
+        ceiling_speedup=ceiling,
+        fix="torch.set_float32_matmul_precision('high') (TF32 matmuls, 10-bit mantissa inputs) — "
         "one line, no other code change.")]

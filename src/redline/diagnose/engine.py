@@ -1,24 +1,24 @@
 """The rule registry: one function per finding id, run over the measurements of a watch or
 over a trace analysis, and the findings ranked by the gain they promise.
 
-Every id of :data:`redline.core.findings.CATALOGUE` has a rule here, or is listed in
-:data:`NOT_DIAGNOSED` with the reason (a test holds this).
+Every id of :data:`redline.core.findings.CATALOGUE` has a rule here (the trace's rules are
+registered in :mod:`redline.diagnose.trace_rules`, which ``redline trace`` loads alone), or is
+listed in :data:`NOT_DIAGNOSED` with the reason (a test holds this).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from redline.core.findings import Finding, rank
 from redline.core.measurements import Measurements
 from redline.core.report import RanksReport
-from redline.diagnose import data, ddp, device, evaluation, host, loop, ranks, trace_rules
-from redline.trace.analyze import RankAnalysis, TraceAnalysis
+from redline.diagnose import data, ddp, device, evaluation, host, loop, ranks, trends
+from redline.diagnose.trace_rules import JOB_RULES as JOB_RULES
+from redline.diagnose.trace_rules import TRACE_RULES as TRACE_RULES
+from redline.diagnose.trace_rules import diagnose_trace as diagnose_trace
 
 Rule = Callable[[Measurements], list[Finding]]
-TraceRule = Callable[[RankAnalysis], list[Finding]]
-JobRule = Callable[[TraceAnalysis], list[Finding]]
 RanksRule = Callable[[RanksReport], list[Finding]]
 
 RULES: dict[str, Rule] = {
@@ -39,6 +39,9 @@ RULES: dict[str, Rule] = {
     "batches_built_in_loop": loop.batches_built_in_loop,
     "host_work_in_loop": loop.host_work_in_loop,
     "periodic_stall": loop.periodic_stall,
+    "memory_growth": trends.memory_growth,
+    "step_time_drift": trends.step_time_drift,
+    "step_time_bimodal": trends.step_time_bimodal,
     "host_sync": device.host_sync,
     "small_batch": device.small_batch,
     "no_mixed_precision": device.no_mixed_precision,
@@ -51,22 +54,6 @@ RULES: dict[str, Rule] = {
 }
 """Rules over the always-on measurements of one process."""
 
-TRACE_RULES: dict[str, TraceRule] = {
-    "launch_bound": trace_rules.launch_bound,
-    "memory_bound_kernels": trace_rules.memory_bound_kernels,
-    "fp32_matmul_on_tensor_cores": trace_rules.fp32_matmul_on_tensor_cores,
-    "unfused_attention": trace_rules.unfused_attention,
-    "comm_not_overlapped": trace_rules.comm_not_overlapped,
-    "host_sync": trace_rules.host_sync,
-    "h2d_copy": trace_rules.h2d_copy,
-}
-"""Rules over one rank's trace analysis."""
-
-JOB_RULES: dict[str, JobRule] = {
-    "straggler": trace_rules.straggler,
-}
-"""Rules over all ranks' traces of one job."""
-
 RANK_RULES: dict[str, RanksRule] = {
     "straggler": ranks.straggler,
 }
@@ -77,21 +64,25 @@ NOT_DIAGNOSED: dict[str, str] = {}
 
 
 def diagnose(m: Measurements) -> list[Finding]:
-    """Every always-on rule over ``m``, ranked."""
+    """Every always-on rule over ``m``, ranked.
+
+    Args:
+        m: one run's measurements (a watch or a doctor run).
+
+    Returns:
+        The findings of every rule, ranked by :func:`redline.core.rank` (largest ceiling
+        speedup first); empty when no rule fires.
+    """
     return rank([f for rule in RULES.values() for f in rule(m)])
 
 
-def diagnose_trace(a: TraceAnalysis) -> list[Finding]:
-    """Every trace rule over each rank with device events, and the job rules, ranked; with
-    more than one rank, each rank's findings name their rank."""
-    several = len(a.ranks) > 1
-    found = [dataclasses.replace(f, rank=r.rank) if several and f.rank is None else f
-             for r in a.ranks if r.temporal is not None
-             for rule in TRACE_RULES.values() for f in rule(r)]
-    found += [f for rule in JOB_RULES.values() for f in rule(a)]
-    return rank(found)
-
-
 def diagnose_ranks(r: RanksReport) -> list[Finding]:
-    """Every rule over the ranks of a multi-process job."""
+    """Every rule over the ranks of a multi-process job.
+
+    Args:
+        r: the job's per-rank report.
+
+    Returns:
+        The findings of every rank rule, in rule order (not ranked); empty when none fires.
+    """
     return [f for rule in RANK_RULES.values() for f in rule(r)]

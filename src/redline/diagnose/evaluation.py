@@ -54,6 +54,6 @@ def evaluation_in_loop(m: Measurements) -> list[Finding]:
                "another process, on another rank or machine, while training goes on. Keep "
                "torch.inference_mode() (or no_grad) around the evaluation forwards.")
     return [Finding(
-        "evaluation_in_loop", severity_for(f),
-        f"Evaluation inside the training loop takes {f:.0%} of the step time ({how}{each})",
-        evidence, ceiling_speedup(f), fix)]
+        id="evaluation_in_loop", severity=severity_for(f),
+        title=f"Evaluation inside the training loop takes {f:.0%} of the step time ({how}{each})",
+        evidence=evidence, ceiling_speedup=ceiling_speedup(f), fix=fix)]

@@ -82,9 +82,9 @@ def cpu_contention(m: Measurements) -> list[Finding]:
                "the evidence, pin them and this job to separate cores (taskset, cpusets, the "
                "scheduler's CPU requests), or ask for dedicated cores.")
     return [Finding(
-        "cpu_contention", severity_for(delay),
-        f"The training thread waits for a CPU {delay:.0%} of the step: {who}",
-        ev, ceiling_speedup(delay), fix)]
+        id="cpu_contention", severity=severity_for(delay),
+        title=f"The training thread waits for a CPU {delay:.0%} of the step: {who}",
+        evidence=ev, ceiling_speedup=ceiling_speedup(delay), fix=fix)]
 
 
 def thread_oversubscription(m: Measurements) -> list[Finding]:
@@ -105,13 +105,13 @@ def thread_oversubscription(m: Measurements) -> list[Finding]:
     rec = max(1, int(h.cpus_available) - nw)
     sev = "high" if m.fraction("data_wait") >= 0.1 else "medium"
     return [Finding(
-        "thread_oversubscription", sev,
-        f"{h.torch_threads} torch threads + {nw} busy workers compete for "
+        id="thread_oversubscription", severity=sev,
+        title=f"{h.torch_threads} torch threads + {nw} busy workers compete for "
         f"{h.cpus_available:g} CPUs",
-        {"torch_threads": h.torch_threads, "num_workers": nw,
+        evidence={"torch_threads": h.torch_threads, "num_workers": nw,
          "workers_cpu_cores": round(h.workers_cpu_cores, 3), "cpus_available": h.cpus_available},
-        None,
-        f"Call torch.set_num_threads({rec}) in the training process (workers already use 1 "
+        ceiling_speedup=None,
+        fix=f"Call torch.set_num_threads({rec}) in the training process (workers already use 1 "
         "thread each). The gain is not measurable from this run (contention slows every phase); "
         "re-measure after the change.")]
 
@@ -129,13 +129,13 @@ def shm_too_small(m: Measurements) -> list[Finding]:
         if need <= free:
             continue
         out.append(Finding(
-            "shm_too_small", "high",
-            f"/dev/shm has {free / 2**20:.0f} MiB free; batches in flight need {need / 2**20:.0f} MiB",
-            {"shm_free_mib": round(free / 2**20, 1), "needed_mib": round(need / 2**20, 1),
+            id="shm_too_small", severity="high",
+            title=f"/dev/shm has {free / 2**20:.0f} MiB free; batches in flight need {need / 2**20:.0f} MiB",
+            evidence={"shm_free_mib": round(free / 2**20, 1), "needed_mib": round(need / 2**20, 1),
              "num_workers": ls.num_workers, "prefetch_factor": ls.prefetch_factor,
              "batch_mib": round(li.batch_bytes / 2**20, 3)},
-            None,
-            "Enlarge /dev/shm (docker --shm-size=8g or --ipc=host; a Kubernetes emptyDir with "
+            ceiling_speedup=None,
+            fix="Enlarge /dev/shm (docker --shm-size=8g or --ipc=host; a Kubernetes emptyDir with "
             "medium: Memory), or lower num_workers × prefetch_factor. Not a speed issue: it "
             "crashes or hangs the job."))
     return out
@@ -153,14 +153,14 @@ def copy_on_access_dataset(m: Measurements) -> list[Finding]:
             est = int(str(c["est_bytes"]))
             total = est * nw
             out.append(Finding(
-                "copy_on_access_dataset", "high" if total >= 2**30 else "medium",
-                f"{c['path']} is a Python {c['type']} of {c['items']:,} items read by "
+                id="copy_on_access_dataset", severity="high" if total >= 2**30 else "medium",
+                title=f"{c['path']} is a Python {c['type']} of {c['items']:,} items read by "
                 f"{nw} workers",
-                {"attribute": str(c["path"]), "type": str(c["type"]), "items": int(str(c["items"])),
+                evidence={"attribute": str(c["path"]), "type": str(c["type"]), "items": int(str(c["items"])),
                  "est_mib": round(est / 2**20, 1), "num_workers": nw,
                  "projected_copies_mib": round(total / 2**20, 1)},
-                None,
-                "Store it as a numpy array / torch tensor (strings: one uint8 buffer + offsets, "
+                ceiling_speedup=None,
+                fix="Store it as a numpy array / torch tensor (strings: one uint8 buffer + offsets, "
                 "or np.array(..., dtype='S')) or an Arrow table, so workers share its pages. "
                 "Costs memory (up to one copy per worker), not step time."))
     return out
@@ -181,14 +181,14 @@ def worker_respawn(m: Measurements) -> list[Finding]:
         if share < WORKER_RESPAWN_MIN_FRACTION:
             continue
         out.append(Finding(
-            "worker_respawn", severity_for(share),
-            f"DataLoader workers restarted {li.worker_starts} times, "
+            id="worker_respawn", severity=severity_for(share),
+            title=f"DataLoader workers restarted {li.worker_starts} times, "
             f"{li.worker_startup_mean_s:.2f} s each",
-            {"worker_starts": li.worker_starts,
+            evidence={"worker_starts": li.worker_starts,
              "startup_mean_s": round(li.worker_startup_mean_s, 4),
              "startup_total_s": round(li.worker_startup_total_s, 4),
              "share_of_wall": round(share, 4), "num_workers": li.settings.num_workers},
-            ceiling_speedup(share),
-            "DataLoader(..., persistent_workers=True) keeps workers (and their dataset copy) "
+            ceiling_speedup=ceiling_speedup(share),
+            fix="DataLoader(..., persistent_workers=True) keeps workers (and their dataset copy) "
             "alive across epochs."))
     return out

@@ -209,14 +209,14 @@ def straggler(r: RanksReport) -> list[Finding]:
     # A rank the scheduler held back on CPUs the ranks share has no cause in the job to fix:
     # low, and no ceiling, so the causes a user can act on rank above it.
     return [Finding(
-        "straggler", severity_for(cost) if actionable else "low",
-        f"Rank {slow.rank} arrives last at {slow.last_arrivals} of {slow.collectives} "
+        id="straggler", severity=severity_for(cost) if actionable else "low",
+        title=f"Rank {slow.rank} arrives last at {slow.last_arrivals} of {slow.collectives} "
         f"collectives and causes {share_caused:.0%} of the waiting at them; the other ranks "
         f"wait {wait * 1e3:,.1f} ms per step for it: {why}",
-        {"rank": slow.rank, "host": slow.host, "last_arrivals": slow.last_arrivals,
+        evidence={"rank": slow.rank, "host": slow.host, "last_arrivals": slow.last_arrivals,
          "collectives": slow.collectives, "share_of_wait_caused": round(share_caused, 4),
          "skew_ms_per_step": None if slow.lateness_s is None else round(slow.lateness_s * 1e3, 3),
          "others_wait_ms_per_step": round(wait * 1e3, 3),
          "share_of_step": round(cost, 4), "clock_error_ms": round(r.clock_error_s * 1e3, 3),
          **numbers},
-        ceiling_speedup(cost) if actionable else None, fix, rank=slow.rank)]
+        ceiling_speedup=ceiling_speedup(cost) if actionable else None, fix=fix, rank=slow.rank)]

@@ -12,7 +12,15 @@ from redline.diagnose.thresholds import DATA_WAIT_MIN_FRACTION
 
 def stall_note(m: Measurements) -> str | None:
     """A note when one step's data wait alone crosses the data-starvation threshold, else
-    None."""
+    None.
+
+    Args:
+        m: one run's measurements.
+
+    Returns:
+        The note (names the step and its wait in ms) when the data wait is above the
+        data-starvation threshold with its slowest step and below it without; else None.
+    """
     dw = m.share("data_wait")
     if (dw is None or dw.fraction_without_slowest is None or dw.slowest_step_s is None
             or dw.fraction < DATA_WAIT_MIN_FRACTION

@@ -175,3 +175,80 @@ per step than that cost little whatever their size."""
 DDP_BUCKET_COPY_MIN_BYTES = 100 * 2**20
 """A second copy of the gradients is worth a finding from 100 MiB on (below that, the memory
 and the copy are small beside activations)."""
+
+# -- memory over time and step-time drift ----------------------------------------------------
+
+MEMORY_TREND_MIN_Z = 3.0
+"""A memory curve rises beyond its noise when its Mann–Kendall z is ≥ 3 (p < 0.003 two-sided;
+Mann 1945, Kendall 1975): the test counts rising pairs, so a few jumps (an arena mapped, a cache
+filled) do not make a trend, a steady climb does."""
+
+MEMORY_GROWTH_MIN_BYTES = 16 * 2**20
+"""…and its fitted growth over the measured window is ≥ 16 MiB: below that, the window's growth
+is within what a steady process moves by (a pymalloc arena is 1 MiB, glibc's per-thread arenas
+64 MiB of address space touched a page at a time; a CUDA allocator block is 2 MiB or 20 MiB)."""
+
+MEMORY_GROWTH_MIN_FRACTION = 0.05
+"""…and ≥ 5 % of its value where the window began: a process of 40 GiB moves by more than a
+small one without leaking."""
+
+MEMORY_NOISE_FACTOR = 4.0
+"""…and ≥ 4× the samples' robust σ around the fitted line: a curve that steps up once and
+scatters is not a steady growth."""
+
+MEMORY_LATE_SLOPE_SHARE = 0.5
+"""…and the slope over the last half of the window is ≥ half the whole window's: memory that
+rises during warm-up and then plateaus (the caching allocator, pinned-memory pools, the
+DataLoader's prefetch buffers) has a late slope near 0."""
+
+MEMORY_HIGH_HOURS = 1.0
+"""Severity of a growth by its projected time to the limit: < 1 h high (the job dies soon),
+< 24 h medium (an overnight run dies), else low."""
+
+MEMORY_MEDIUM_HOURS = 24.0
+
+DRIFT_MIN_Z = 4.0
+"""The step time trends up when the Mann–Kendall z of the steady steps' times is ≥ 4
+(p < 10⁻⁴): a loaded host's bursts of contention move a short window's times together, so the
+bar is set above the 3 of the memory curves."""
+
+DRIFT_MIN_RISE_FRACTION = 0.3
+"""…and the fitted line rises by ≥ 30 % of the median step over the window: a drift a user
+sees in a step-time plot, large beside the ~10 % that a shared host's load moves a step by."""
+
+DRIFT_NOISE_FACTOR = 1.0
+"""…and the rise is ≥ 1 robust σ of the steps around the line (spread-aware: a noisy loop
+needs a larger rise; a rise within one step's scatter is not what a step-time plot shows,
+however significant the trend test finds it over many steps)."""
+
+BIMODAL_MIN_RATIO = 1.5
+"""Two step-time levels are named when the slow level's median is ≥ 1.5× the fast one's (a
+chance stall of a loaded host makes a tail, not a level this far above)…"""
+
+BIMODAL_MIN_SEPARATION = 3.0
+"""…with Ashman's D ≥ 3 (D > 2 is a clean separation of two modes: Ashman, Bird & Zeki, AJ
+1994; 3 leaves room for a loaded host's spread)…"""
+
+BIMODAL_MIN_SHARE = 0.1
+"""…each level holding ≥ 10 % of the steps (fewer slow steps are outliers: the stall note's
+and ``periodic_stall``'s)…"""
+
+BIMODAL_MIN_FRACTION = 0.05
+"""…and the slow steps' time above the fast level ≥ 5 % of the total (the materiality of the
+other host findings)."""
+
+BIMODAL_INTERLEAVED = (0.2, 0.8)
+"""The slow steps' share in the first half of the run must lie within these: levels that
+alternate through the run. A step time that shifted once (all slow steps late) is a drift."""
+
+CONTENTION_EXPLAINS_SHARE = 0.5
+"""A drift is the host's, not the loop's, when the training thread's run delay per step (its
+wait for a CPU) rose from the first third of the steps to the last by ≥ half the step time's
+rise (``cpu_contention`` names the load)."""
+
+BIMODAL_DELAY_SHARE = 0.5
+"""Two step-time levels are the host's when the training loop's thread waited for a CPU over
+the steps for ≥ half the time the slow level cost: on a shared host the loop runs at two
+speeds, with a CPU and without one (measured on a 2-core host at a load of 3–9: the wait was
+60–70 % of the slow level's cost, part of the rest lost out of the scheduler's sight), while a
+level of the loop's own leaves most of its extra time unexplained by any wait."""

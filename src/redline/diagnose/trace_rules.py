@@ -1,5 +1,7 @@
 """Findings from a profiler trace (catalogue ids): one function per finding over one rank's
-analysis, plus the job-level straggler rule over all ranks.
+analysis, plus the job-level straggler rule over all ranks, and their registry with
+:func:`diagnose_trace` (here, not in :mod:`redline.diagnose.engine`, so a trace is diagnosed
+without loading the rules over a watch's measurements).
 
 The numbers come from :mod:`redline.trace` (torch-free); the thresholds from
 :mod:`redline.diagnose.thresholds`.
@@ -7,7 +9,10 @@ The numbers come from :mod:`redline.trace` (torch-free); the thresholds from
 
 from __future__ import annotations
 
-from redline.core.findings import Finding, ceiling_speedup, severity_for
+import dataclasses
+from collections.abc import Callable
+
+from redline.core.findings import Finding, ceiling_speedup, rank, severity_for
 from redline.diagnose.thresholds import (
     COMM_EXPOSED_MIN_FRACTION,
     MEMORY_BOUND_MIN_SHARE_OF_COMPUTE,
@@ -18,6 +23,9 @@ from redline.diagnose.thresholds import (
     TRACE_SHARE_MIN,
 )
 from redline.trace.analyze import RankAnalysis, TraceAnalysis
+
+TraceRule = Callable[[RankAnalysis], list[Finding]]
+JobRule = Callable[[TraceAnalysis], list[Finding]]
 
 
 def _window_share(us: float, r: RankAnalysis) -> float:
@@ -37,14 +45,14 @@ def launch_bound(r: RankAnalysis) -> list[Finding]:
     if share < TRACE_SHARE_MIN or launches.short_kernels < SHORT_KERNELS_MIN_FRACTION * launches.launches:
         return []
     return [Finding(
-        "launch_bound", severity_for(share),
-        f"The GPU waits for the host {share:.0%} of the time; {launches.short_kernels} of "
+        id="launch_bound", severity=severity_for(share),
+        title=f"The GPU waits for the host {share:.0%} of the time; {launches.short_kernels} of "
         f"{launches.launches} kernels run shorter than their launch",
-        {"host_wait_share": round(share, 4), "short_kernels": launches.short_kernels,
+        evidence={"host_wait_share": round(share, 4), "short_kernels": launches.short_kernels,
          "launches": launches.launches, "median_kernel_us": launches.gpu_kernel_us_median,
          "median_launch_us": launches.cpu_launch_us_median},
-        ceiling_speedup(share),
-        "Launch fewer, larger kernels: torch.compile (fuses small ops), CUDA graphs "
+        ceiling_speedup=ceiling_speedup(share),
+        fix="Launch fewer, larger kernels: torch.compile (fuses small ops), CUDA graphs "
         "(torch.compile(mode='reduce-overhead') or torch.cuda.graphs) for static shapes, "
         "or a larger batch per kernel.")]
 
@@ -59,14 +67,14 @@ def memory_bound_kernels(r: RankAnalysis) -> list[Finding]:
     if k.memory_bound_us / comp_us < MEMORY_BOUND_MIN_SHARE_OF_COMPUTE or share < TRACE_SHARE_MIN:
         return []
     return [Finding(
-        "memory_bound_kernels", severity_for(share),
-        f"Elementwise / reduction / normalization kernels take {k.memory_bound_us / comp_us:.0%} "
+        id="memory_bound_kernels", severity=severity_for(share),
+        title=f"Elementwise / reduction / normalization kernels take {k.memory_bound_us / comp_us:.0%} "
         "of compute time",
-        {"memory_bound_us": round(k.memory_bound_us, 1),
+        evidence={"memory_bound_us": round(k.memory_bound_us, 1),
          "share_of_compute": round(k.memory_bound_us / comp_us, 4),
          "share_of_window": round(share, 4), "examples": "; ".join(k.memory_bound_examples)},
-        ceiling_speedup(share),
-        "Fuse them: torch.compile the model (Inductor fuses chains of pointwise and "
+        ceiling_speedup=ceiling_speedup(share),
+        fix="Fuse them: torch.compile the model (Inductor fuses chains of pointwise and "
         "reduction ops into one kernel each); use fused LayerNorm/optimizers. Ceiling "
         "assumes fusion removes their time entirely.")]
 
@@ -80,13 +88,13 @@ def fp32_matmul_on_tensor_cores(r: RankAnalysis) -> list[Finding]:
     if share < TRACE_SHARE_MIN:
         return []
     return [Finding(
-        "fp32_matmul_on_tensor_cores", severity_for(share),
-        f"{k.fp32_gemm_kernels} fp32 GEMM kernels ({share:.0%} of the window) on a GPU with "
+        id="fp32_matmul_on_tensor_cores", severity=severity_for(share),
+        title=f"{k.fp32_gemm_kernels} fp32 GEMM kernels ({share:.0%} of the window) on a GPU with "
         f"TF32/bf16 tensor cores (compute capability {cc})",
-        {"fp32_gemm_us": round(k.fp32_gemm_us, 1), "share_of_window": round(share, 4),
+        evidence={"fp32_gemm_us": round(k.fp32_gemm_us, 1), "share_of_window": round(share, 4),
          "example": k.fp32_gemm_example},
-        ceiling_speedup(share * (1 - 1 / TF32_OVER_FP32_GEMM_SPEEDUP)),
-        "torch.set_float32_matmul_precision('high') (TF32), or bf16 autocast.")]
+        ceiling_speedup=ceiling_speedup(share * (1 - 1 / TF32_OVER_FP32_GEMM_SPEEDUP)),
+        fix="torch.set_float32_matmul_precision('high') (TF32), or bf16 autocast.")]
 
 
 def unfused_attention(r: RankAnalysis) -> list[Finding]:
@@ -96,14 +104,14 @@ def unfused_attention(r: RankAnalysis) -> list[Finding]:
         return []
     share = _window_share(k.unfused_attention_softmax_us, r)
     return [Finding(
-        "unfused_attention", severity_for(share),
-        f"{k.unfused_attention} softmax kernels sit between two matmuls: attention written out "
+        id="unfused_attention", severity=severity_for(share),
+        title=f"{k.unfused_attention} softmax kernels sit between two matmuls: attention written out "
         "by hand",
-        {"occurrences": k.unfused_attention,
+        evidence={"occurrences": k.unfused_attention,
          "softmax_us": round(k.unfused_attention_softmax_us, 1),
          "share_of_window": round(share, 4)},
-        ceiling_speedup(share),
-        "Use torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...): "
+        ceiling_speedup=ceiling_speedup(share),
+        fix="Use torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...): "
         "flash / memory-efficient kernels never materialize the attention matrix. Ceiling "
         "counts only the softmax time; the saved memory traffic adds more.")]
 
@@ -115,12 +123,12 @@ def comm_not_overlapped(r: RankAnalysis) -> list[Finding]:
     if not k.comm_us or share < COMM_EXPOSED_MIN_FRACTION:
         return []
     return [Finding(
-        "comm_not_overlapped", severity_for(share),
-        f"Communication runs alone {share:.0%} of the time",
-        {"exposed_comm_us": round(k.comm_exposed_us, 1), "comm_us": round(k.comm_us, 1),
+        id="comm_not_overlapped", severity=severity_for(share),
+        title=f"Communication runs alone {share:.0%} of the time",
+        evidence={"exposed_comm_us": round(k.comm_exposed_us, 1), "comm_us": round(k.comm_us, 1),
          "share_of_window": round(share, 4)},
-        ceiling_speedup(share),
-        "Overlap gradients' all-reduce with backward: DDP buckets (bucket_cap_mb), "
+        ceiling_speedup=ceiling_speedup(share),
+        fix="Overlap gradients' all-reduce with backward: DDP buckets (bucket_cap_mb), "
         "no_sync() on all but the last micro-batch under accumulation, FSDP prefetch.")]
 
 
@@ -132,13 +140,13 @@ def host_sync(r: RankAnalysis) -> list[Finding]:
     if not host_side or share < TRACE_SHARE_MIN:
         return []
     return [Finding(
-        "host_sync", severity_for(share),
-        f"{sum(s.count for s in host_side)} host synchronizations leave the GPU idle "
+        id="host_sync", severity=severity_for(share),
+        title=f"{sum(s.count for s in host_side)} host synchronizations leave the GPU idle "
         f"{share:.0%} of the time",
-        {"device_idle_after_us": round(idle_after, 1), "share_of_window": round(share, 4),
+        evidence={"device_idle_after_us": round(idle_after, 1), "share_of_window": round(share, 4),
          "by_call": "; ".join(f"{s.name} ×{s.count}" for s in host_side[:4])},
-        ceiling_speedup(share),
-        "Remove the synchronizing calls from the step (.item(), .cpu(), print(tensor), "
+        ceiling_speedup=ceiling_speedup(share),
+        fix="Remove the synchronizing calls from the step (.item(), .cpu(), print(tensor), "
         "torch.cuda.synchronize(), blocking copies); read metrics every N steps.")]
 
 
@@ -151,13 +159,13 @@ def h2d_copy(r: RankAnalysis) -> list[Finding]:
     if not h2d or not (share >= TRACE_SHARE_MIN or (pageable and share >= PAGEABLE_H2D_MIN_FRACTION)):
         return []
     return [Finding(
-        "h2d_copy", severity_for(share),
-        f"Host→device copies take {share:.0%} of the window ({pageable} from pageable memory)",
-        {"h2d_us": round(h2d_us, 1), "share_of_window": round(share, 4),
+        id="h2d_copy", severity=severity_for(share),
+        title=f"Host→device copies take {share:.0%} of the window ({pageable} from pageable memory)",
+        evidence={"h2d_us": round(h2d_us, 1), "share_of_window": round(share, 4),
          "pageable_copies": pageable,
          "gb_per_s": None if h2d[0].gb_per_s is None else round(h2d[0].gb_per_s, 2)},
-        ceiling_speedup(share),
-        "DataLoader(pin_memory=True) and .to(device, non_blocking=True), or "
+        ceiling_speedup=ceiling_speedup(share),
+        fix="DataLoader(pin_memory=True) and .to(device, non_blocking=True), or "
         "redline.data.DevicePrefetcher to copy the next batch while this one computes.")]
 
 
@@ -172,13 +180,49 @@ def straggler(a: TraceAnalysis) -> list[Finding]:
     if share < STRAGGLER_MIN_SKEW:
         return []
     return [Finding(
-        "straggler", severity_for(share),
-        f"Rank {worst.rank} arrives last at {worst.last_arrivals} of {worst.collectives} "
+        id="straggler", severity=severity_for(share),
+        title=f"Rank {worst.rank} arrives last at {worst.last_arrivals} of {worst.collectives} "
         f"collectives, {worst.mean_lateness_us:.0f} µs late on average"
         + (" (gloo's host-side collectives)" if a.stragglers_source == "host" else ""),
-        {"rank": worst.rank, "source": a.stragglers_source, "last_arrivals": worst.last_arrivals,
+        evidence={"rank": worst.rank, "source": a.stragglers_source, "last_arrivals": worst.last_arrivals,
          "collectives": worst.collectives, "mean_lateness_us": round(worst.mean_lateness_us, 1),
          "share_of_window": round(share, 4)},
-        ceiling_speedup(share),
-        f"Find what rank {worst.rank} does more of (data loading, a slower GPU or host, "
+        ceiling_speedup=ceiling_speedup(share),
+        fix=f"Find what rank {worst.rank} does more of (data loading, a slower GPU or host, "
         "uneven batches or sequence lengths); every other rank waits for it.")]
+
+
+TRACE_RULES: dict[str, TraceRule] = {
+    "launch_bound": launch_bound,
+    "memory_bound_kernels": memory_bound_kernels,
+    "fp32_matmul_on_tensor_cores": fp32_matmul_on_tensor_cores,
+    "unfused_attention": unfused_attention,
+    "comm_not_overlapped": comm_not_overlapped,
+    "host_sync": host_sync,
+    "h2d_copy": h2d_copy,
+}
+"""Rules over one rank's trace analysis."""
+
+JOB_RULES: dict[str, JobRule] = {
+    "straggler": straggler,
+}
+"""Rules over all ranks' traces of one job."""
+
+
+def diagnose_trace(a: TraceAnalysis) -> list[Finding]:
+    """Every trace rule over each rank with device events, and the job rules, ranked; with
+    more than one rank, each rank's findings name their rank.
+
+    Args:
+        a: the analysis of one job's traces (:func:`redline.trace.analyze_paths`).
+
+    Returns:
+        The findings, ranked by :func:`redline.core.rank`; ranks without device events add
+        none.
+    """
+    several = len(a.ranks) > 1
+    found = [dataclasses.replace(f, rank=r.rank) if several and f.rank is None else f
+             for r in a.ranks if r.temporal is not None
+             for rule in TRACE_RULES.values() for f in rule(r)]
+    found += [f for rule in JOB_RULES.values() for f in rule(a)]
+    return rank(found)

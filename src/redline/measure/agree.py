@@ -58,7 +58,8 @@ class Agreement:
 
     def __init__(self, info: RankInfo | None = None, store: JobStore | None = None,
                  timeout_s: float = AGREE_TIMEOUT_S) -> None:
-        self.info = info or RankInfo(0, 1, 0, 1, "", "local")
+        self.info = info or RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, host="",
+                                     run_id="local")
         if self.info.distributed and store is None:
             store = JobStore(self.info, timeout_s=60.0)
         self.store = store
@@ -101,31 +102,31 @@ class Agreement:
         self.points += 1
         base = f"{self.name}/{seq}"
         self.store.put(f"{base}/{self.rank}", pickle.dumps((what, value)))
-        keys = [f"{base}/{r}" for r in range(self.world_size)]
-        t0 = time.monotonic()
+        keys = [f"{base}/{rank}" for rank in range(self.world_size)]
+        start_s = time.monotonic()
         # Blocking waits in the store client (no polling delay at every agreement point).
         got: dict[str, bytes] = {}
         deadline = time.monotonic() + wait
         for k in keys:
-            v = self.store.wait_get(k, max(0.0, deadline - time.monotonic()))
-            if v is not None:
-                got[k] = v
-        missing = [r for r in range(self.world_size) if f"{base}/{r}" not in got]
+            received = self.store.wait_get(k, max(0.0, deadline - time.monotonic()))
+            if received is not None:
+                got[k] = received
+        missing = [rank for rank in range(self.world_size) if f"{base}/{rank}" not in got]
         if missing:
             raise RanksDivergedError(
-                f"rank {self.rank} waited {time.monotonic() - t0:,.0f} s at {what!r} (agreement "
+                f"rank {self.rank} waited {time.monotonic() - start_s:,.0f} s at {what!r} (agreement "
                 f"point {seq}) for rank(s) {missing}, which never arrived: they crashed, hang "
                 "in a collective, or run other code. The job cannot go on; see the other "
                 "ranks' output (REDLINE_AGREE_TIMEOUT_S sets the wait).")
         out: list[T] = []
-        for r in range(self.world_size):
-            their_what, v = pickle.loads(got[f"{base}/{r}"])
+        for rank in range(self.world_size):
+            their_what, received = pickle.loads(got[f"{base}/{rank}"])
             if their_what != what:
                 raise RanksDivergedError(
-                    f"the ranks took different paths: rank {self.rank} is at {what!r}, rank {r} "
+                    f"the ranks took different paths: rank {self.rank} is at {what!r}, rank {rank} "
                     f"at {their_what!r} (agreement point {seq}); a setup factory that builds "
                     "different models or loaders per rank cannot be tuned as one job")
-            out.append(v)
+            out.append(received)
         return out
 
     def merge(self, value: T, what: str, fn: Callable[[list[T]], T]) -> T:
@@ -167,12 +168,12 @@ class Agreement:
                     f"{what!r} failed on rank {self.rank} ({type(own).__name__}: {own}) and not "
                     f"on every other rank: {e}") from own
             raise own
-        for r, (ok, v) in enumerate(outcomes):
-            if not ok:
-                err = _restore(v, r)
-                err.add_note(f"raised on rank {r} at {what!r}; every rank stops this step")
+        for rank, (succeeded, result) in enumerate(outcomes):
+            if not succeeded:
+                err = _restore(result, rank)
+                err.add_note(f"raised on rank {rank} at {what!r}; every rank stops this step")
                 raise err
-        return [v for _, v in outcomes]
+        return [result for _, result in outcomes]
 
 
 def _portable(e: Exception) -> bytes | str:

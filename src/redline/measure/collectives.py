@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Arrival:
     """This rank's arrival at one collective."""
 
@@ -50,7 +50,8 @@ def read_arrivals(start_ns: int, end_ns: int) -> tuple[list[Arrival], str | None
         if not isinstance(t, int) or not isinstance(seq, int) or not start_ns <= t <= end_ns:
             continue
         pg = entry.get("process_group") or ("?", "")
-        out.append(Arrival(str(pg[0]), seq, str(entry.get("profiling_name", "")), t))
+        out.append(Arrival(group=str(pg[0]), seq=seq, name=str(entry.get("profiling_name", "")),
+                   created_ns=t))
     if not out:
         return [], ("no collective was recorded in the measured window (is the flight recorder "
                     "off? TORCH_FR_BUFFER_SIZE=0 turns it off)")

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from redline.core.errors import RedlineError
+
+
+class WatchConfigError(RedlineError, ValueError):
+    """A :class:`WatchConfig` field out of its range (``redline.watch(metrics_port=99999)``):
+    the message names the field, its range and the value received."""
+
 
 @dataclass(kw_only=True, slots=True)
 class WatchConfig:
@@ -82,21 +89,21 @@ class WatchConfig:
 
     def __post_init__(self) -> None:
         if self.steps_kept is not None and self.steps_kept < 1000:
-            raise ValueError(f"steps_kept must be >= 1000 or None, got {self.steps_kept}")
+            raise WatchConfigError(f"steps_kept must be >= 1000 or None, got {self.steps_kept}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            raise ValueError(f"metrics_port must be 0..65535 or None, got {self.metrics_port}")
+            raise WatchConfigError(f"metrics_port must be 0..65535 or None, got {self.metrics_port}")
         if self.trace_steps < 1:
-            raise ValueError(f"trace_steps must be >= 1, got {self.trace_steps}")
+            raise WatchConfigError(f"trace_steps must be >= 1, got {self.trace_steps}")
         if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+            raise WatchConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(
+            raise WatchConfigError(
                 f"max_steps must be >= 1 (measured steps after warm-up) or None, got "
                 f"{self.max_steps}"
             )
         if self.stack_sample_interval_s is not None and not (
                 0.0005 <= self.stack_sample_interval_s <= 1.0):
-            raise ValueError("stack_sample_interval_s must be within 0.0005..1 seconds or None, "
+            raise WatchConfigError("stack_sample_interval_s must be within 0.0005..1 seconds or None, "
                              f"got {self.stack_sample_interval_s}")
         if not self.sample_interval_s > 0:
-            raise ValueError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")
+            raise WatchConfigError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")

@@ -21,7 +21,7 @@ from redline.measure.processes import ProcessCpu, Table, competitors, cpu_table
 from redline.measure.sched import process_run_delay, thread_run_delay, usable_cpus_busy_s
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class _ProcReading:
     cpu_s: float
     read_bytes: int
@@ -31,7 +31,7 @@ class _ProcReading:
     """Scheduler run delay of the process's main thread so far (children only)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class CpuWindow:
     """CPU and I/O of one measurement window."""
 
@@ -70,15 +70,17 @@ class CpuWindow:
 def _read(p: psutil.Process, run_delay: bool = False) -> _ProcReading | None:
     try:
         with p.oneshot():
-            ct = p.cpu_times()
+            cpu_times = p.cpu_times()
             rss = p.memory_info().rss
             try:
-                io = p.io_counters()
-                rb, rc = int(io.read_bytes), int(getattr(io, "read_chars", 0))
+                io_counters = p.io_counters()
+                read_bytes = int(io_counters.read_bytes)
+                read_chars = int(getattr(io_counters, "read_chars", 0))
             except (psutil.AccessDenied, AttributeError, NotImplementedError):
-                rb, rc = -1, -1
-        return _ProcReading(ct.user + ct.system, rb, rc, int(rss),
-                            process_run_delay(p.pid) if run_delay else None)
+                read_bytes, read_chars = -1, -1
+        return _ProcReading(cpu_s=cpu_times.user + cpu_times.system, read_bytes=read_bytes,
+                            read_chars=read_chars, rss=int(rss),
+                            run_delay_s=process_run_delay(p.pid) if run_delay else None)
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return None
 
@@ -86,8 +88,8 @@ def _read(p: psutil.Process, run_delay: bool = False) -> _ProcReading | None:
 def _own_read_chars() -> int | None:
     """This process's read() bytes so far (/proc/self/io rchar), None where unreadable."""
     try:
-        with open("/proc/self/io", "rb") as f:
-            for line in f:
+        with open("/proc/self/io", "rb") as proc_io:
+            for line in proc_io:
                 if line.startswith(b"rchar:"):
                     return int(line.split()[1])
     except (OSError, ValueError, IndexError):
@@ -127,11 +129,38 @@ class CpuSampler:
         self._thread: threading.Thread | None = None
         self._ticker: Callable[[float], None] | None = None
         self._tick_s = interval_s
+        self.on_sample: Callable[[float, int, dict[int, int]], None] | None = None
+        """Called with (perf_counter s, RSS of this process, {child pid: RSS}) at each sample,
+        on the thread that sampled (:class:`redline.measure.memory.MemorySampler`)."""
+        self.loop_delay: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=SERIES_MAX)
+        """(host perf_counter s, scheduler run delay of the training loop's thread so far) per
+        sample (/proc/self/task/<tid>/schedstat): whether slow steps waited for a CPU. (The
+        intra-op threads' delay is left out: spinning pool threads wait on each other, which
+        is not the loop's wait.)"""
         self.series: collections.deque[tuple[float, float, float]] = collections.deque(
             maxlen=SERIES_MAX)
         """(host perf_counter s, CPU seconds of this process, of its children) per sample,
         cumulative since each process started, warm-up included (for the timeline export).
         Children that exited leave the sum: rates are clamped at zero by the reader."""
+
+    @property
+    def pid(self) -> int:
+        """The sampled process (the training process)."""
+        return self._proc.pid
+
+    def loop_delay_between(self, t0: float, t1: float) -> float | None:
+        """Run delay of the training loop's thread (:attr:`loop_delay`) between the last sample
+        at or before ``t0`` and the first at or after ``t1`` (an upper bound of its delay
+        within [t0, t1]); None where no samples bracket them."""
+        before = after = None
+        for sample_t, delay_s in list(self.loop_delay):  # a copy: the sampler's thread appends
+            if sample_t <= t0:
+                before = delay_s
+            elif sample_t >= t1:
+                after = delay_s
+                break
+        return None if before is None or after is None else max(0.0, after - before)
 
     def set_ticker(self, ticker: Callable[[float], None], period_s: float) -> None:
         """Call ``ticker(perf_counter())`` every ``period_s`` on this sampler's thread, between
@@ -191,8 +220,8 @@ class CpuSampler:
             while todo:
                 pid = todo.pop()
                 for task in os.listdir(f"/proc/{pid}/task"):
-                    with open(f"/proc/{pid}/task/{task}/children") as f:
-                        kids = [int(x) for x in f.read().split()]
+                    with open(f"/proc/{pid}/task/{task}/children") as children_file:
+                        kids = [int(child) for child in children_file.read().split()]
                     pids.extend(kids)
                     todo.extend(kids)
             return pids
@@ -203,12 +232,12 @@ class CpuSampler:
                 return []
 
     def sample(self) -> None:
-        r0 = _own_read_chars()
+        reads_before = _own_read_chars()
         self._sample()
-        r1 = _own_read_chars()
-        if r0 is not None and r1 is not None:
+        reads_after = _own_read_chars()
+        if reads_before is not None and reads_after is not None:
             with self._lock:
-                self._own_reads += r1 - r0
+                self._own_reads += reads_after - reads_before
 
     def _sample(self) -> None:
         readings: dict[int, _ProcReading] = {}
@@ -219,33 +248,38 @@ class CpuSampler:
                     proc = self._children[pid] = psutil.Process(pid)
                 except psutil.Error:
                     continue
-            r = _read(proc, run_delay=True)
-            if r is not None:
-                readings[pid] = r
+            reading = _read(proc, run_delay=True)
+            if reading is not None:
+                readings[pid] = reading
         main = _read(self._proc)
         if main is not None:
-            self.series.append((time.perf_counter(), main.cpu_s,
-                                sum(r.cpu_s for r in readings.values())))
+            now = time.perf_counter()
+            self.series.append((now, main.cpu_s, sum(reading.cpu_s for reading in readings.values())))
+            if self.on_sample is not None:
+                self.on_sample(now, main.rss, {pid: reading.rss for pid, reading in readings.items()})
+            delay = thread_run_delay(self._loop_tid)
+            if delay is not None:
+                self.loop_delay.append((now, delay))
         with self._lock:
             self._last.update(readings)
-            self._peak_children = max(self._peak_children, sum(r.rss for r in readings.values()))
+            self._peak_children = max(self._peak_children, sum(reading.rss for reading in readings.values()))
             if main is not None:
                 self._peak_main = max(self._peak_main, main.rss)
 
     def window(self) -> CpuWindow:
         """Totals since the last :meth:`mark`."""
         self.sample()
-        r0 = _own_read_chars()
+        reads_before = _own_read_chars()
         busy = usable_cpus_busy_s()
         table = cpu_table()
-        own = self._own_reads + max(0, (_own_read_chars() or 0) - (r0 or 0))
+        own = self._own_reads + max(0, (_own_read_chars() or 0) - (reads_before or 0))
         main = _read(self._proc)
         loop_delay = thread_run_delay(self._loop_tid)
         with self._lock:
             wall = time.perf_counter() - self._t0
-            zero = _ProcReading(0.0, 0, 0, 0)
+            zero = _ProcReading(cpu_s=0.0, read_bytes=0, read_chars=0, rss=0)
             child_cpu = 0.0
-            rb = rc = 0
+            read_bytes = read_chars = 0
             io_ok = True
             seen = 0
             delay: float | None = 0.0
@@ -262,14 +296,14 @@ class CpuSampler:
                 if last.read_bytes < 0:
                     io_ok = False
                 else:
-                    rb += max(0, last.read_bytes - base.read_bytes)
-                    rc += max(0, last.read_chars - base.read_chars)
-            crb, crc = rb, rc
-            mb = self._main_base
-            main_cpu = main.cpu_s - mb.cpu_s if main and mb else 0.0
-            if main and mb and main.read_bytes >= 0 and mb.read_bytes >= 0:
-                rb += main.read_bytes - mb.read_bytes
-                rc += max(0, main.read_chars - mb.read_chars - own)
+                    read_bytes += max(0, last.read_bytes - base.read_bytes)
+                    read_chars += max(0, last.read_chars - base.read_chars)
+            crb, crc = read_bytes, read_chars
+            main_base = self._main_base
+            main_cpu = main.cpu_s - main_base.cpu_s if main and main_base else 0.0
+            if main and main_base and main.read_bytes >= 0 and main_base.read_bytes >= 0:
+                read_bytes += main.read_bytes - main_base.read_bytes
+                read_chars += max(0, main.read_chars - main_base.read_chars - own)
             else:
                 io_ok = False
             return CpuWindow(
@@ -277,8 +311,8 @@ class CpuSampler:
                 main_cpu_s=main_cpu,
                 children_cpu_s=child_cpu,
                 children_seen=seen,
-                read_bytes=rb,
-                read_chars=rc,
+                read_bytes=read_bytes,
+                read_chars=read_chars,
                 main_rss_peak_bytes=self._peak_main,
                 children_rss_peak_bytes=self._peak_children,
                 io_available=io_ok,

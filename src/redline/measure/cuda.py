@@ -181,15 +181,16 @@ class SyncCounter:
 
 def _user_site() -> str:
     """The innermost stack frame outside torch and redline: where the user caused the sync."""
-    for fr in reversed(traceback.extract_stack()[:-2]):
-        f = fr.filename
-        if "/torch/" in f or "/redline/" in f or f.startswith("<frozen") or "warnings" in f:
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        filename = frame.filename
+        if ("/torch/" in filename or "/redline/" in filename or filename.startswith("<frozen")
+                or "warnings" in filename):
             continue
-        return f"{f}:{fr.lineno}"
+        return f"{filename}:{frame.lineno}"
     return "<unknown>"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class CudaMemory:
     """Peak device memory of the window (caching allocator statistics; no sync)."""
 

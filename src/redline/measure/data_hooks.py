@@ -39,7 +39,7 @@ all."""
 FETCH_READ_ONE_IN = 8
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class H2DStats:
     """Host→device copies made through ``Tensor.to`` / ``Tensor.cuda``."""
 
@@ -98,10 +98,10 @@ class DataHooks:
         tracker, clock, tid = self.tracker, self._clock, self._tid
         inst = self
         # Installed on the training thread: its descriptor reads that thread's schedstat.
-        self.run_delay = rd = ThreadRunDelay()
-        self.run_delay_known = rd.available
-        stack.callback(rd.close)
-        delay = rd.read
+        self.run_delay = run_delay = ThreadRunDelay()
+        self.run_delay_known = run_delay.available
+        stack.callback(run_delay.close)
+        delay = run_delay.read
         # its own generator: the user's random state is never advanced by the watch
         chance = random.Random(0).random
         log_skip = math.log(1.0 - 1.0 / FETCH_READ_ONE_IN)
@@ -134,23 +134,24 @@ class DataHooks:
             spawns = info.settings.num_workers > 0 and (
                 not info.settings.persistent_workers or getattr(loader, "_iterator", None) is None
             )
-            t0 = clock()
-            tracker.enter(DATA_WAIT, t0)
+            start_s = clock()
+            tracker.enter(DATA_WAIT, start_s)
             try:
-                it = orig_iter(loader)
+                loader_iter = orig_iter(loader)
             finally:
-                t1 = clock()
-                tracker.exit(DATA_WAIT, t1)
+                end_s = clock()
+                tracker.exit(DATA_WAIT, end_s)
             info.iterators += 1
             if spawns:
                 info.worker_starts += 1
             if info.settings.num_workers > 0:
-                inst._worker_iters.add(it)
+                inst._worker_iters.add(loader_iter)
                 inst.workers_started = True
                 info.worker_pids.update(  # started in the iterator's __init__
-                    p.pid for p in getattr(it, "_workers", ()) if p.pid is not None)
-            inst._iter_info[id(it)] = (weakref.ref(it), info, (t1 - t0) if spawns else None)
-            return it
+                    worker.pid for worker in getattr(loader_iter, "_workers", ()) if worker.pid is not None)
+            inst._iter_info[id(loader_iter)] = (weakref.ref(loader_iter), info,
+                                                (end_s - start_s) if spawns else None)
+            return loader_iter
 
         get_ident, thread_time = threading.get_ident, time.thread_time
         push, exit_, fetched, Tensor = tracker.push, tracker.exit, tracker.fetched, torch.Tensor
@@ -168,31 +169,32 @@ class DataHooks:
             countdown -= 1
             read = not countdown
             if read:
-                c0 = thread_time()
-                r0 = delay()
-            t0 = clock()
-            push([DATA_WAIT, t0, 0.0])
+                cpu_start_s = thread_time()
+                delay_start_s = delay()
+            start_s = clock()
+            push([DATA_WAIT, start_s, 0.0])
             try:
                 batch = orig_next(it)
             except BaseException:  # the end of the epoch (StopIteration), a dataset's error
                 exit_(DATA_WAIT, clock())
                 raise
-            t1 = clock()
+            end_s = clock()
             # batch_samples' own fast path, inline for the usual batch (a tensor, or a tuple or
             # list that starts with one): this runs at every fetch
             kind = type(batch)
             lead = batch[0] if (kind is tuple or kind is list) and batch else batch
-            fetched(t1, lead.shape[0] if type(lead) is Tensor and lead.dim()
+            fetched(end_s, lead.shape[0] if type(lead) is Tensor and lead.dim()
                     else batch_samples(batch))
             if read:
-                w = weight
-                add_reading((thread_time() - c0) * w, (delay() - r0) * w, (t1 - t0) * w)
+                fetch_weight = weight
+                add_reading((thread_time() - cpu_start_s) * fetch_weight,
+                            (delay() - delay_start_s) * fetch_weight, (end_s - start_s) * fetch_weight)
                 countdown = next_read()
             first = inst._iter_info.pop(id(it), None) if inst._iter_info else None
             if first is not None and first[0]() is it:
                 _, info, startup = first
                 if startup is not None:
-                    info.startup_s.append(startup + (t1 - t0))
+                    info.startup_s.append(startup + (end_s - start_s))
                 if info.batch_bytes is None:
                     info.batch_bytes = batch_nbytes(batch)
             return batch
@@ -206,36 +208,37 @@ class DataHooks:
         (0: all stopped), or None when no iterator with workers ever ran."""
         if not self.workers_started:
             return None
-        for it in list(self._worker_iters):
-            shutdown = getattr(it, "_shutdown_workers", None)
+        for loader_iter in list(self._worker_iters):
+            shutdown = getattr(loader_iter, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()
-        return sum(1 for it in list(self._worker_iters)
-                   for p in getattr(it, "_workers", []) if p.is_alive())
+        return sum(1 for loader_iter in list(self._worker_iters)
+                   for worker in getattr(loader_iter, "_workers", []) if worker.is_alive())
 
     def wrap(self, iterable: Iterable[T]) -> Iterator[T]:
         """Time ``next()`` on any iterable as data wait (for loops without a DataLoader)."""
         self.wrapped_iterables += 1
         tracker, clock = self.tracker, self._clock
-        it = iter(iterable)
+        iterator = iter(iterable)
         while True:
             if self.before_fetch is not None:
                 self.before_fetch()
             if self._on_data is not None:
                 self._on_data()
             delay = self.run_delay.read if self.run_delay is not None else _no_delay
-            c0 = time.thread_time()
-            r0 = delay()
-            t0 = clock()
-            tracker.enter(DATA_WAIT, t0)
+            cpu_start_s = time.thread_time()
+            delay_start_s = delay()
+            start_s = clock()
+            tracker.enter(DATA_WAIT, start_s)
             try:
-                item = next(it)
+                item = next(iterator)
             except StopIteration:
                 tracker.exit(DATA_WAIT, clock())
                 return
-            t1 = clock()
-            tracker.exit(DATA_WAIT, t1)
-            tracker.add_fetch_reading(time.thread_time() - c0, delay() - r0, t1 - t0)
+            end_s = clock()
+            tracker.exit(DATA_WAIT, end_s)
+            tracker.add_fetch_reading(time.thread_time() - cpu_start_s, delay() - delay_start_s,
+                                      end_s - start_s)
             tracker.add_batch(batch_samples(item))
             yield item
 
@@ -251,24 +254,24 @@ class DataHooks:
                 return orig(t, *args, **kwargs)
             if self._on_work is not None:
                 self._on_work()
-            t0 = clock()
+            start_s = clock()
             out = orig(t, *args, **kwargs)
-            t1 = clock()
+            end_s = clock()
             if isinstance(out, torch.Tensor) and out.device.type != "cpu":
                 # Recorded after the fact (nothing nests inside a copy), so CPU→CPU casts
                 # through .to() never count as copy time.
-                tracker.enter(H2D_COPY, t0)
-                tracker.exit(H2D_COPY, t1)
-                n = t.numel() * t.element_size()
+                tracker.enter(H2D_COPY, start_s)
+                tracker.exit(H2D_COPY, end_s)
+                nbytes = t.numel() * t.element_size()
                 stats.copies += 1
-                stats.bytes += n
-                stats.host_s += t1 - t0
+                stats.bytes += nbytes
+                stats.host_s += end_s - start_s
                 try:
                     pinned = t.is_pinned()
                 except RuntimeError:
                     pinned = False
                 if not pinned:
-                    stats.pageable_bytes += n
+                    stats.pageable_bytes += nbytes
             return out
 
         return wrapper

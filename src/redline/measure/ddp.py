@@ -48,23 +48,23 @@ def _fsdp_type() -> type | None:
     """FSDP2's module class, None while ``torch.distributed.fsdp`` is not imported (then no
     module can be sharded yet, and importing it here would cost time on every watch)."""
     mod = sys.modules.get("torch.distributed.fsdp")
-    t = getattr(mod, "FSDPModule", None) if mod is not None else None
-    return t if isinstance(t, type) else None
+    fsdp_type = getattr(mod, "FSDPModule", None) if mod is not None else None
+    return fsdp_type if isinstance(fsdp_type, type) else None
 
 
 def is_parallel(module: Any) -> bool:
     """A DDP or FSDP2 model (possibly inside a ``torch.compile`` wrapper)."""
-    m = _unwrapped(module)
+    inner = _unwrapped(module)
     fsdp = _fsdp_type()
-    return isinstance(m, torch.nn.parallel.DistributedDataParallel) or (
-        fsdp is not None and isinstance(m, fsdp))
+    return isinstance(inner, torch.nn.parallel.DistributedDataParallel) or (
+        fsdp is not None and isinstance(inner, fsdp))
 
 
 def snapshot(roots: list[Any]) -> ParallelSnapshot:
     """Read the first DDP and the first FSDP2 model among ``roots`` (the loop's outermost
     modules), while they are alive."""
-    mods = [_unwrapped(m) for m in roots]
-    ddp = next((m for m in mods if isinstance(m, torch.nn.parallel.DistributedDataParallel)),
+    mods = [_unwrapped(root) for root in roots]
+    ddp = next((root for root in mods if isinstance(root, torch.nn.parallel.DistributedDataParallel)),
                None)
     logging: dict[str, Any] | None = None
     if ddp is not None:
@@ -75,9 +75,9 @@ def snapshot(roots: list[Any]) -> ParallelSnapshot:
     fsdp_t = _fsdp_type()
     groups: int | None = None
     if fsdp_t is not None:
-        fsdp = next((m for m in mods if isinstance(m, fsdp_t)), None)
+        fsdp = next((root for root in mods if isinstance(root, fsdp_t)), None)
         if isinstance(fsdp, torch.nn.Module):
-            groups = sum(1 for m in fsdp.modules() if isinstance(m, fsdp_t))
+            groups = sum(1 for root in fsdp.modules() if isinstance(root, fsdp_t))
     return ParallelSnapshot(ddp_logging=logging,
                             static_graph=bool(getattr(ddp, "static_graph", False)),
                             fsdp_groups=groups)
@@ -87,23 +87,24 @@ def snapshot(roots: list[Any]) -> ParallelSnapshot:
 def ddp_stats(snap: ParallelSnapshot, arrivals: list[Arrival], measured_steps: int,
               counts: dict[str, int]) -> DdpStats | None:
     """DDP's statistics with the counted collectives, or None without a DDP model."""
-    d = snap.ddp_logging
-    if d is None:
+    ddp_logging = snap.ddp_logging
+    if ddp_logging is None:
         return None
 
     def ns(key: str) -> float | None:
-        v = d.get(key)
-        return v / 1e9 if isinstance(v, int) and v > 0 else None
+        value = ddp_logging.get(key)
+        return value / 1e9 if isinstance(value, int) and value > 0 else None
 
-    sizes = [int(x) for x in str(d.get("bucket_sizes", "")).replace(" ", "").split(",") if x]
+    sizes = [int(size) for size in str(ddp_logging.get("bucket_sizes", "")).replace(" ", "").split(",")
+             if size]
     return DdpStats(
-        backend=str(d.get("backend_name", "")),
-        find_unused_parameters=bool(d.get("find_unused_parameters", 0)),
-        unused_parameter_bytes=int(d.get("unused_parameter_size", 0) or 0),
-        gradient_as_bucket_view=bool(d.get("gradient_as_bucket_view", 0)),
-        bucket_cap_bytes=int(d.get("bucket_cap_bytes", 0) or 0),
+        backend=str(ddp_logging.get("backend_name", "")),
+        find_unused_parameters=bool(ddp_logging.get("find_unused_parameters", 0)),
+        unused_parameter_bytes=int(ddp_logging.get("unused_parameter_size", 0) or 0),
+        gradient_as_bucket_view=bool(ddp_logging.get("gradient_as_bucket_view", 0)),
+        bucket_cap_bytes=int(ddp_logging.get("bucket_cap_bytes", 0) or 0),
         bucket_sizes_bytes=sizes,
-        parameter_bytes=int(d.get("total_parameter_size_bytes", 0) or 0),
+        parameter_bytes=int(ddp_logging.get("total_parameter_size_bytes", 0) or 0),
         backward_comm_s=ns("avg_backward_comm_time"),
         backward_overlap_s=ns("avg_backward_compute_comm_overlap_time"),
         backward_per_step=_backward_per_step(counts),
@@ -122,7 +123,7 @@ def _per_step(arrivals: list[Arrival], measured_steps: int,
     """Collectives of these kinds this rank enqueued per measured step (None: none read)."""
     if not arrivals or not measured_steps:
         return None
-    return sum(1 for a in arrivals if any(k in a.name for k in kinds)) / measured_steps
+    return sum(1 for arrival in arrivals if any(k in arrival.name for k in kinds)) / measured_steps
 
 
 @optional_section("FSDP")

@@ -22,17 +22,17 @@ that ran late once, or the last one cut by the end of the run, leaves it standin
 def evaluation_metrics(steps: list[StepRecord]) -> EvaluationMetrics | None:
     """The measured steps' evaluations: how many steps held one, every how many steps, and
     what one cost; None where no step held any."""
-    at = [s for s in steps if s.phases[EVALUATION] > 0.0]
-    if not at:
+    evaluating = [step for step in steps if step.phases[EVALUATION] > 0.0]
+    if not evaluating:
         return None
     period: int | None = None
-    if len(at) >= PERIOD_MIN_EVALUATIONS:
-        gaps = Counter(b.index - a.index for a, b in pairwise(at))
-        gap, n = gaps.most_common(1)[0]
-        if n >= PERIOD_MIN_AGREEMENT * sum(gaps.values()):
+    if len(evaluating) >= PERIOD_MIN_EVALUATIONS:
+        gaps = Counter(later.index - earlier.index for earlier, later in pairwise(evaluating))
+        gap, count = gaps.most_common(1)[0]
+        if count >= PERIOD_MIN_AGREEMENT * sum(gaps.values()):
             period = gap
     return EvaluationMetrics(
-        steps_with_evaluation=len(at),
+        steps_with_evaluation=len(evaluating),
         period_steps=period,
-        mean_s_per_evaluating_step=sum(s.phases[EVALUATION] for s in at) / len(at),
+        mean_s_per_evaluating_step=sum(step.phases[EVALUATION] for step in evaluating) / len(evaluating),
     )

@@ -51,10 +51,10 @@ def _frozen(module: torch.nn.Module) -> bool:
     teacher): its forwards are part of training however they run, never an evaluation. Read
     once, when the module is first seen as an outermost one."""
     params = list(module.parameters())
-    return bool(params) and not any(p.requires_grad for p in params)
+    return bool(params) and not any(param.requires_grad for param in params)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class PrecisionSeen:
     """What the outermost forwards ran under."""
 
@@ -230,8 +230,8 @@ class Instrumentation:
         stack.callback(drop_filter)
 
     def _remove_global(self) -> None:
-        for h in self._global_handles:
-            h.remove()
+        for handle in self._global_handles:
+            handle.remove()
         self._global_handles = []
 
     @property
@@ -267,23 +267,23 @@ class Instrumentation:
         self._depth = 0
         enter_root, exit_root = self._enter_root, self._exit_root
         tid, get_ident = self._tid, threading.get_ident
-        for m, frozen in list(self._roots.items()):
+        for root, frozen in list(self._roots.items()):
             # A module with hooks of its own runs them outside ``forward`` (FSDP's root waits
             # for its parameters' all-gather in a pre-forward hook): time around its hooks,
             # first in and last out, instead of patching ``forward``.
-            if not (m._forward_pre_hooks or m._forward_hooks):
+            if not (root._forward_pre_hooks or root._forward_hooks):
                 try:
-                    patch(self._stack, m, "forward",
-                          _TimedForward(m.forward, enter_root, exit_root, tid, m, frozen),
+                    patch(self._stack, root, "forward",
+                          _TimedForward(root.forward, enter_root, exit_root, tid, root, frozen),
                           raw=True)
                     continue
                 except (AttributeError, TypeError, RuntimeError):  # TorchScript and the like
                     pass
-            self._stack.callback(m.register_forward_pre_hook(
+            self._stack.callback(root.register_forward_pre_hook(
                 lambda _m, _a, fz=frozen: (enter_root(_m, fz) if get_ident() == tid
                                            and not compiling() else None),
                 prepend=True).remove)
-            self._stack.callback(m.register_forward_hook(
+            self._stack.callback(root.register_forward_hook(
                 lambda _m, _a, _o: exit_root() if get_ident() == tid and not compiling() else None,
                 always_call=True).remove)
 
@@ -301,18 +301,18 @@ class Instrumentation:
                 if issubclass(type(obj), torch.nn.Module) and \
                         vars(obj).get("_compiled_call_impl") is not None:
                     found.append(obj)
-        inner = {id(sub) for m in found for sub in m.modules() if sub is not m}
-        for m in found:
-            if id(m) in inner:
+        inner = {id(sub) for module in found for sub in module.modules() if sub is not module}
+        for module in found:
+            if id(module) in inner:
                 continue
-            orig = vars(m)["_compiled_call_impl"]
-            frozen = _frozen(m)
-            patch(self._stack, m, "_compiled_call_impl",
-                  _TimedForward(orig, self._enter_root, self._exit_root, self._tid, m, frozen),
+            orig = vars(module)["_compiled_call_impl"]
+            frozen = _frozen(module)
+            patch(self._stack, module, "_compiled_call_impl",
+                  _TimedForward(orig, self._enter_root, self._exit_root, self._tid, module, frozen),
                   raw=True)
-            self._roots[m] = frozen
+            self._roots[module] = frozen
             self._compiled_seen = True
-            param = next(m.parameters(), None)
+            param = next(module.parameters(), None)
             if param is not None:
                 assert self.precision.param_dtypes is not None
                 self.precision.param_dtypes[_short_dtype(param.dtype)] += 1
@@ -375,7 +375,7 @@ class Instrumentation:
 
     @property
     def root_modules(self) -> list[str]:
-        return [type(m).__name__ for m in self._roots]
+        return [type(root).__name__ for root in self._roots]
 
     # -- autograd --------------------------------------------------------------------------
     def _install_autograd(self, stack: ExitStack) -> None:
@@ -403,16 +403,16 @@ class Instrumentation:
             try:
                 return orig(*args, **kwargs)
             finally:
-                t = clock()
+                now = clock()
                 self._backward_depth -= 1
-                exit_(BACKWARD, t)
+                exit_(BACKWARD, now)
                 if not nested:
                     if tracker.optimizers_known:  # the steady state: an optimizer ends steps
                         counts["backward"] += 1
                     else:
                         if not self._gc_scanned:
                             self._scan_for_optimizers()
-                        tracker.on_backward_end(t)
+                        tracker.on_backward_end(now)
                     after = self.after_backward
                     if after is not None:
                         after()
@@ -424,7 +424,7 @@ class Instrumentation:
         self._gc_scanned = True
         # Only an optimizer that holds parameters of the modules being trained counts: a stray
         # optimizer elsewhere in the process must not change how this loop's steps are cut.
-        trained = {id(p) for m in self._roots for p in m.parameters()}
+        trained = {id(param) for root in self._roots for param in root.parameters()}
         if not trained:
             return
         optimizer_type = torch.optim.Optimizer
@@ -435,7 +435,7 @@ class Instrumentation:
                 # type(), not isinstance(): isinstance reads obj.__class__, which raises
                 # ReferenceError on a dead weakref.proxy (torch.compile leaves some behind).
                 if issubclass(type(obj), optimizer_type) and any(
-                    id(p) in trained for g in obj.param_groups for p in g["params"]
+                    id(param) in trained for group in obj.param_groups for param in group["params"]
                 ):
                     self.tracker.optimizers_known = True
                     return
@@ -448,8 +448,8 @@ class Instrumentation:
     def other_thread_steps(self) -> int:
         """Steps on other threads: their optimizer steps, or their backward passes where they
         step no optimizer (the step definition, applied to what was seen there)."""
-        ev = self._other_thread_events
-        return ev["optimizer"] or ev["backward"]
+        events = self._other_thread_events
+        return events["optimizer"] or events["backward"]
 
     # -- optimizers ------------------------------------------------------------------------
     def _install_optim(self, stack: ExitStack) -> None:

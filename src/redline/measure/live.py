@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from redline.measure.recorder import Recorder
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LiveSnapshot:
     """The last ``window_steps`` measured steps of a running watch (definitions:
     docs/report.md, "Definitions"; each here over the window only)."""
@@ -56,10 +56,10 @@ class LiveSnapshot:
             f"{prefix}step_time_ms": self.step_time_mean_s * 1e3,
             f"{prefix}data_wait_share": self.data_wait_fraction,
         }
-        for name, v in (("samples_per_s", self.samples_per_s),
+        for name, value in (("samples_per_s", self.samples_per_s),
                         ("device_busy_share", self.device_busy_fraction), ("mfu", self.mfu)):
-            if v is not None:
-                out[f"{prefix}{name}"] = v
+            if value is not None:
+                out[f"{prefix}{name}"] = value
         return out
 
 
@@ -72,31 +72,31 @@ def live_snapshot(w: Recorder, window_steps: int = 50) -> LiveSnapshot | None:
     # run): a scrape of a job a million steps long costs what one of a hundred does. list()
     # copies the deque in one step while the training thread appends to it.
     total = w.tracker.closed
-    recent: list[StepRecord] = [s for s in reversed(list(w.tracker.recent))
-                                if s.kind == "measured"][:window_steps]
+    recent: list[StepRecord] = [step for step in reversed(list(w.tracker.recent))
+                                if step.kind == "measured"][:window_steps]
     measured = w.measured_count
     if not recent:
         return None
-    wall = sum(s.step_s for s in recent)
+    wall = sum(step.step_s for step in recent)
     if wall <= 0:
         return None
-    samples = [s.samples for s in recent]
-    phases = {name: sum(s.phases[k] for s in recent) / wall for k, name in enumerate(PHASES)}
+    samples = [step.samples for step in recent]
+    phases = {name: sum(step.phases[k] for step in recent) / wall for k, name in enumerate(PHASES)}
     phases["other"] = max(0.0, 1.0 - sum(phases.values()))
     device_busy = None
     timer = w.cuda_timer
     if timer is not None:
-        done = [(timer.device_s[s.index], s.step_s) for s in recent if s.index in timer.device_s]
-        done_wall = sum(t for _, t in done)
+        done = [(timer.device_s[step.index], step.step_s) for step in recent if step.index in timer.device_s]
+        done_wall = sum(step_s for _, step_s in done)
         if done and done_wall > 0:
-            device_busy = min(1.0, sum(d for d, _ in done) / done_wall)
+            device_busy = min(1.0, sum(device_s for device_s, _ in done) / done_wall)
     return LiveSnapshot(
         steps_measured=measured,
         window_steps=len(recent),
         step_time_mean_s=wall / len(recent),
-        data_wait_fraction=sum(s.phases[DATA_WAIT] for s in recent) / wall,
-        samples_per_s=(sum(n for n in samples if n is not None) / wall
-                       if all(n is not None for n in samples) else None),
+        data_wait_fraction=sum(step.phases[DATA_WAIT] for step in recent) / wall,
+        samples_per_s=(sum(count for count in samples if count is not None) / wall
+                       if all(count is not None for count in samples) else None),
         device_busy_fraction=device_busy,
         mfu=_mfu(w, wall / len(recent)),
         phase_fractions=phases,

@@ -18,7 +18,7 @@ bumps its refcount and dirties its page, so each worker ends up with a private c
 (pytorch#13246)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class ContainerAttr:
     """A Python container attribute of a dataset, a candidate for copy-on-access."""
 
@@ -30,7 +30,7 @@ class ContainerAttr:
     """Estimated bytes of the container and its items (sampled sys.getsizeof)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class LoaderInfo:
     """Configuration and behaviour of one DataLoader seen by the watch."""
 
@@ -61,13 +61,13 @@ class LoaderInfo:
 
 
 def _sizeof_container(obj: Any, sample: int = 64) -> int:
-    n = len(obj)
+    n_items = len(obj)
     base = sys.getsizeof(obj)
-    if n == 0:
+    if n_items == 0:
         return base
     items = list(obj.items())[:sample] if isinstance(obj, dict) else list(obj)[:sample]
     per = sum(sys.getsizeof(i) for i in items) / len(items)
-    return int(base + per * n)
+    return int(base + per * n_items)
 
 
 def find_python_containers(dataset: Any, min_items: int = COPY_ON_ACCESS_MIN_ITEMS,
@@ -81,25 +81,25 @@ def find_python_containers(dataset: Any, min_items: int = COPY_ON_ACCESS_MIN_ITE
     for name, value in attrs.items():
         path = f"{prefix}.{name}"
         if isinstance(value, list | tuple | dict | set) and len(value) >= min_items:
-            found.append(ContainerAttr(path, type(value).__name__, len(value),
-                                       _sizeof_container(value)))
+            found.append(ContainerAttr(path=path, type=type(value).__name__, items=len(value),
+                                       est_bytes=_sizeof_container(value)))
         elif depth > 0 and isinstance(value, torch.utils.data.Dataset):
             found.extend(find_python_containers(value, min_items, depth - 1, path))
     return found
 
 
 def loader_info(loader: DataLoader[Any]) -> LoaderInfo:
-    nw = int(loader.num_workers)
+    num_workers = int(loader.num_workers)
     ctx = loader.multiprocessing_context
     ctx_name = None
-    if nw > 0:
+    if num_workers > 0:
         ctx_name = ctx.get_start_method() if ctx is not None else _default_start_method()
     return LoaderInfo(
         batch_size=loader.batch_size,
         settings=LoaderSettings.of(loader),
         dataset_type=type(loader.dataset).__name__,
         multiprocessing_context=ctx_name,
-        containers=find_python_containers(loader.dataset) if nw > 0 else [],
+        containers=find_python_containers(loader.dataset) if num_workers > 0 else [],
         cache=loader.dataset if hasattr(loader.dataset, "stats") and hasattr(
             loader.dataset, "fingerprint") else None,
     )
@@ -118,20 +118,20 @@ def first_tensor(batch: Any, depth: int = 4) -> torch.Tensor | None:
     if depth == 0:
         return None
     if isinstance(batch, Mapping):
-        for v in batch.values():
-            t = first_tensor(v, depth - 1)
-            if t is not None:
-                return t
+        for item in batch.values():
+            found = first_tensor(item, depth - 1)
+            if found is not None:
+                return found
     elif isinstance(batch, list | tuple):
-        for v in batch:
-            t = first_tensor(v, depth - 1)
-            if t is not None:
-                return t
+        for item in batch:
+            found = first_tensor(item, depth - 1)
+            if found is not None:
+                return found
     elif hasattr(batch, "__dataclass_fields__"):
         for name in batch.__dataclass_fields__:
-            t = first_tensor(getattr(batch, name), depth - 1)
-            if t is not None:
-                return t
+            found = first_tensor(getattr(batch, name), depth - 1)
+            if found is not None:
+                return found
     return None
 
 
@@ -139,17 +139,17 @@ def batch_samples(batch: Any) -> int | None:
     """The batch's leading dimension (None for a batch without a tensor, or a 0-d one)."""
     # This runs at every fetch: the usual batches (a tensor, a tuple or list of tensors, a dict
     # of them) are read without the recursion and its abstract-base-class checks.
-    t = batch
-    kind = type(t)
-    if (kind is tuple or kind is list) and t:
-        t = t[0]
-    elif kind is dict and t:
-        t = next(iter(t.values()))
-    if type(t) is not torch.Tensor:
-        t = first_tensor(batch)
-    if t is None or t.dim() == 0:
+    lead = batch
+    kind = type(lead)
+    if (kind is tuple or kind is list) and lead:
+        lead = lead[0]
+    elif kind is dict and lead:
+        lead = next(iter(lead.values()))
+    if type(lead) is not torch.Tensor:
+        lead = first_tensor(batch)
+    if lead is None or lead.dim() == 0:
         return None
-    return int(t.shape[0])
+    return int(lead.shape[0])
 
 
 def batch_nbytes(batch: Any, depth: int = 4) -> int:
@@ -159,9 +159,9 @@ def batch_nbytes(batch: Any, depth: int = 4) -> int:
     if depth == 0:
         return 0
     if isinstance(batch, Mapping):
-        return sum(batch_nbytes(v, depth - 1) for v in batch.values())
+        return sum(batch_nbytes(item, depth - 1) for item in batch.values())
     if isinstance(batch, list | tuple):
-        return sum(batch_nbytes(v, depth - 1) for v in batch)
+        return sum(batch_nbytes(item, depth - 1) for item in batch)
     if hasattr(batch, "__dataclass_fields__"):
-        return sum(batch_nbytes(getattr(batch, n), depth - 1) for n in batch.__dataclass_fields__)
+        return sum(batch_nbytes(getattr(batch, field), depth - 1) for field in batch.__dataclass_fields__)
     return 0

@@ -67,10 +67,10 @@ def loop_work(w: Recorder, steps: list[StepRecord]) -> LoopWork | None:
     """Where the measured steps' time outside the phases went; None without the sampler or
     measured time."""
     code, gcp = w.code, w.gc_pauses
-    total = sum(s.step_s for s in steps)
+    total = sum(step.step_s for step in steps)
     if code is None or total <= 0:
         return None
-    other = sum(s.other_s for s in steps)
+    other = sum(step.other_s for step in steps)
     # GC's own counters cover the whole measured window; the kept records may be a sample
     # of it (WatchConfig.steps_kept), each standing for `stride` steps.
     window_s = total * w.tracker.stride
@@ -81,40 +81,40 @@ def loop_work(w: Recorder, steps: list[StepRecord]) -> LoopWork | None:
     # (torch.save's _save, then its writer); the row keeps the one seen longest
     lines: dict[tuple[str, int, str, str], list[float]] = {}
     vias: dict[tuple[str, int, str, str], dict[str | None, float]] = {}
-    for key, (sec, n) in code.weights.items():
+    for key, (sec, n_samples) in code.weights.items():
         row = (key.file, key.line, key.function, key.kind)
         acc = lines.setdefault(row, [0.0, 0.0])
         acc[0] += sec
-        acc[1] += n
+        acc[1] += n_samples
         by_via = vias.setdefault(row, defaultdict(float))
         by_via[key.via] += sec
     sites: list[CodeSite] = []
     kinds: defaultdict[str, float] = defaultdict(float)
-    for row, (sec, n) in sorted(lines.items(), key=lambda kv: -kv[1][0]):
+    for row, (sec, n_samples) in sorted(lines.items(), key=lambda kv: -kv[1][0]):
         frac = rest * sec / sampled if sampled > 0 else 0.0
         kinds[row[3]] += frac
         if len(sites) < SITES_REPORTED:
             via = max(vias[row].items(), key=lambda kv: kv[1])[0]
-            sites.append(_site(SiteKey(*row, via), frac, int(n)))
+            sites.append(_site(SiteKey(*row, via), frac, int(n_samples)))
     if gc_out > 0:
         kinds["gc"] += gc_out
     full_sites: list[CodeSite] = []
     if gcp is not None:
-        for (file, line, func), (sec, n) in sorted(gcp.full_callers.items(),
-                                                    key=lambda kv: -kv[1][0])[:SITES_REPORTED]:
+        for (file, line, func), (sec, n_collections) in sorted(gcp.full_callers.items(),
+                                                               key=lambda kv: -kv[1][0])[:SITES_REPORTED]:
             full_sites.append(_site(SiteKey(file, line, func, "gc", None), sec / window_s,
-                                    int(n)))
+                                    int(n_collections)))
     return LoopWork(
         other_fraction=other / total,
         sampled_s=sampled,
-        samples=sum(int(n) for _, n in code.weights.values()),
+        samples=sum(int(n_samples) for _, n_samples in code.weights.values()),
         interval_s=w.config.stack_sample_interval_s or 0.0,
         sites=sites,
         kind_fractions=dict(kinds),
         gc_pause_fraction=gcp.pause_s / window_s if gcp is not None else None,
         gc_collections=list(gcp.collections) if gcp is not None else [],
         gc_full_sites=full_sites,
-        periodic=periodic_stall([s for s in w.tracker.recent if s.kind == "measured"], code),
+        periodic=periodic_stall([step for step in w.tracker.recent if step.kind == "measured"], code),
     )
 
 
@@ -127,7 +127,7 @@ def periodic_stall(steps: list[StepRecord], code: CodeSampler | None) -> Periodi
     measured steps; None where no period holds."""
     if len(steps) < 4 * PERIOD_MIN_SLOW_STEPS:
         return None
-    times = [s.step_s for s in steps]
+    times = [step.step_s for step in steps]
     med = percentile(times, 50)
     bar = max(SLOW_STEP_RATIO * med, med + SLOW_STEP_MIN_S)
     # Every (period, residue) pair is tried: a step slowed by chance (a preempted host) lands
@@ -135,20 +135,20 @@ def periodic_stall(steps: list[StepRecord], code: CodeSampler | None) -> Periodi
     # whose slow steps add the most time (k = 5 beats k = 10, which holds half of them).
     # A chance slow step (preemption on a loaded host) is told apart three ways: the slow
     # steps of a period are most of the steps on it, rare elsewhere, and alike in size.
-    all_slow = sum(1 for s in steps if s.step_s > bar)
+    all_slow = sum(1 for step in steps if step.step_s > bar)
     best: tuple[float, int, list[StepRecord]] | None = None
     for period in range(2, min(PERIOD_MAX_STEPS, len(steps) // PERIOD_MIN_SLOW_STEPS) + 1):
         groups: defaultdict[int, list[StepRecord]] = defaultdict(list)
-        for s in steps:
-            groups[s.index % period].append(s)
-        for on in groups.values():
-            slow = [s for s in on if s.step_s > bar]
-            if len(slow) < PERIOD_MIN_SLOW_STEPS or len(slow) < PERIOD_AGREEMENT * len(on):
+        for step in steps:
+            groups[step.index % period].append(step)
+        for residue_steps in groups.values():
+            slow = [step for step in residue_steps if step.step_s > bar]
+            if len(slow) < PERIOD_MIN_SLOW_STEPS or len(slow) < PERIOD_AGREEMENT * len(residue_steps):
                 continue
-            off = len(steps) - len(on)
-            if off and (all_slow - len(slow)) / off > PERIOD_OFF_RATE * len(slow) / len(on):
+            off = len(steps) - len(residue_steps)
+            if off and (all_slow - len(slow)) / off > PERIOD_OFF_RATE * len(slow) / len(residue_steps):
                 continue
-            extras = [s.step_s - med for s in slow]
+            extras = [step.step_s - med for step in slow]
             typical = percentile(extras, 50)
             spread = percentile([abs(e - typical) for e in extras], 50)
             if spread > PERIOD_SPREAD * typical:
@@ -159,12 +159,12 @@ def periodic_stall(steps: list[StepRecord], code: CodeSampler | None) -> Periodi
     if best is None:
         return None
     _, period, slow = best
-    slow_ids = {s.index for s in slow}
-    normal = [s for s in steps if s.index not in slow_ids]
-    extra = sum(s.step_s - med for s in slow)
-    growth = {ph: (sum(_phase_s(s, ph) for s in slow) / len(slow)
-                   - percentile([_phase_s(s, ph) for s in normal], 50))
-              for ph in (*PHASES, "other")}
+    slow_ids = {step.index for step in slow}
+    normal = [step for step in steps if step.index not in slow_ids]
+    extra = sum(step.step_s - med for step in slow)
+    growth = {phase_name: (sum(_phase_s(step, phase_name) for step in slow) / len(slow)
+                           - percentile([_phase_s(step, phase_name) for step in normal], 50))
+              for phase_name in (*PHASES, "other")}
     phase = max(growth, key=growth.__getitem__)
     site = None
     if phase == "other" and code is not None:

@@ -94,12 +94,12 @@ class NvmlSampler:
             return None
 
     def _probe_gpm(self) -> bool:
-        nv = self._nv
-        if not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
+        nvml_lib = self._nv
+        if not hasattr(nvml_lib, "nvmlGpmQueryDeviceSupport"):
             self._gpm_reason = "this nvidia-ml-py has no GPM API"
             return False
         try:
-            sup = nv.nvmlGpmQueryDeviceSupport(self._h)
+            sup = nvml_lib.nvmlGpmQueryDeviceSupport(self._h)
             if not getattr(sup, "isSupportedDevice", 0):
                 self._gpm_reason = "GPM not supported on this GPU (Hopper and newer only)"
                 return False
@@ -126,52 +126,52 @@ class NvmlSampler:
             self.sample()
 
     def sample(self) -> None:
-        nv, h = self._nv, self._h
+        nvml_lib, handle = self._nv, self._h
         util = power = clock = used = None
         with self._lock:
             self._n += 1
             try:
-                u = nv.nvmlDeviceGetUtilizationRates(h)
-                util = float(u.gpu)
+                rates = nvml_lib.nvmlDeviceGetUtilizationRates(handle)
+                util = float(rates.gpu)
                 self._util.append(util)
-                self._mem_util.append(float(u.memory))
+                self._mem_util.append(float(rates.memory))
             except Exception:
                 pass
             with contextlib.suppress(Exception):
-                power = nv.nvmlDeviceGetPowerUsage(h) / 1e3
+                power = nvml_lib.nvmlDeviceGetPowerUsage(handle) / 1e3
                 self._power.append(power)
             with contextlib.suppress(Exception):
-                clock = float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+                clock = float(nvml_lib.nvmlDeviceGetClockInfo(handle, nvml_lib.NVML_CLOCK_SM))
                 self._clock.append(clock)
             try:
-                used = int(nv.nvmlDeviceGetMemoryInfo(h).used)
+                used = int(nvml_lib.nvmlDeviceGetMemoryInfo(handle).used)
                 self._mem_peak = max(self._mem_peak or 0, used)
             except Exception:
                 pass
             self.series.append((time.perf_counter(), util, power,
                                 None if used is None else float(used), clock))
             with contextlib.suppress(Exception):
-                self._reasons |= int(nv.nvmlDeviceGetCurrentClocksEventReasons(h))
+                self._reasons |= int(nvml_lib.nvmlDeviceGetCurrentClocksEventReasons(handle))
             if self._gpm_supported:
                 self._sample_gpm()
 
     def _sample_gpm(self) -> None:
-        nv = self._nv
+        nvml_lib = self._nv
         try:
-            s = nv.nvmlGpmSampleAlloc()
-            nv.nvmlGpmSampleGet(self._h, s)
+            gpm_sample = nvml_lib.nvmlGpmSampleAlloc()
+            nvml_lib.nvmlGpmSampleGet(self._h, gpm_sample)
             if self._gpm0 is not None:
-                mg = nv.c_nvmlGpmMetricsGet_t()
-                mg.version = nv.NVML_GPM_METRICS_GET_VERSION
-                mg.numMetrics = 2
-                mg.sample1, mg.sample2 = self._gpm0, s
-                mg.metrics[0].metricId = nv.NVML_GPM_METRIC_SM_UTIL
-                mg.metrics[1].metricId = nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL
-                nv.nvmlGpmMetricsGet(mg)
-                self._gpm_vals["sm"].append(float(mg.metrics[0].value))
-                self._gpm_vals["tensor"].append(float(mg.metrics[1].value))
-                nv.nvmlGpmSampleFree(self._gpm0)
-            self._gpm0 = s
+                metrics_get = nvml_lib.c_nvmlGpmMetricsGet_t()
+                metrics_get.version = nvml_lib.NVML_GPM_METRICS_GET_VERSION
+                metrics_get.numMetrics = 2
+                metrics_get.sample1, metrics_get.sample2 = self._gpm0, gpm_sample
+                metrics_get.metrics[0].metricId = nvml_lib.NVML_GPM_METRIC_SM_UTIL
+                metrics_get.metrics[1].metricId = nvml_lib.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+                nvml_lib.nvmlGpmMetricsGet(metrics_get)
+                self._gpm_vals["sm"].append(float(metrics_get.metrics[0].value))
+                self._gpm_vals["tensor"].append(float(metrics_get.metrics[1].value))
+                nvml_lib.nvmlGpmSampleFree(self._gpm0)
+            self._gpm0 = gpm_sample
         except Exception as e:
             self._gpm_supported = False
             self._gpm_reason = f"GPM sampling failed (permissions?): {type(e).__name__}: {e}"
@@ -179,8 +179,9 @@ class NvmlSampler:
     def summary(self) -> NvmlSummary:
         self.sample()
         with self._lock:
-            e1 = self._energy()
-            energy = e1 - self._energy0 if e1 is not None and self._energy0 is not None else None
+            energy_now = self._energy()
+            energy = (energy_now - self._energy0
+                      if energy_now is not None and self._energy0 is not None else None)
             return NvmlSummary(
                 samples=self._n,
                 util_gpu_pct=_mean(self._util),
@@ -189,7 +190,8 @@ class NvmlSampler:
                 power_w=_mean(self._power),
                 energy_j=energy,
                 sm_clock_mhz=_mean(self._clock),
-                clock_event_reasons=[n for b, n in CLOCK_EVENT_REASONS.items() if self._reasons & b],
+                clock_event_reasons=[reason for bit, reason in CLOCK_EVENT_REASONS.items()
+                                     if self._reasons & bit],
                 gpm_sm_active_pct=_mean(self._gpm_vals["sm"]),
                 gpm_tensor_active_pct=_mean(self._gpm_vals["tensor"]),
                 gpm_reason=self._gpm_reason,

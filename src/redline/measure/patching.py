@@ -20,7 +20,7 @@ compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", None) or
     torch._dynamo.is_compiling)  # torch < 2.3
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class _Chain:
     """The patches of one attribute, oldest first, and what was there before them."""
 
@@ -53,7 +53,7 @@ def patch(stack: ExitStack, owner: Any, name: str, new: Any, *, raw: bool = Fals
     put(owner, name, new)  # first: an owner that refuses it raises before anything is kept
     chain = _CHAINS.get(key)
     if chain is None:
-        chain = _CHAINS[key] = _Chain(had, original)
+        chain = _CHAINS[key] = _Chain(had=had, original=original)
     chain.patches.append(new)
 
     def remove() -> None:

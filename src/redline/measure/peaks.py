@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PeakEntry:
     name: str
     match: tuple[str, ...]
@@ -28,7 +28,8 @@ def load_table() -> tuple[PeakEntry, ...]:
         resources.files("redline").joinpath("data/peak_flops.json").read_text()
     )
     return tuple(
-        PeakEntry(d["name"], tuple(d["match"]), dict(d["peak_tflops"]), d["source"])
+        PeakEntry(name=d["name"], match=tuple(d["match"]), peak_tflops=dict(d["peak_tflops"]),
+                  source=d["source"])
         for d in raw["devices"]
     )
 

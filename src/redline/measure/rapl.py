@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class _Domain:
     path: str
     max_uj: int
@@ -35,8 +35,8 @@ class RaplMeter:
             self.reason = f"no RAPL domains under {self.root} (not an Intel/AMD host with powercap)"
             return False
         try:
-            self.domains = [_Domain(p, _read(os.path.join(p, "max_energy_range_uj")),
-                                    _read(os.path.join(p, "energy_uj"))) for p in paths]
+            self.domains = [_Domain(path=p, max_uj=_read(os.path.join(p, "max_energy_range_uj")),
+                                    start_uj=_read(os.path.join(p, "energy_uj"))) for p in paths]
         except (OSError, ValueError) as e:
             self.reason = f"RAPL energy counters are not readable ({e}); they need root"
             self.domains = []

@@ -4,7 +4,7 @@
         for batch in loader: ...   # the user's loop, unchanged
     measurements = build_measurements(r)   # redline.measure.summary
 
-:class:`redline.report.watch.Watch` (what ``redline.watch()`` returns) adds ``report()``. On
+:class:`redline.runs.watch.Watch` (what ``redline.watch()`` returns) adds ``report()``. On
 entry the recorder installs its hooks (data loaders, root modules, autograd, optimizers,
 host→device copies) and samplers (CPU/psutil, CUDA events, NVML); on exit it removes all of
 them. Nothing it does synchronizes the device inside the loop.
@@ -30,6 +30,7 @@ from redline.measure.cuda import CudaMemory, CudaStepTimer, SyncCounter, read_me
 from redline.measure.ddp import ParallelSnapshot, is_parallel, snapshot
 from redline.measure.flops import FlopWindow
 from redline.measure.hooks import Instrumentation
+from redline.measure.memory import MemorySampler, cuda_reader
 from redline.measure.nvml import NvmlSampler, import_pynvml
 from redline.measure.profile import TraceCapture
 from redline.measure.ranks import ProgressBeacon, rank_info
@@ -83,6 +84,9 @@ class Recorder:
         self.flops = FlopWindow()
         self.capture: TraceCapture | None = None
         self.cpu = CpuSampler(self.config.sample_interval_s)
+        self.memory = MemorySampler(lambda: self.tracker.closed)
+        """Memory over the run, fed by the CPU sampler's thread (measure/memory.py)."""
+        self.cpu.on_sample = self.memory.add
         self.code: CodeSampler | None = None
         """Where the loop's time outside the phases went (None with stack sampling off)."""
         self.gc_pauses: GcPauses | None = None
@@ -132,6 +136,8 @@ class Recorder:
         try:
             on_work = on_data = None
             if self.device.type == "cuda":
+                self.memory = MemorySampler(lambda: self.tracker.closed, cuda_reader(self.device))
+                self.cpu.on_sample = self.memory.add
                 self.cuda_timer = CudaStepTimer()
                 on_work, on_data = self.cuda_timer.work_begins, self.cuda_timer.work_pauses
                 if self.config.detect_syncs:

@@ -101,9 +101,9 @@ def _library_roots() -> tuple[list[str], str, str | None]:
     std = sorted({os.path.join(os.path.realpath(paths[k]), "") for k in ("stdlib", "platstdlib")
                   if k in paths})
     red = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
-    tm = sys.modules.get("torch")
-    tf = getattr(tm, "__file__", None)
-    tdir = os.path.join(os.path.dirname(os.path.realpath(tf)), "") if tf else None
+    torch_module = sys.modules.get("torch")
+    torch_file = getattr(torch_module, "__file__", None)
+    tdir = os.path.join(os.path.dirname(os.path.realpath(torch_file)), "") if torch_file else None
     return std, red, tdir
 
 
@@ -159,21 +159,21 @@ class CodeSampler:
             if self._gc is not None:
                 self._gc_seen = self._gc.paused_s(now)
             return
-        dt = now - last
+        elapsed_s = now - last
         gcp = self._gc
         if gcp is not None:
             # a tick may land inside a collection (a finalizer's Python code lets the GIL go):
             # the pause so far is read with the collection still open
             seen = gcp.paused_s(now)
-            dt = max(0.0, dt - (seen - self._gc_seen))
+            elapsed_s = max(0.0, elapsed_s - (seen - self._gc_seen))
             self._gc_seen = seen
         # A long gap means the sampler's thread was held off (no CPU for it, or the loop held
         # the GIL): whatever runs when it gets back is where the loop releases the GIL, not
         # where it spent the gap. The gap is capped, so the split follows the sample counts.
-        dt = min(dt, self._max_dt)
+        elapsed_s = min(elapsed_s, self._max_dt)
         self.ticks += 1
         if not self._tracker.outside_phases():
-            self.inside_s += dt
+            self.inside_s += elapsed_s
             return
         frame = sys._current_frames().get(self._ident)
         if frame is None:
@@ -183,65 +183,41 @@ class CodeSampler:
         if key is None:
             self.unattributed += 1
             return
-        self.outside_s += dt
-        w = self.weights.get(key)
-        if w is None:
-            self.weights[key] = [dt, 1.0]
+        self.outside_s += elapsed_s
+        weight = self.weights.get(key)
+        if weight is None:
+            self.weights[key] = [elapsed_s, 1.0]
         else:
-            w[0] += dt
-            w[1] += 1.0
-        self.per_step.append((self._tracker.closed, key, dt))
+            weight[0] += elapsed_s
+            weight[1] += 1.0
+        self.per_step.append((self._tracker.closed, key, elapsed_s))
 
     # -- frames -------------------------------------------------------------------------------
     def _classify(self, filename: str) -> _FileClass:
-        fc = self._files.get(filename)
-        if fc is not None:
-            return fc
-        if filename.startswith("<"):
-            # '<frozen importlib._bootstrap>' is the library; '<string>', '<stdin>', a
-            # notebook's '<ipython-input-…>' are the user's
-            fc = (_FileClass(_STDLIB, filename, "importlib") if filename.startswith("<frozen")
-                  else _FileClass(_USER, filename, ""))
-        else:
-            path = os.path.realpath(filename)
-            fc = self._classify_path(path, filename)
+        file_class = self._files.get(filename)
+        if file_class is not None:
+            return file_class
+        file_class = _classify_file(filename, self._std, self._redline, self._torch)
         if len(self._files) > 20_000:
             self._files.clear()
-        self._files[filename] = fc
-        return fc
-
-    def _classify_path(self, path: str, filename: str) -> _FileClass:
-        if path.startswith(self._redline):
-            return _FileClass(_REDLINE, path[len(self._redline):], "redline")
-        if self._torch is not None and path.startswith(self._torch):
-            return _FileClass(_TORCH, path[len(self._torch):].replace(os.sep, "/"), "torch")
-        for marker in (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}"):
-            i = path.find(marker)
-            if i >= 0:
-                rel = path[i + len(marker):]
-                top = rel.split(os.sep, 1)[0]
-                return _FileClass(_THIRD, rel, top.removesuffix(".py"))
-        for root in self._std:
-            if path.startswith(root):
-                rel = path[len(root):]
-                top = rel.split(os.sep, 1)[0]
-                return _FileClass(_STDLIB, rel, top.removesuffix(".py"))
-        return _FileClass(_USER, filename, "")
+        self._files[filename] = file_class
+        return file_class
 
     def _site(self, frame: FrameType) -> SiteKey | None:
         inner: list[CodeType] = []
-        f: FrameType | None = frame
+        cur_frame: FrameType | None = frame
         user: FrameType | None = None
-        while f is not None and len(inner) < 256:
-            code = f.f_code
+        while cur_frame is not None and len(inner) < 256:
+            code = cur_frame.f_code
             if self._classify(code.co_filename).cls == _USER:
-                user = f
+                user = cur_frame
                 break
             inner.append(code)
-            f = f.f_back
+            cur_frame = cur_frame.f_back
         if user is None:
             # No frame of the user's: name the innermost third-party (else library) frame.
-            named = next((c for c in inner if self._classify(c.co_filename).cls == _THIRD),
+            named = next((inner_code for inner_code in inner
+                          if self._classify(inner_code.co_filename).cls == _THIRD),
                          inner[0] if inner else None)
             if named is None:
                 return None
@@ -266,8 +242,8 @@ class CodeSampler:
                                caller.co_name if caller is not None else "")
         kind, via = found if found is not None else ("code", None)
         if via is None:
-            via = next((f"{fc.package}:{c.co_name}" for c in inner
-                        if (fc := self._classify(c.co_filename)).cls == _THIRD), None)
+            via = next((f"{file_class.package}:{inner_code.co_name}" for inner_code in inner
+                        if (file_class := self._classify(inner_code.co_filename)).cls == _THIRD), None)
         if len(self._kinds) > 20_000:
             self._kinds.clear()
         self._kinds[cache_key] = (kind, via)
@@ -275,14 +251,14 @@ class CodeSampler:
 
     def _library_kind(self, inner: tuple[CodeType, ...]) -> tuple[str, str | None] | None:
         """The kind named by the innermost library call that has one."""
-        for c in inner:
-            fc = self._classify(c.co_filename)
-            kind = _library_kind(fc, c.co_name)
+        for inner_code in inner:
+            file_class = self._classify(inner_code.co_filename)
+            kind = _library_kind(file_class, inner_code.co_name)
             if kind is not None:
-                module = fc.rel.removesuffix(".py").replace("/", ".").replace(os.sep, ".")
+                module = file_class.rel.removesuffix(".py").replace("/", ".").replace(os.sep, ".")
                 module = module.removesuffix(".__init__")
-                prefix = "torch." if fc.cls == _TORCH else ""
-                return kind, f"{prefix}{module}:{c.co_name}"
+                prefix = "torch." if file_class.cls == _TORCH else ""
+                return kind, f"{prefix}{module}:{inner_code.co_name}"
         return None
 
 
@@ -387,39 +363,57 @@ class GcPauses:
             self._t0 = self._clock()
             self._open = True
             return
-        dt = self._clock() - self._t0
+        elapsed_s = self._clock() - self._t0
         self._open = False
-        self._all_s += dt
+        self._all_s += elapsed_s
         if not self._measuring():
             return
         gen = self._gen
-        self.pause_s += dt
+        self.pause_s += elapsed_s
         self.collections[gen] += 1
         if self._tracker.outside_phases():
-            self.outside_s += dt
+            self.outside_s += elapsed_s
         if gen == 2 and self._caller is not None:
-            w = self.full_callers.setdefault(self._caller, [0.0, 0.0])
-            w[0] += dt
-            w[1] += 1.0
+            caller_weight = self.full_callers.setdefault(self._caller, [0.0, 0.0])
+            caller_weight[0] += elapsed_s
+            caller_weight[1] += 1.0
 
     def _user_caller(self) -> tuple[str, int, str] | None:
         if not self._measuring():
             return None
-        f: FrameType | None = sys._getframe(2)  # the frame that triggered the collection
-        while f is not None:
-            name = f.f_code.co_filename
-            if not _is_library(name, self._std, self._redline, self._torch):
-                return name, f.f_lineno or f.f_code.co_firstlineno, f.f_code.co_name
-            f = f.f_back
+        frame: FrameType | None = sys._getframe(2)  # the frame that triggered the collection
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if _classify_file(name, self._std, self._redline, self._torch).cls == _USER:
+                return name, frame.f_lineno or frame.f_code.co_firstlineno, frame.f_code.co_name
+            frame = frame.f_back
         return None
 
 
-def _is_library(filename: str, std: list[str], red: str, torch_dir: str | None) -> bool:
+def _classify_file(filename: str, std: list[str], red: str, torch_dir: str | None
+                   ) -> _FileClass:
+    """Whose a code object's file is: redline's, torch's, a third-party package's, the
+    standard library's, or the user's (the roots from :func:`_library_roots`). One classifier
+    for the stack sampler and the GC pauses' caller."""
     if filename.startswith("<"):
-        return filename.startswith("<frozen")
+        # '<frozen importlib._bootstrap>' is the library; '<string>', '<stdin>', a
+        # notebook's '<ipython-input-…>' are the user's
+        return (_FileClass(_STDLIB, filename, "importlib") if filename.startswith("<frozen")
+                else _FileClass(_USER, filename, ""))
     path = os.path.realpath(filename)
-    if path.startswith(red) or (torch_dir is not None and path.startswith(torch_dir)):
-        return True
-    if f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path:
-        return True
-    return any(path.startswith(root) for root in std)
+    if path.startswith(red):
+        return _FileClass(_REDLINE, path[len(red):], "redline")
+    if torch_dir is not None and path.startswith(torch_dir):
+        return _FileClass(_TORCH, path[len(torch_dir):].replace(os.sep, "/"), "torch")
+    for marker in (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}"):
+        i = path.find(marker)
+        if i >= 0:
+            rel = path[i + len(marker):]
+            top = rel.split(os.sep, 1)[0]
+            return _FileClass(_THIRD, rel, top.removesuffix(".py"))
+    for root in std:
+        if path.startswith(root):
+            rel = path[len(root):]
+            top = rel.split(os.sep, 1)[0]
+            return _FileClass(_STDLIB, rel, top.removesuffix(".py"))
+    return _FileClass(_USER, filename, "")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CpuBudget:
     """CPUs this process may really use."""
 
@@ -48,11 +48,11 @@ def cpu_budget(cgroup_root: Path = Path("/sys/fs/cgroup")) -> CpuBudget:
         src = f"os.cpu_count={aff}"
     quota = _cgroup_quota(cgroup_root)
     if quota is not None and quota < aff:
-        return CpuBudget(quota, f"cgroup quota={quota:g} (affinity {aff})")
-    return CpuBudget(float(aff), src)
+        return CpuBudget(cpus=quota, source=f"cgroup quota={quota:g} (affinity {aff})")
+    return CpuBudget(cpus=float(aff), source=src)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ShmInfo:
     """Size of the shared-memory filesystem DataLoader workers pass batches through."""
 
@@ -65,7 +65,7 @@ def shm_info(path: str = "/dev/shm") -> ShmInfo | None:
         st = os.statvfs(path)
     except OSError:
         return None
-    return ShmInfo(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize)
+    return ShmInfo(total_bytes=st.f_blocks * st.f_frsize, free_bytes=st.f_bavail * st.f_frsize)
 
 
 def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:

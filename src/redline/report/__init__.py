@@ -1,5 +1,6 @@
 """Reports: built from a recorder (measurements, diagnosis), written as JSON, rendered in the
-terminal; the public :class:`Watch` (``redline.watch()``) adds ``report()`` to the recorder.
+terminal and as HTML. Presentation only: the public :class:`~redline.runs.watch.Watch`, the
+ranks' exchange and the metrics server live in :mod:`redline.runs`.
 
 The names are imported lazily (on first attribute access), so a command that only renders a
 trace or a plan (``redline trace``, ``redline plan``) loads ``redline.report.trace_render`` or
@@ -14,12 +15,10 @@ if TYPE_CHECKING:
     from redline.report.build import build_report
     from redline.report.json_io import schema, to_dict, write_json
     from redline.report.terminal import print_report
-    from redline.report.watch import Watch
 
-__all__ = ["Watch", "build_report", "print_report", "schema", "to_dict", "write_json"]
+__all__ = ["build_report", "print_report", "schema", "to_dict", "write_json"]
 
 _LAZY = {
-    "Watch": "redline.report.watch",
     "build_report": "redline.report.build",
     "print_report": "redline.report.terminal",
     "schema": "redline.report.json_io",

@@ -39,40 +39,54 @@ def _how_it_ended(w: Recorder, detail: str | None) -> tuple[str, str | None]:
 def step_timeline(w: Recorder) -> StepTimeline | None:
     """The recorder's steps and sampled counters, in seconds from the first step's start;
     None when no step closed."""
-    tl = rank_timeline(w)
-    rows = tl["steps"]
+    timeline = rank_timeline(w)
+    rows = timeline["steps"]
     if not rows:
         return None
-    t0 = rows[0][1]
+    start_ns = rows[0][1]
     left_out = max(0, len(rows) - MAX_TIMELINE_STEPS)
     steps: list[list[object]] = [
-        [index, round((start - t0) / 1e9, 9), round((end - start) / 1e9, 9), kind, samples,
+        [index, round((start - start_ns) / 1e9, 9), round((end - start) / 1e9, 9), kind, samples,
          phases] for index, start, end, kind, samples, phases in rows[left_out:]]
-    longest = max((len(pts) for pts in tl["counters"].values()), default=0)
+    longest = max((len(pts) for pts in timeline["counters"].values()), default=0)
     stride = max(1, -(-longest // MAX_COUNTER_POINTS))
-    counters = {name: [[round((t - t0) / 1e9, 6), round(v, 6)] for t, v in pts[::stride]]
-                for name, pts in tl["counters"].items()}
+    counters = {name: [[round((time_ns - start_ns) / 1e9, 6), round(value, 6)]
+                       for time_ns, value in pts[::stride]]
+                for name, pts in timeline["counters"].items()}
     return StepTimeline(phases=list(PHASES), steps=steps, counters=counters,
                         steps_left_out=left_out, points_stride=stride)
 
 
 def build_report(w: Recorder, command: list[str] | None = None, status: str | None = None,
                  status_detail: str | None = None) -> Report:
-    """Measure, diagnose and assemble the report of a closed recorder."""
+    """Measure, diagnose and assemble the report of a closed recorder.
+
+    Args:
+        w: a recorder (a watch or a doctor run) whose block has been left.
+        command: the command line that ran, where known; None = not recorded.
+        status: how the run ended ("completed", "interrupted", "script_error", "no_steps");
+            None = read from the recorder.
+        status_detail: a sentence on the status; None = read from the recorder with
+            ``status``.
+
+    Returns:
+        The :class:`Report`: measurements, ranked findings (with the trace's when one was
+        recorded), the trace analysis and the step timeline.
+    """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SectionUnknown)
-        m = build_measurements(w)
-    for c in caught:  # an optional section that failed is said; other warnings pass on
-        if issubclass(c.category, SectionUnknown):
-            m.notes.append(str(c.message))
+        measurements = build_measurements(w)
+    for warning in caught:  # an optional section that failed is said; other warnings pass on
+        if issubclass(warning.category, SectionUnknown):
+            measurements.notes.append(str(warning.message))
         else:
-            warnings.warn_explicit(c.message, c.category, c.filename, c.lineno)
-    note = stall_note(m)
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    note = stall_note(measurements)
     if note is not None:
-        m.notes.append(note)
+        measurements.notes.append(note)
     if status is None:
         status, status_detail = _how_it_ended(w, status_detail)
-    findings = diagnose(m) if m.timing.steps_total else []
+    findings = diagnose(measurements) if measurements.timing.steps_total else []
     trace, analysis = recorded_trace(w)
     if analysis is not None:
         findings = rank([*findings, *diagnose_trace(analysis)])
@@ -84,7 +98,7 @@ def build_report(w: Recorder, command: list[str] | None = None, status: str | No
         command=command,
         status=status,
         status_detail=status_detail,
-        measurements=m,
+        measurements=measurements,
         findings=findings,
         trace=trace,
         timeline=step_timeline(w),

@@ -33,9 +33,11 @@ def _kinds() -> dict[str, str]:
     """The documents a page can show, by their ``schema`` field. (The tuning schema's module
     imports the tuner: loaded here, when a page is made, not whenever doctor or a callback
     starts.)"""
+    from redline.report.compare_render import COMPARE_SCHEMA
     from redline.report.tune_render import TUNE_SCHEMA
 
-    return {SCHEMA_VERSION: "report", TRACE_SCHEMA: "trace", TUNE_SCHEMA: "tune"}
+    return {SCHEMA_VERSION: "report", TRACE_SCHEMA: "trace", TUNE_SCHEMA: "tune",
+            COMPARE_SCHEMA: "compare"}
 
 
 class HtmlReportError(RedlineError):
@@ -62,17 +64,19 @@ def _plotly_js() -> str:
 
 
 def kind_of(doc: Any, source: str = "the document") -> str:
-    """``report``, ``trace`` or ``tune``; anything else is refused with what it was."""
+    """``report``, ``trace``, ``tune`` or ``compare``; anything else is refused with what it
+    was."""
     if not isinstance(doc, dict):
         raise HtmlReportError(f"{source}: expected a JSON object written by redline (doctor, "
-                              f"demo, trace or tune --json), got a JSON {type(doc).__name__}")
+                              "demo, trace, tune or compare --json), got a JSON "
+                              f"{type(doc).__name__}")
     schema = doc.get("schema")
     kinds = _kinds()
     if schema not in kinds:
         raise HtmlReportError(
             f"{source}: expected a redline document with schema one of {sorted(kinds)}, got "
-            f"schema {schema!r}; write one with `redline doctor|demo|trace|tune ... --json "
-            "PATH`")
+            f"schema {schema!r}; write one with `redline doctor|demo|trace|tune|compare ... "
+            "--json PATH`")
     return kinds[schema]
 
 
@@ -83,6 +87,10 @@ def blocks_of(doc: dict[str, Any], source: str = "the document") -> list[Block]:
             return report_blocks(doc)
         if kind == "trace":
             return trace_blocks(doc)
+        if kind == "compare":
+            from redline.report.html_compare import compare_blocks
+
+            return compare_blocks(doc)
         return tune_blocks(doc)
     except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
         raise HtmlReportError(
@@ -94,9 +102,11 @@ def blocks_of(doc: dict[str, Any], source: str = "the document") -> list[Block]:
 def _title(kinds: list[str]) -> str:
     if kinds == ["report", "tune"]:
         return "redline: naive run and tuned"
+    if len(kinds) != 1:
+        return "redline: " + ", ".join(kinds)
     return {"report": "redline report", "trace": "redline trace analysis",
-            "tune": "redline tuning result"}.get(kinds[0], "redline") if len(kinds) == 1 \
-        else "redline: " + ", ".join(kinds)
+            "tune": "redline tuning result",
+            "compare": "redline comparison"}.get(kinds[0], "redline")
 
 
 STYLE = """
@@ -156,32 +166,32 @@ def render_html(docs: list[dict[str, Any]], sources: list[str] | None = None) ->
     if not docs:
         raise HtmlReportError("no document to show: give a redline JSON report")
     names = sources or [f"document {i + 1}" for i in range(len(docs))]
-    kinds = [kind_of(d, s) for d, s in zip(docs, names, strict=True)]
+    kinds = [kind_of(document, doc_name) for document, doc_name in zip(docs, names, strict=True)]
     parts: list[str] = []
     figures: dict[str, Any] = {}
     for doc, kind, name in zip(docs, kinds, names, strict=True):
         heading = {"report": "Measured run", "trace": "Trace analysis",
-                   "tune": "Tuning"}[kind]
+                   "tune": "Tuning", "compare": "Comparison"}[kind]
         parts.append(f'<section class="doc" data-kind="{kind}"><h2>{html.escape(heading)}'
                      f'</h2>')
-        for b in blocks_of(doc, name):
-            if b.kind == "h2":
-                parts.append(f"<h2>{html.escape(b.text)}</h2>")
-            elif b.kind == "p":
-                parts.append(f"<p>{html.escape(b.text)}</p>")
-            elif b.kind == "table":
-                head = "".join(f"<th>{html.escape(h)}</th>" for h in b.headers)
-                body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row)
-                               + "</tr>" for row in b.rows)
+        for block in blocks_of(doc, name):
+            if block.kind == "h2":
+                parts.append(f"<h2>{html.escape(block.text)}</h2>")
+            elif block.kind == "p":
+                parts.append(f"<p>{html.escape(block.text)}</p>")
+            elif block.kind == "table":
+                head = "".join(f"<th>{html.escape(header)}</th>" for header in block.headers)
+                body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row)
+                               + "</tr>" for row in block.rows)
                 parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
                              "</table>")
-            elif b.kind == "chart":
+            elif block.kind == "chart":
                 cid = f"chart-{len(figures) + 1}"
-                figures[cid] = b.figure
+                figures[cid] = block.figure
                 parts.append(f'<div class="chart" id="{cid}"></div>')
         parts.append("</section>")
     title = _title(kinds)
-    sub = " · ".join(html.escape(n) for n in names)
+    sub = " · ".join(html.escape(shown_name) for shown_name in names)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{html.escape(title)}</title><style>{STYLE}</style>"

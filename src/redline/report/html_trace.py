@@ -21,21 +21,22 @@ def _short(name: str, limit: int = 60) -> str:
 
 def trace_blocks(doc: dict[str, Any]) -> list[Block]:
     ranks = doc["ranks"]
-    labels = [f"rank {r['rank']}" for r in ranks]
+    labels = [f"rank {rank_entry['rank']}" for rank_entry in ranks]
     out = [h2(f"Trace: {len(ranks)} rank(s)"),
            p("Where GPU time goes, per rank, over the window from the first to the last device "
              "event (Holistic Trace Analysis's temporal breakdown)"
              + (", timestamps rounded as HTA does" if doc.get("hta_compat") else "") + ".")]
     out += findings_blocks(doc.get("findings") or [], "from the trace")
-    temporal = [r.get("temporal") or {} for r in ranks]
+    temporal = [rank_entry.get("temporal") or {} for rank_entry in ranks]
     out.append(chart(
-        [{"type": "bar", "name": label, "x": labels, "y": [t.get(key) for t in temporal],
+        [{"type": "bar", "name": label, "x": labels,
+          "y": [temporal_entry.get(key) for temporal_entry in temporal],
           "marker": {"color": colour},
           "hovertemplate": f"%{{x}}: {label} %{{y:.1f}}% of the window<extra></extra>"}
          for key, label, colour in TEMPORAL],
         "Temporal breakdown (% of the kernel window)", barmode="stack",
         yaxis={"title": {"text": "% of the window"}, "range": [0, 100]}))
-    idle = [r.get("idle_sum_over_streams") or {} for r in ranks]
+    idle = [rank_entry.get("idle_sum_over_streams") or {} for rank_entry in ranks]
     out.append(chart(
         [{"type": "bar", "name": label, "x": labels,
           "y": [None if i.get(key) is None else i[key] / 1e3 for i in idle],
@@ -46,26 +47,27 @@ def trace_blocks(doc: dict[str, Any]) -> list[Block]:
         yaxis={"title": {"text": "ms"}}))
     out.append(table(["rank", "device", "window", "idle", "compute", "non-compute",
                       "communication overlapped by compute"],
-                     [[str(r["rank"]), str(r.get("device_name") or "unknown"),
-                       fmt(t.get("window_us"), "ms", 1e-3, 1), fmt(t.get("idle_pct"), "%", 1, 1),
-                       fmt(t.get("compute_pct"), "%", 1, 1),
-                       fmt(t.get("non_compute_pct"), "%", 1, 1),
-                       "no communication" if r.get("comm_comp_overlap_pct") is None
-                       else fmt(r["comm_comp_overlap_pct"], "%", 1, 1)]
-                      for r, t in zip(ranks, temporal, strict=True)]))
-    types = list(dict.fromkeys(k for r in ranks for k in (r.get("kernel_types_us") or {})))
+                     [[str(rank_entry["rank"]), str(rank_entry.get("device_name") or "unknown"),
+                       fmt(temporal_entry.get("window_us"), "ms", 1e-3, 1),
+                       fmt(temporal_entry.get("idle_pct"), "%", 1, 1),
+                       fmt(temporal_entry.get("compute_pct"), "%", 1, 1),
+                       fmt(temporal_entry.get("non_compute_pct"), "%", 1, 1),
+                       "no communication" if rank_entry.get("comm_comp_overlap_pct") is None
+                       else fmt(rank_entry["comm_comp_overlap_pct"], "%", 1, 1)]
+                      for rank_entry, temporal_entry in zip(ranks, temporal, strict=True)]))
+    types = list(dict.fromkeys(k for rank_entry in ranks for k in (rank_entry.get("kernel_types_us") or {})))
     if types:
         out.append(chart([{"type": "bar", "orientation": "h", "name": label, "y": types,
-                           "x": [None if (v := (r.get("kernel_types_us") or {}).get(k)) is None
+                           "x": [None if (v := (rank_entry.get("kernel_types_us") or {}).get(k)) is None
                                  else v / 1e3 for k in types],
                            "hovertemplate": f"{label}: %{{y}} %{{x:,.2f}} ms<extra></extra>"}
-                          for r, label in zip(ranks, labels, strict=True)],
+                          for rank_entry, label in zip(ranks, labels, strict=True)],
                          "Kernel time by type, per rank (ms)",
                          height=140 + 24 * len(types) * max(1, min(len(ranks), 4)),
                          barmode="group", yaxis={"autorange": "reversed", "automargin": True},
                          xaxis={"title": {"text": "ms"}}))
-    for r, label in zip(ranks, labels, strict=True):
-        top = (r.get("top_kernels") or [])[:TOP_KERNELS]
+    for rank_entry, label in zip(ranks, labels, strict=True):
+        top = (rank_entry.get("top_kernels") or [])[:TOP_KERNELS]
         if not top:
             continue
         out.append(chart([{"type": "bar", "orientation": "h", "name": "total",
@@ -84,8 +86,10 @@ def trace_blocks(doc: dict[str, Any]) -> list[Block]:
         out.append(h2("Arrivals at collectives"))
         out.append(p(f"Source: {doc.get('stragglers_source')}."))
         out.append(table(["rank", "collectives", "arrived last", "mean lateness"],
-                         [[str(s["rank"]), str(s["collectives"]), str(s["last_arrivals"]),
-                           fmt(s.get("mean_lateness_us"), "ms", 1e-3, 3)] for s in stragglers]))
-    for w in doc.get("warnings") or []:
-        out.append(p(f"warning: {w}"))
+                         [[str(straggler["rank"]), str(straggler["collectives"]),
+                           str(straggler["last_arrivals"]),
+                           fmt(straggler.get("mean_lateness_us"), "ms", 1e-3, 3)]
+                          for straggler in stragglers]))
+    for warning in doc.get("warnings") or []:
+        out.append(p(f"warning: {warning}"))
     return out

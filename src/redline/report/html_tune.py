@@ -14,27 +14,27 @@ def _mib(b: int | None) -> str:
 
 
 def _gain(d: dict[str, Any]) -> str:
-    a, b = d.get("samples_per_s_after"), d.get("samples_per_s_before")
-    return f"{a / b:.3f}×" if a and b else "not measured"
+    after_per_s, before_per_s = d.get("samples_per_s_after"), d.get("samples_per_s_before")
+    return f"{after_per_s / before_per_s:.3f}×" if after_per_s and before_per_s else "not measured"
 
 
 def path_blocks(decisions: list[dict[str, Any]]) -> list[Block]:
     """Every step of the path in order: what was tried, kept or not, and the measured gain."""
-    labels = [f"{i + 1}. {d['step']}" for i, d in enumerate(decisions)]
-    measured = [(lab, d) for lab, d in zip(labels, decisions, strict=True)
-                if d.get("samples_per_s_before") is not None
-                or d.get("samples_per_s_after") is not None]
+    labels = [f"{i + 1}. {decision['step']}" for i, decision in enumerate(decisions)]
+    measured = [(lab, decision) for lab, decision in zip(labels, decisions, strict=True)
+                if decision.get("samples_per_s_before") is not None
+                or decision.get("samples_per_s_after") is not None]
     out = [h2("The tuning path, in order")]
     if measured:
-        kept = ["kept" if d["kept"] else "not kept" for _, d in measured]
+        kept = ["kept" if decision["kept"] else "not kept" for _, decision in measured]
         out.append(chart(
             [{"type": "bar", "name": "current setup", "x": [lab for lab, _ in measured],
-              "y": [d.get("samples_per_s_before") for _, d in measured],
+              "y": [decision.get("samples_per_s_before") for _, decision in measured],
               "marker": {"color": "#7f7f7f"},
               "hovertemplate": "%{x}: current %{y:,.1f} samples/s<extra></extra>"},
              {"type": "bar", "name": "with the change", "x": [lab for lab, _ in measured],
-              "y": [d.get("samples_per_s_after") for _, d in measured],
-              "marker": {"color": [KEPT if d["kept"] else NOT_KEPT for _, d in measured]},
+              "y": [decision.get("samples_per_s_after") for _, decision in measured],
+              "marker": {"color": [KEPT if decision["kept"] else NOT_KEPT for _, decision in measured]},
               "customdata": kept,
               "hovertemplate": "%{x}: %{y:,.1f} samples/s (%{customdata})<extra></extra>"}],
             "Each trial side by side: current setup vs the change (green: kept)",
@@ -42,11 +42,11 @@ def path_blocks(decisions: list[dict[str, Any]]) -> list[Block]:
             xaxis={"tickangle": -30}, margin={"l": 70, "r": 20, "t": 50, "b": 140}))
     out.append(table(["#", "step", "kept", "samples/s before", "samples/s after", "gain",
                       "measured", "why"],
-                     [[str(i + 1), d["step"], "kept" if d["kept"] else "not kept",
-                       fmt(d.get("samples_per_s_before"), "", 1, 1),
-                       fmt(d.get("samples_per_s_after"), "", 1, 1), _gain(d),
-                       d.get("measured") or "not measured", d.get("reason", "")]
-                      for i, d in enumerate(decisions)]))
+                     [[str(i + 1), decision["step"], "kept" if decision["kept"] else "not kept",
+                       fmt(decision.get("samples_per_s_before"), "", 1, 1),
+                       fmt(decision.get("samples_per_s_after"), "", 1, 1), _gain(decision),
+                       decision.get("measured") or "not measured", decision.get("reason", "")]
+                      for i, decision in enumerate(decisions)]))
     return out
 
 
@@ -60,29 +60,32 @@ ROWS = (("throughput_samples_per_s", "throughput", lambda v: fmt(v, "samples/s",
 
 
 def before_after_blocks(doc: dict[str, Any]) -> list[Block]:
-    b, a = doc["before"], doc["after"]
-    bp, ap = doc["before_projection"], doc["after_projection"]
+    before, after = doc["before"], doc["after"]
+    before_projection, after_projection = doc["before_projection"], doc["after_projection"]
     price = doc.get("price_per_device_hour")
-    rows = [[label, f(b.get(key)), f(a.get(key))] for key, label, f in ROWS]
-    rows += [[f"job time ({bp['run_steps']:,} steps)", fmt(bp.get("job_time_s"), "s", 1, 1),
-              fmt(ap.get("job_time_s"), "s", 1, 1)],
+    rows = [[label, formatter(before.get(key)), formatter(after.get(key))]
+            for key, label, formatter in ROWS]
+    rows += [[f"job time ({before_projection['run_steps']:,} steps)",
+              fmt(before_projection.get("job_time_s"), "s", 1, 1),
+              fmt(after_projection.get("job_time_s"), "s", 1, 1)],
              ["cost" + ("" if price is None else f" (at {price:g} per device-hour)"),
-              "unknown (no price given)" if price is None else fmt(bp.get("cost"), "", 1, 2),
-              "unknown (no price given)" if price is None else fmt(ap.get("cost"), "", 1, 2)],
-             ["energy", fmt(bp.get("energy_kwh"), "kWh", 1, 4),
-              fmt(ap.get("energy_kwh"), "kWh", 1, 4)]]
-    sp = doc.get("speedup")
+              "unknown (no price given)" if price is None else fmt(before_projection.get("cost"), "", 1, 2),
+              "unknown (no price given)" if price is None else fmt(after_projection.get("cost"), "", 1, 2)],
+             ["energy", fmt(before_projection.get("energy_kwh"), "kWh", 1, 4),
+              fmt(after_projection.get("energy_kwh"), "kWh", 1, 4)]]
+    speedup = doc.get("speedup")
     out = [h2("Before and after"),
-           p(("unknown speed-up" if sp is None else f"{sp:.2f}× the throughput")
+           p(("unknown speed-up" if speedup is None else f"{speedup:.2f}× the throughput")
              + f"; the job's length from {doc.get('run_steps_source')}; energy: "
-             f"{a.get('energy_source')}; memory: {a.get('peak_memory_source')}."),
+             f"{after.get('energy_source')}; memory: {after.get('peak_memory_source')}."),
            table(["", "before", "after"], rows)]
-    times = [(lab, d.get("step_times_s") or []) for lab, d in (("before", b), ("after", a))]
-    if any(ts for _, ts in times):
-        out.append(chart([{"type": "box", "name": lab, "y": [t * 1e3 for t in ts],
+    times = [(lab, side_doc.get("step_times_s") or [])
+             for lab, side_doc in (("before", before), ("after", after))]
+    if any(step_times for _, step_times in times):
+        out.append(chart([{"type": "box", "name": lab, "y": [step_s * 1e3 for step_s in step_times],
                            "boxpoints": "all", "jitter": 0.4,
                            "hovertemplate": f"{lab}: %{{y:.3f}} ms<extra></extra>"}
-                          for lab, ts in times],
+                          for lab, step_times in times],
                          "Measured step times, before and after (ms per optimizer step)",
                          height=360, yaxis={"title": {"text": "ms"}}, showlegend=False))
     return out
@@ -94,17 +97,17 @@ def batch_blocks(bs: dict[str, Any]) -> list[Block]:
            p(f"{bs.get('reason')}; {bs.get('trials')} trials, {bs.get('ooms')} out of memory; "
              f"memory: {bs.get('overhead_source')}.")]
     if probes:
-        ok = [x for x in probes if not x.get("oom")]
-        oom = [x for x in probes if x.get("oom")]
+        fitting = [probe for probe in probes if not probe.get("oom")]
+        oom = [probe for probe in probes if probe.get("oom")]
         data: list[dict[str, Any]] = [{
-            "type": "scatter", "mode": "markers", "name": "fits", "x": [x["batch"] for x in ok],
-            "y": [x["peak_bytes"] / 2 ** 20 for x in ok],
+            "type": "scatter", "mode": "markers", "name": "fits", "x": [probe["batch"] for probe in fitting],
+            "y": [probe["peak_bytes"] / 2 ** 20 for probe in fitting],
             "marker": {"color": KEPT, "size": 10},
             "hovertemplate": "batch %{x}: peak %{y:,.2f} MiB<extra></extra>"}]
         if oom and bs.get("usable_bytes") is not None:
             data.append({"type": "scatter", "mode": "markers",
                          "name": "out of memory (drawn at the usable memory)",
-                         "x": [x["batch"] for x in oom],
+                         "x": [probe["batch"] for probe in oom],
                          "y": [bs["usable_bytes"] / 2 ** 20 for _ in oom],
                          "marker": {"color": "#d62728", "symbol": "x", "size": 12},
                          "hovertemplate": "batch %{x}: out of memory<extra></extra>"})
@@ -126,12 +129,12 @@ def tune_blocks(doc: dict[str, Any]) -> list[Block]:
     out += path_blocks(plan.get("decisions") or [])
     if doc.get("batch_search"):
         out += batch_blocks(doc["batch_search"])
-    for n in doc.get("numerics") or []:
-        out.append(p(f"numerics, {n['precision']}: {n['reason']}"))
+    for numeric in doc.get("numerics") or []:
+        out.append(p(f"numerics, {numeric['precision']}: {numeric['reason']}"))
     limits = doc.get("limits") or []
     if limits:
         out.append(h2("What still limits the tuned step"))
         out.append(table(["limit", "share of the step", "evidence", "next step"],
-                         [[li["id"], pct(li.get("step_fraction")), li["evidence"],
-                           li["next_step"]] for li in limits]))
+                         [[limit["id"], pct(limit.get("step_fraction")), limit["evidence"],
+                           limit["next_step"]] for limit in limits]))
     return out

@@ -7,12 +7,13 @@ import dataclasses
 import json
 import math
 import os
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redline.core.files import write_text_atomic
-from redline.core.report import Report
+
+if TYPE_CHECKING:  # the trace's JSON uses clean/plain alone, without the report's records
+    from redline.core.report import Report
 
 
 def clean(v: Any) -> Any:
@@ -20,9 +21,9 @@ def clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
-        return {k: clean(x) for k, x in v.items()}
+        return {k: clean(item) for k, item in v.items()}
     if isinstance(v, list | tuple):
-        return [clean(x) for x in v]
+        return [clean(item) for item in v]
     return v
 
 
@@ -34,18 +35,40 @@ def plain(v: Any) -> Any:
 
 
 def to_dict(report: Report) -> dict[str, Any]:
-    d: dict[str, Any] = clean(dataclasses.asdict(report))
-    return d
+    """The report as JSON-ready data (what :func:`write_json` writes).
+
+    Args:
+        report: the report.
+
+    Returns:
+        Nested dicts and lists of the report's fields; NaN and infinite numbers become None.
+    """
+    doc: dict[str, Any] = clean(dataclasses.asdict(report))
+    return doc
 
 
 def schema() -> dict[str, Any]:
-    s: dict[str, Any] = json.loads(
+    """The JSON Schema the report's JSON follows (``report/schema.json`` in the package).
+
+    Returns:
+        The schema, parsed.
+    """
+    from importlib import resources
+
+    loaded_schema: dict[str, Any] = json.loads(
         resources.files("redline").joinpath("report/schema.json").read_text())
-    return s
+    return loaded_schema
 
 
 def write_json(report: Report, path: str | os.PathLike[str]) -> Path:
     """Write the report to ``path`` via a temporary file and an atomic rename.
+
+    Args:
+        report: the report.
+        path: the destination file; its folder must exist.
+
+    Returns:
+        The destination, as a :class:`~pathlib.Path`.
 
     Raises:
         OSError: with the path in the message when the directory is missing or not writable,

@@ -66,7 +66,8 @@ def render(w: Recorder, window_steps: int = WINDOW_STEPS) -> Group:
     if extra:
         head.append(" · " + " · ".join(extra))
     lines: list[Text] = [head]
-    shown = [(p, f) for p, f in snap.phase_fractions.items() if f >= 0.005]
+    shown = [(phase_name, fraction) for phase_name, fraction in snap.phase_fractions.items()
+             if fraction >= 0.005]
     for phase, frac in sorted(shown, key=lambda pf: -pf[1]):
         style = "red" if phase == "data_wait" and frac >= DATA_WAIT_MIN_FRACTION else ""
         lines.append(Text(f"  {phase:<10} {bar(frac, BAR_WIDTH)} {frac:>4.0%}", style=style))

@@ -48,10 +48,10 @@ def _rate_windows(series: list[tuple[float, float, float]]
         return []
     out = []
     anchor = series[0]
-    for b in series[1:]:
-        if b[0] - anchor[0] >= MIN_RATE_WINDOW_S:
-            out.append((anchor, b))
-            anchor = b
+    for reading in series[1:]:
+        if reading[0] - anchor[0] >= MIN_RATE_WINDOW_S:
+            out.append((anchor, reading))
+            anchor = reading
     if not out and series[-1][0] > series[0][0]:
         out.append((series[0], series[-1]))
     return out
@@ -65,20 +65,22 @@ def rank_timeline(w: Recorder) -> dict[str, Any]:
     def ns(t: float) -> int:
         return int(t * 1e9) + off
 
-    steps = [[s.index, ns(s.start_s), ns(s.end_s), s.kind, s.samples,
-              [round(p, 9) for p in s.phases]] for s in w.steps]
+    steps = [[step.index, ns(step.start_s), ns(step.end_s), step.kind, step.samples,
+              [round(phase_s, 9) for phase_s in step.phases]] for step in w.steps]
     counters: dict[str, list[list[float]]] = {}
     cpu = _rate_windows(list(w.cpu.series))
     for name, col in (("CPU cores, training process", 1), ("CPU cores, loader workers", 2)):
-        pts = [[ns(b[0]), max(0.0, (b[col] - a[col]) / (b[0] - a[0]))] for a, b in cpu]
-        if pts and (col == 1 or any(v for _, v in pts)):
+        pts = [[ns(window_end[0]), max(0.0, (window_end[col] - window_start[col])
+                                       / (window_end[0] - window_start[0]))]
+               for window_start, window_end in cpu]
+        if pts and (col == 1 or any(value for _, value in pts)):
             counters[name] = pts
     if w.nvml is not None:
-        nv = list(w.nvml.series)
+        nvml_series = list(w.nvml.series)
         for name, col, scale in (("GPU utilization %", 1, 1.0), ("GPU power W", 2, 1.0),
                                  ("GPU memory used GiB", 3, 2.0 ** -30),
                                  ("SM clock MHz", 4, 1.0)):
-            pts = [[ns(r[0]), v * scale] for r in nv if (v := r[col]) is not None]
+            pts = [[ns(row[0]), value * scale] for row in nvml_series if (value := row[col]) is not None]
             if pts:
                 counters[name] = pts
     info = w.rank
@@ -88,33 +90,35 @@ def rank_timeline(w: Recorder) -> dict[str, Any]:
 
 def chrome_trace(timelines: list[dict[str, Any]]) -> dict[str, Any]:
     """The Chrome-trace document of one or more ranks' :func:`rank_timeline`."""
-    starts = [s[1] for t in timelines for s in t["steps"]]
-    starts += [p[0] for t in timelines for pts in t["counters"].values() for p in pts]
-    t0 = min(starts, default=0)
+    starts = [step_row[1] for timeline in timelines for step_row in timeline["steps"]]
+    starts += [point[0] for timeline in timelines for pts in timeline["counters"].values()
+               for point in pts]
+    start_ns = min(starts, default=0)
 
     def us(t_ns: int | float) -> float:
-        return round((t_ns - t0) / 1e3, 3)
+        return round((t_ns - start_ns) / 1e3, 3)
 
     events: list[dict[str, Any]] = []
-    for tl in sorted(timelines, key=lambda t: int(t["rank"])):
-        pid = int(tl["rank"])
+    for rank_doc in sorted(timelines, key=lambda timeline: int(timeline["rank"])):
+        pid = int(rank_doc["rank"])
 
         def meta(name: str, args: dict[str, Any], tid: int = 0, pid: int = pid) -> None:
             events.append({"ph": "M", "name": name, "pid": pid, "tid": tid, "ts": 0,
                            "args": args})
 
-        meta("process_name", {"name": f"rank {pid} ({tl['host']}, {tl['device']})"})
+        meta("process_name", {"name": f"rank {pid} ({rank_doc['host']}, {rank_doc['device']})"})
         meta("process_sort_index", {"sort_index": pid})
         tracks = ["steps", *PHASES, "other"]
         for tid, track in enumerate(tracks):
             meta("thread_name", {"name": track}, tid)
             meta("thread_sort_index", {"sort_index": tid}, tid)
-        for index, start, end, kind, samples, phases in tl["steps"]:
+        for index, start, end, kind, samples, phases in rank_doc["steps"]:
             step_s = (end - start) / 1e9
             other = max(0.0, step_s - sum(phases))
-            ms = {p: round(v * 1e3, 4) for p, v in zip(PHASES, phases, strict=True)}
+            phase_ms = {phase_name: round(value * 1e3, 4)
+                        for phase_name, value in zip(PHASES, phases, strict=True)}
             args: dict[str, Any] = {"step_ms": round(step_s * 1e3, 4), "kind": kind,
-                                    **{f"{p}_ms": v for p, v in ms.items()},
+                                    **{f"{phase_name}_ms": value for phase_name, value in phase_ms.items()},
                                     "other_ms": round(other * 1e3, 4)}
             if samples is not None:
                 args["samples"] = samples
@@ -134,17 +138,17 @@ def chrome_trace(timelines: list[dict[str, Any]]) -> dict[str, Any]:
             events.append({"ph": "C", "name": "data wait share", "pid": pid, "ts": us(start),
                            "args": {"share": round(phases[DATA_WAIT] / step_s, 4) if step_s > 0
                                     else 0.0}})
-        for name, pts in tl["counters"].items():
-            events.extend({"ph": "C", "name": name, "pid": pid, "ts": us(t),
-                           "args": {"value": round(v, 4)}} for t, v in pts)
+        for name, pts in rank_doc["counters"].items():
+            events.extend({"ph": "C", "name": name, "pid": pid, "ts": us(time_ns),
+                           "args": {"value": round(value, 4)}} for time_ns, value in pts)
     # distributedInfo: trace readers take the file's rank from it; this one file holds every
     # rank of the job, each its own process (pid = rank)
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "distributedInfo": {"rank": min((int(t["rank"]) for t in timelines), default=0),
+            "distributedInfo": {"rank": min((int(timeline["rank"]) for timeline in timelines), default=0),
                                 "world_size": len(timelines)},
             "otherData": {"format": FORMAT, "ranks": len(timelines),
                           "phases": "exclusive totals within each step, not intervals",
-                          "t0_wall_ns": t0}}
+                          "t0_wall_ns": start_ns}}
 
 
 def write_timeline(path: str | Path, timelines: list[dict[str, Any]]) -> Path:

@@ -1,101 +1,130 @@
-"""Terminal and JSON output of a trace analysis (presentation only)."""
+"""Terminal and JSON output of a trace analysis (presentation only). The terminal tables are
+plain text (:mod:`redline.report.text_table`): this command loads no rich."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
+from typing import Any, TextIO
 
 from redline.core.findings import Finding
 from redline.report.json_io import clean
-from redline.report.terminal import render_findings
-from redline.trace.analyze import TraceAnalysis
+from redline.report.text_table import Cell, Column, Output
+from redline.trace.analyze import RankAnalysis, TraceAnalysis
 
 TRACE_SCHEMA = "redline.trace/1"
 
 
-def to_dict(a: TraceAnalysis, findings: list[Finding]) -> dict[str, Any]:
+def to_dict(analysis: TraceAnalysis, findings: list[Finding]) -> dict[str, Any]:
     """JSON form; times in µs (the trace's unit), fractions 0..1, percentages 0..100."""
-    d = dataclasses.asdict(a)
-    d["findings"] = [dataclasses.asdict(f) for f in findings]
-    for r, rd in zip(a.ranks, d["ranks"], strict=True):
-        rd["idle_sum_over_streams"] = r.idle_sum_over_streams
-        rd["idle_by_stream"] = {str(k): v for k, v in r.idle_by_stream.items()}
-        t = r.temporal
-        if t is not None:
-            rd["temporal"].update(idle_pct=t.pct(t.idle_us), compute_pct=t.pct(t.compute_us),
-                                  non_compute_pct=t.pct(t.non_compute_us))
-    d["kernel_types_us"] = a.kernel_types_us
-    out: dict[str, Any] = clean({"schema": TRACE_SCHEMA, **d})  # NaN/inf are not JSON
+    doc = dataclasses.asdict(analysis)
+    doc["findings"] = [dataclasses.asdict(finding) for finding in findings]
+    for rank, rank_doc in zip(analysis.ranks, doc["ranks"], strict=True):
+        rank_doc["idle_sum_over_streams"] = rank.idle_sum_over_streams
+        rank_doc["idle_by_stream"] = {str(k): value for k, value in rank.idle_by_stream.items()}
+        temporal = rank.temporal
+        if temporal is not None:
+            rank_doc["temporal"].update(idle_pct=temporal.pct(temporal.idle_us),
+                                        compute_pct=temporal.pct(temporal.compute_us),
+                                        non_compute_pct=temporal.pct(temporal.non_compute_us))
+    doc["kernel_types_us"] = analysis.kernel_types_us
+    out: dict[str, Any] = clean({"schema": TRACE_SCHEMA, **doc})  # NaN/inf are not JSON
     return out
 
 
-def render(a: TraceAnalysis, findings: list[Finding], console: Console) -> None:
-    mode = "HTA-compatible rounding" if a.hta_compat else "exact times"
-    console.rule(f"[bold]redline trace[/bold] · {len(a.ranks)} rank(s) · {mode}")
-    t = Table(title="Where GPU time goes, per rank (window = first to last device event)",
-              title_justify="left")
-    for col in ("rank", "device", "window ms", "idle", "compute", "non-compute", "idle: host wait",
-                "kernel wait", "other", "comm overlapped"):
-        t.add_column(col, justify="left" if col == "device" else "right")
-    for r in a.ranks:
-        tb = r.temporal
-        if tb is None:
-            t.add_row(str(r.rank), Text(str(r.device_name)), "no GPU events", *[""] * 7)
+SEVERITY_STYLES = {"high": "bold red", "medium": "yellow", "low": "cyan"}
+"""A finding's id and severity, styled by severity (the step report's colours)."""
+
+
+def render(analysis: TraceAnalysis, findings: list[Finding],
+           stream: TextIO | None = None) -> None:
+    """Print the analysis and its findings to ``stream`` (default stdout)."""
+    out = Output(stream)
+    mode = "HTA-compatible rounding" if analysis.hta_compat else "exact times"
+    out.rule(f"redline trace · {len(analysis.ranks)} rank(s) · {mode}")
+    columns = [Column(header=header, right=header != "device") for header in (
+        "rank", "device", "window ms", "idle", "compute", "non-compute", "idle: host wait",
+        "kernel wait", "other", "comm overlapped")]
+    rows: list[list[str | Cell]] = []
+    for rank in analysis.ranks:
+        temporal = rank.temporal
+        if temporal is None:
+            rows.append([str(rank.rank), str(rank.device_name), "no GPU events", *[""] * 7])
             continue
-        idle = r.idle_sum_over_streams
-        s = sum(idle.values()) or 1.0
-        ov = r.comm_comp_overlap_pct
-        t.add_row(str(r.rank), Text(str(r.device_name or "unknown")), f"{tb.window_us / 1e3:,.1f}",
-                  f"{tb.pct(tb.idle_us):.1f}%", f"{tb.pct(tb.compute_us):.1f}%",
-                  f"{tb.pct(tb.non_compute_us):.1f}%", f"{idle['host_wait'] / s:.0%}",
-                  f"{idle['kernel_wait'] / s:.0%}", f"{idle['other'] / s:.0%}",
-                  "no comm" if ov is None else f"{ov:.1f}%")
-    console.print(t)
-    kt = a.kernel_types_us
-    total = sum(kt.values()) or 1.0
-    k = Table(title="Kernel types (all ranks)", title_justify="left")
-    k.add_column("type")
-    k.add_column("ms", justify="right")
-    k.add_column("share", justify="right")
-    for name, us in sorted(kt.items(), key=lambda x: -x[1]):
-        k.add_row(Text(name), f"{us / 1e3:,.2f}", f"{us / total:.1%}")
-    console.print(k)
-    first = next((r for r in a.ranks if r.temporal is not None), None)
+        idle = rank.idle_sum_over_streams
+        idle_us = sum(idle.values()) or 1.0
+        overlap = rank.comm_comp_overlap_pct
+        rows.append([str(rank.rank), str(rank.device_name or "unknown"),
+                     f"{temporal.window_us / 1e3:,.1f}", f"{temporal.pct(temporal.idle_us):.1f}%",
+                     f"{temporal.pct(temporal.compute_us):.1f}%",
+                     f"{temporal.pct(temporal.non_compute_us):.1f}%",
+                     f"{idle['host_wait'] / idle_us:.0%}", f"{idle['kernel_wait'] / idle_us:.0%}",
+                     f"{idle['other'] / idle_us:.0%}",
+                     "no comm" if overlap is None else f"{overlap:.1f}%"])
+    out.table("Where GPU time goes, per rank (window = first to last device event)", columns,
+              rows)
+    types_us = analysis.kernel_types_us
+    types_total_us = sum(types_us.values()) or 1.0
+    out.table("Kernel types (all ranks)",
+              [Column(header="type", wrap=True), Column(header="ms", right=True),
+               Column(header="share", right=True)],
+              [[name, f"{duration_us / 1e3:,.2f}", f"{duration_us / types_total_us:.1%}"]
+               for name, duration_us in sorted(types_us.items(), key=lambda x: -x[1])])
+    first = next((rank_entry for rank_entry in analysis.ranks if rank_entry.temporal is not None), None)
     if first is not None:
-        top = Table(title=f"Top kernels, rank {first.rank}", title_justify="left")
-        for col in ("kernel", "count", "total ms", "mean µs", "of busy"):
-            top.add_column(col, justify="left" if col == "kernel" else "right")
-        for ks in first.top_kernels:
-            top.add_row(Text(ks.name[:70]), str(ks.count), f"{ks.total_us / 1e3:,.2f}",
-                        f"{ks.mean_us:,.1f}", f"{ks.share_of_busy:.1%}")
-        console.print(top)
-        ls = first.launches
-        if ls is not None and ls.launches:
-            console.print(
-                f"launches (rank {first.rank}): {ls.launches}; median CPU launch "
-                f"{ls.cpu_launch_us_median:.1f} µs, kernel {ls.gpu_kernel_us_median:.1f} µs, "
-                f"launch delay {ls.launch_delay_us_median:.1f} µs; {ls.short_kernels} kernels "
-                f"shorter than their launch; outliers: {ls.runtime_outliers} slow launches "
-                f"(> 50 µs), {ls.delay_outliers} long delays (> 100 µs)")
-        for c in first.copies:
-            bw = "unknown" if c.gb_per_s is None else f"{c.gb_per_s:.1f} GB/s"
-            console.print(f"{c.kind}: {c.count} × {c.total_us / max(1, c.count):.1f} µs, {bw}"
-                          + (f", {c.pageable} pageable" if c.pageable else ""), markup=False)
-        for sy in first.syncs:
-            console.print(f"host sync {sy.name}: {sy.count}×, host blocked "
-                          f"{sy.host_blocked_us / 1e3:.2f} ms, GPU idle after "
-                          f"{sy.device_idle_after_us / 1e3:.2f} ms", markup=False)
-    for st in a.stragglers:
-        console.print(f"rank {st.rank}: last at {st.last_arrivals}/{st.collectives} collectives, "
-                      f"{st.mean_lateness_us:.0f} µs late on average")
+        _render_rank_details(out, first)
+    for straggler in analysis.stragglers:
+        out.line(f"rank {straggler.rank}: last at "
+                 f"{straggler.last_arrivals}/{straggler.collectives} collectives, "
+                 f"{straggler.mean_lateness_us:.0f} µs late on average")
     if findings:
-        render_findings(findings, console)
+        _render_findings(out, findings)
     else:
-        console.print("[green]No finding[/green] from this trace.")
-    for w in a.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+        out.line(out.style("No finding", "green") + " from this trace.")
+    for warning in analysis.warnings:
+        out.line(out.style("warning:", "yellow") + " " + warning)
+
+
+def _render_rank_details(out: Output, rank: RankAnalysis) -> None:
+    """The first rank's top kernels, launches, copies and host syncs."""
+    out.table(f"Top kernels, rank {rank.rank}",
+              [Column(header="kernel", wrap=True), *[Column(header=header, right=True) for header in (
+                  "count", "total ms", "mean µs", "of busy")]],
+              [[kernel_share.name[:70], str(kernel_share.count),
+                f"{kernel_share.total_us / 1e3:,.2f}", f"{kernel_share.mean_us:,.1f}",
+                f"{kernel_share.share_of_busy:.1%}"] for kernel_share in rank.top_kernels])
+    launches = rank.launches
+    if launches is not None and launches.launches:
+        out.line(f"launches (rank {rank.rank}): {launches.launches}; median CPU launch "
+                 f"{launches.cpu_launch_us_median:.1f} µs, kernel "
+                 f"{launches.gpu_kernel_us_median:.1f} µs, launch delay "
+                 f"{launches.launch_delay_us_median:.1f} µs; {launches.short_kernels} kernels "
+                 f"shorter than their launch; outliers: {launches.runtime_outliers} slow "
+                 f"launches (> 50 µs), {launches.delay_outliers} long delays (> 100 µs)")
+    for copy in rank.copies:
+        speed = "unknown" if copy.gb_per_s is None else f"{copy.gb_per_s:.1f} GB/s"
+        out.line(f"{copy.kind}: {copy.count} × {copy.total_us / max(1, copy.count):.1f} µs, "
+                 f"{speed}" + (f", {copy.pageable} pageable" if copy.pageable else ""))
+    for sync in rank.syncs:
+        out.line(f"host sync {sync.name}: {sync.count}×, host blocked "
+                 f"{sync.host_blocked_us / 1e3:.2f} ms, GPU idle after "
+                 f"{sync.device_idle_after_us / 1e3:.2f} ms")
+
+
+def _render_findings(out: Output, findings: list[Finding]) -> None:
+    """The ranked findings, as the step report's table shows them."""
+    rows: list[list[str | Cell]] = []
+    for number, finding in enumerate(findings, 1):
+        ceiling = ("unknown" if finding.ceiling_speedup is None
+                   else f"≤ {finding.ceiling_speedup:.2f}×")
+        evidence = ", ".join(f"{k}={value}" for k, value in finding.evidence.items() if value is not None)
+        who = "" if finding.rank is None else f"\nrank {finding.rank}"
+        rows.append([str(number),
+                     Cell(text=f"{finding.id}\n{finding.severity}{who}",
+                          styles=(SEVERITY_STYLES.get(finding.severity, ""),)),
+                     ceiling,
+                     Cell(text=f"{finding.title}\nfix: {finding.fix}\nevidence: {evidence}",
+                          styles=("bold", "", "dim"))])
+    out.table("Findings, largest possible gain first",
+              [Column(header="#", right=True), Column(header="finding"),
+               Column(header="ceiling", right=True),
+               Column(header="what and how to fix", wrap=True)], rows, lines_between=True)

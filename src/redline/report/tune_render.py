@@ -36,40 +36,43 @@ def _mib(b: int | None) -> str:
 def _ratio(a: float | None, b: float | None, lower_is_better: bool = False) -> str:
     if not a or b is None:
         return ""
-    r = b / a
-    return f"{1 / r:.2f}× less" if lower_is_better and r < 1 else f"{r:.2f}×"
+    ratio = b / a
+    return f"{1 / ratio:.2f}× less" if lower_is_better and ratio < 1 else f"{ratio:.2f}×"
 
 
 def rows(r: TuneResult) -> list[tuple[str, str, str, str]]:
-    b, a = r.before, r.after
-    pb, pa = r.before_projection, r.after_projection
+    before, after = r.before, r.after
+    before_projection, after_projection = r.before_projection, r.after_projection
     price = r.price_per_device_hour
     return [
-        ("throughput (samples/s)", f"{b.throughput_samples_per_s or 0:,.1f}",
-         f"{a.throughput_samples_per_s or 0:,.1f}",
-         _ratio(b.throughput_samples_per_s, a.throughput_samples_per_s)),
-        ("step time (median, one effective batch)", _dur(b.step_time_s), _dur(a.step_time_s),
+        ("throughput (samples/s)", f"{before.throughput_samples_per_s or 0:,.1f}",
+         f"{after.throughput_samples_per_s or 0:,.1f}",
+         _ratio(before.throughput_samples_per_s, after.throughput_samples_per_s)),
+        ("step time (median, one effective batch)", _dur(before.step_time_s), _dur(after.step_time_s),
          ""),
-        ("data wait", _pct(b.data_wait_fraction), _pct(a.data_wait_fraction), ""),
-        ("device busy (kernels)", _pct(b.device_busy_kernels_fraction),
-         _pct(a.device_busy_kernels_fraction),
-         a.device_busy_kernels_source if b.device_busy_fraction is not None else "CUDA only"),
-        ("device span (events)", _pct(b.device_busy_fraction), _pct(a.device_busy_fraction),
+        ("data wait", _pct(before.data_wait_fraction), _pct(after.data_wait_fraction), ""),
+        ("device busy (kernels)", _pct(before.device_busy_kernels_fraction),
+         _pct(after.device_busy_kernels_fraction),
+         after.device_busy_kernels_source if before.device_busy_fraction is not None else "CUDA only"),
+        ("device span (events)", _pct(before.device_busy_fraction), _pct(after.device_busy_fraction),
          "upper bound of busy: counts gaps between kernels of a host-bound step"
-         if b.device_busy_fraction is not None else "CUDA only"),
-        ("MFU", _pct(b.mfu), _pct(a.mfu), "" if b.mfu is not None else "no peak FLOPs known"),
-        ("peak memory", _mib(b.peak_memory_bytes), _mib(a.peak_memory_bytes),
-         b.peak_memory_source),
-        (f"job time ({pb.run_steps:,} steps)", _dur(pb.job_time_s), _dur(pa.job_time_s),
-         _ratio(pa.job_time_s, pb.job_time_s) + " faster" if pb.job_time_s and pa.job_time_s
-         else ""),
-        ("cost", "unknown" if pb.cost is None else f"{pb.cost:,.2f}",
-         "unknown" if pa.cost is None else f"{pa.cost:,.2f}",
+         if before.device_busy_fraction is not None else "CUDA only"),
+        ("MFU", _pct(before.mfu), _pct(after.mfu), "" if before.mfu is not None else "no peak FLOPs known"),
+        ("peak memory", _mib(before.peak_memory_bytes), _mib(after.peak_memory_bytes),
+         before.peak_memory_source),
+        (f"job time ({before_projection.run_steps:,} steps)", _dur(before_projection.job_time_s),
+         _dur(after_projection.job_time_s),
+         _ratio(after_projection.job_time_s, before_projection.job_time_s) + " faster"
+         if before_projection.job_time_s and after_projection.job_time_s else ""),
+        ("cost", "unknown" if before_projection.cost is None else f"{before_projection.cost:,.2f}",
+         "unknown" if after_projection.cost is None else f"{after_projection.cost:,.2f}",
          f"at {price:g} per device-hour" if price is not None else
          "pass --price-per-hour"),
-        ("energy", "unknown" if pb.energy_kwh is None else f"{pb.energy_kwh:,.3f} kWh",
-         "unknown" if pa.energy_kwh is None else f"{pa.energy_kwh:,.3f} kWh",
-         b.energy_source if pb.energy_kwh is None else ""),
+        ("energy",
+         "unknown" if before_projection.energy_kwh is None
+         else f"{before_projection.energy_kwh:,.3f} kWh",
+         "unknown" if after_projection.energy_kwh is None else f"{after_projection.energy_kwh:,.3f} kWh",
+         before.energy_source if before_projection.energy_kwh is None else ""),
     ]
 
 
@@ -77,43 +80,39 @@ def render(r: TuneResult, console: Console | None = None, label: str | None = No
     """Print the before/after table, the decisions and the plan; ``label`` (e.g. the
     simulated accelerator's) is printed above the table."""
     console = console or Console()
-    p = r.plan
+    plan = r.plan
     if label:
         console.print(label, style="bold", markup=False)
-    t = Table(title="redline tune: before → after (measured side by side)",
+    table = Table(title="redline tune: before → after (measured side by side)",
               title_justify="left")
-    for c in ("metric", "before", "after", "change / source"):
-        t.add_column(c, justify="right" if c in ("before", "after") else "left")
+    for column in ("metric", "before", "after", "change / source"):
+        table.add_column(column, justify="right" if column in ("before", "after") else "left")
     for row in rows(r):
-        t.add_row(*row)
-    console.print(t)
+        table.add_row(*row)
+    console.print(table)
     console.print(f"run length: {r.run_steps_source}", markup=False)
     for lim in r.limits:
         console.print(f"still limited: {lim.id} — {lim.evidence}; next: {lim.next_step}",
                       markup=False)
-    d = Table(title="decisions, in path order", title_justify="left", show_lines=False)
-    d.add_column("step")
-    d.add_column("kept")
-    d.add_column("why")
-    for e in p.decisions:
-        d.add_row(Text(e.label), "yes" if e.kept else "no", Text(e.reason))
-    console.print(d)
-    n = p.key.world_size
-    job = (f" per rank; {p.effective_batch * n} over the job's {n} ranks" if n > 1 else "")
-    ddp = [f"{k} {v}" for k, v in (("DDP bucket_cap_mb", p.ddp.bucket_cap_mb),
-                                   ("DDP gradient_as_bucket_view", p.ddp.gradient_as_bucket_view))
-           if v is not None]
-    changed = (f"changed from {p.user_effective_batch}, learning rate × {p.lr_scale:.3g}"
-               if p.user_effective_batch else "unchanged")
+    decisions_table = Table(title="decisions, in path order", title_justify="left", show_lines=False)
+    decisions_table.add_column("step")
+    decisions_table.add_column("kept")
+    decisions_table.add_column("why")
+    for decision in plan.decisions:
+        decisions_table.add_row(Text(decision.label), "yes" if decision.kept else "no", Text(decision.reason))
+    console.print(decisions_table)
+    world_size = plan.key.world_size
+    job = (f" per rank; {plan.effective_batch * world_size} over the job's {world_size} ranks"
+           if world_size > 1 else "")
+    changed = (f"changed from {plan.user_effective_batch}, learning rate × {plan.lr_scale:.3g}"
+               if plan.user_effective_batch else "unchanged")
+    from redline.tune.knobs import KNOBS  # here: reading TUNE_SCHEMA needs no torch
+
+    settings = [word for knob in KNOBS for word in knob.summary(plan)]
     console.print(
-        f"plan: micro-batch {p.micro_batch} × {p.accumulation_steps} (effective batch "
-        f"{p.effective_batch}{job}, {changed}), {p.precision}, workers {p.loader.num_workers}, "
-        f"prefetch {p.loader.prefetch_factor}, pin_memory {p.loader.pin_memory}, "
-        f"channels_last {p.channels_last}, "
-        f"cudnn.benchmark {p.cudnn_benchmark}, compile {p.compile}, "
-        f"optimizer {p.optimizer_impl or 'as built'}"
-        + (", decode cache" if p.decode_cache else "") + "".join(f", {x}" for x in ddp))
-    for note in p.notes:
+        f"plan: micro-batch {plan.micro_batch} × {plan.accumulation_steps} (effective batch "
+        f"{plan.effective_batch}{job}, {changed}), " + ", ".join(settings), markup=False)
+    for note in plan.notes:
         console.print(f"note: {note}", style="bold", markup=False)
     if r.reused_plan:
         console.print(f"reused the remembered plan {r.reused_plan}", markup=False)
@@ -125,11 +124,11 @@ def render(r: TuneResult, console: Console | None = None, label: str | None = No
 
 
 def to_dict(r: TuneResult) -> dict[str, Any]:
-    d = dataclasses.asdict(r)
-    d["plan"] = r.plan.to_dict()
-    d["speedup"] = r.speedup
+    doc = dataclasses.asdict(r)
+    doc["plan"] = r.plan.to_dict()
+    doc["speedup"] = r.speedup
     if r.batch_search is not None:
-        d["batch_search"]["trials"] = r.batch_search.trials
-        d["batch_search"]["ooms"] = r.batch_search.ooms
-    return {"schema": TUNE_SCHEMA, **d}
+        doc["batch_search"]["trials"] = r.batch_search.trials
+        doc["batch_search"]["ooms"] = r.batch_search.ooms
+    return {"schema": TUNE_SCHEMA, **doc}
 

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from redline.data.cache_split import CacheSplit
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Workload:
     """Everything a training loop needs; built by a workload's ``build_*`` function."""
 
@@ -38,7 +38,15 @@ def batches(loader: DataLoader[Any]) -> Iterator[Any]:
 
 def train(w: Workload, steps: int) -> float:
     """The plain loop (no redline calls in it), with gradient accumulation as users write it:
-    ``steps`` optimizer steps; returns the last micro-batch's loss."""
+    ``steps`` optimizer steps; returns the last micro-batch's loss.
+
+    Args:
+        w: the workload (model, loader, optimizer, loss, accumulation steps).
+        steps: optimizer steps to run.
+
+    Returns:
+        The last micro-batch's loss, unscaled by the accumulation (0.0 when ``steps`` is 0).
+    """
     w.model.train()
     loss = torch.zeros(())
     it = batches(w.loader)

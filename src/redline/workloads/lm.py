@@ -117,6 +117,17 @@ def _loss(model: nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
 
 def build_lm(cfg: LMConfig | None = None, device: torch.device | None = None,
              name: str = "lm") -> Workload:
+    """The synthetic language-model workload: a small GPT on token ids from a random bigram
+    chain, trained with AdamW, in the plain loop of :func:`train`.
+
+    Args:
+        cfg: the model, data and loop settings; None = :class:`LMConfig`'s defaults (``lm``).
+        device: where the model trains; None = the CPU.
+        name: the workload's name in reports.
+
+    Returns:
+        The :class:`Workload`: model (on ``device``), DataLoader, optimizer and loss.
+    """
     cfg = cfg or LMConfig()
     device = device or torch.device("cpu")
     torch.manual_seed(cfg.seed)
@@ -124,7 +135,8 @@ def build_lm(cfg: LMConfig | None = None, device: torch.device | None = None,
                         shuffle=True, drop_last=True, **cfg.loader.loader_kwargs())
     model = TinyGPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    return Workload(name, model, loader, opt, _loss, device, cfg.accumulation_steps)
+    return Workload(name=name, model=model, loader=loader, optimizer=opt, loss_fn=_loss, device=device,
+                    accumulation_steps=cfg.accumulation_steps)
 
 
 def lm_large_config() -> LMConfig:
@@ -133,6 +145,10 @@ def lm_large_config() -> LMConfig:
     attention, 8 × 4 micro-batches, fp32, AdamW without fused kernels); sized for a GPU: about
     9 TFLOP per optimizer step (6 · 91 M parameters · 16,384 tokens, plus attention), where
     ``lm`` has 0.01. Its input is token ids (no decode), so unlike ``vision-large`` a fast GPU
-    is not starved by the CPUs once the step is tuned."""
+    is not starved by the CPUs once the step is tuned.
+
+    Returns:
+        The preset's :class:`LMConfig` (vocabulary 8,192, 512 tokens, 4,096 sequences).
+    """
     return LMConfig(vocab=8192, seq_len=512, d_model=768, n_layers=12, n_heads=12,
                     sequences=4096)

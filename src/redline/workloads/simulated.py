@@ -131,5 +131,6 @@ def build_vision_simulated(sim: SimulatedAccelerator | None = None,
     model = SimulatedDeviceModel(stand_in_classifier(), sim)
     lr = w.optimizer.param_groups[0]["lr"]
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    return Workload("vision (simulated accelerator)", model, w.loader, opt, w.loss_fn,
-                    w.device, w.accumulation_steps, w.cache_split)
+    return Workload(name="vision (simulated accelerator)", model=model, loader=w.loader, optimizer=opt,
+                    loss_fn=w.loss_fn,
+                    device=w.device, accumulation_steps=w.accumulation_steps, cache_split=w.cache_split)

@@ -180,7 +180,8 @@ class SyntheticJpegDataset(Dataset[tuple[torch.Tensor, int]]):
     def cache_split(self) -> CacheSplit:
         """The decode as the deterministic part, the augmentation as the random one: what
         ``redline tune`` needs to try serving this dataset from a decode cache."""
-        return CacheSplit(self.source, decode, self.augment, Modulo(self.num_images))
+        return CacheSplit(source=self.source, deterministic=decode, random=self.augment,
+                          index=Modulo(self.num_images))
 
 
 class StoredJpegDataset(SyntheticJpegDataset):
@@ -243,6 +244,19 @@ def _loss(model: nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
 
 
 def build_vision(cfg: VisionConfig | None = None, device: torch.device | None = None) -> Workload:
+    """The synthetic vision workload: JPEGs decoded and augmented in the DataLoader (read from
+    files after a simulated storage latency when ``cfg.storage_latency_ms`` > 0), a small CNN
+    or ResNet-50 trained with SGD and momentum.
+
+    Args:
+        cfg: the model, data and loop settings; None = :class:`VisionConfig`'s defaults
+            (``vision``).
+        device: where the model trains; None = the CPU.
+
+    Returns:
+        The :class:`Workload` ("vision", "vision-large" or "vision-storage"), with the
+        dataset's cache split.
+    """
     cfg = cfg or VisionConfig()
     device = device or torch.device("cpu")
     torch.manual_seed(cfg.seed)
@@ -253,15 +267,21 @@ def build_vision(cfg: VisionConfig | None = None, device: torch.device | None = 
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     name = ("vision-large" if cfg.model == "resnet50" else
             "vision-storage" if cfg.storage_latency_ms > 0 else "vision")
-    return Workload(name, model, loader, opt, _loss, device, cfg.accumulation_steps,
-                    ds.cache_split())
+    return Workload(name=name, model=model, loader=loader, optimizer=opt, loss_fn=_loss, device=device,
+                    accumulation_steps=cfg.accumulation_steps,
+                    cache_split=ds.cache_split())
 
 
 def vision_large_config() -> VisionConfig:
     """The ``vision-large`` preset: ResNet-50 on 224-pixel crops (ImageNet's training size) of
     the same JPEGs, with the same naive loop (no workers, 16 × 4 accumulation, fp32, SGD with
     momentum); sized for a GPU: 24 GFLOP of training per sample (torch.utils.flop_counter), 180×
-    the small CNN's at 96 pixels, while the decode per sample costs about the same."""
+    the small CNN's at 96 pixels, while the decode per sample costs about the same.
+
+    Returns:
+        The preset's :class:`VisionConfig` (ResNet-50, 224-pixel crops, lr 0.01, 65,536
+        samples).
+    """
     # lr 0.01: 0.1 per 256 samples (He et al., 2015) scaled to the effective batch of 64 gives
     # 0.025; 0.01 keeps fp32 and bf16 within the numerics guard's tolerance from step 1.
     # length 65,536 (1,024 steps of 64): every epoch start waits for the workers to decode a
@@ -275,5 +295,9 @@ def vision_storage_config() -> VisionConfig:
     """The ``vision-storage`` preset: the small CNN's naive loop on JPEGs read from files
     after 8 ms of SIMULATED storage latency each (a network file system's or an object
     store's order of magnitude): 128 ms of waiting per batch of 16 against a few ms of decode,
-    so the data path waits on storage, not on the CPUs — the other kind of starvation."""
+    so the data path waits on storage, not on the CPUs — the other kind of starvation.
+
+    Returns:
+        The preset's :class:`VisionConfig` (8 ms of storage latency per sample).
+    """
     return VisionConfig(storage_latency_ms=8.0)
