@@ -195,6 +195,11 @@ def test_cache_statistics_reach_the_report(tmp_path: Path) -> None:
     {"img": torch.randn(2, 2).to(torch.bfloat16), "mask": torch.ones(3, dtype=torch.bool),
      "nested": (torch.arange(3), {"k": torch.tensor(2.5)}), "label": 1},
     (torch.nn.Parameter(torch.ones(2)), torch.ones(2, requires_grad=True)),
+    # dense in another order than C's: stored as they lie, decoded with the same strides
+    torch.randn(8, 6, 3).permute(2, 0, 1), torch.randn(2, 3, 4, 5).to(
+        memory_format=torch.channels_last), torch.randn(5, 7).t(),
+    torch.randn(4, 5).to(torch.bfloat16).t(), (torch.randn(6, 4, 3).permute(2, 0, 1), 1),
+    torch.randn(4, 1, 3).permute(1, 2, 0), torch.randn(6, 4, 3).permute(2, 0, 1)[:, ::2],
 ])
 def test_encode_decode_round_trip(value: object) -> None:
     from redline.data.sample_codec import decode, encode
@@ -207,6 +212,12 @@ def test_encode_decode_round_trip(value: object) -> None:
         _same_value(decode(b), value)
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a permutation of a C-contiguous tensor (no gaps)."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    return t.permute(order).is_contiguous()
+
+
 def _same_value(got: object, value: object) -> None:
     assert type(got) is type(value)
     if isinstance(value, torch.Tensor):
@@ -214,6 +225,11 @@ def _same_value(got: object, value: object) -> None:
         assert got.dtype == value.dtype and got.shape == value.shape
         assert got.requires_grad == value.requires_grad
         assert torch.equal(got.detach(), value.detach())
+        if _dense(value):  # the same strides (a dimension of size 1 has any)
+            assert [st for st, n in zip(got.stride(), got.shape, strict=True) if n > 1] == [
+                st for st, n in zip(value.stride(), value.shape, strict=True) if n > 1]
+        else:
+            assert got.is_contiguous()
         if got.numel() and not got.requires_grad:
             got.zero_()  # writable, owns its memory
     elif isinstance(value, tuple | list):
@@ -235,3 +251,23 @@ def test_a_store_of_another_format_is_not_read(tmp_path: Path) -> None:
     old_key = ds.fingerprint.encode() + b":" + b"2"  # the key before formats were versioned
     ds.store.put_many([(old_key, encode(torch.zeros(16)))])
     assert torch.equal(ds[2], square(2)) and ds.stats().misses == 1
+
+
+def test_a_miss_renews_its_snapshot_after_our_own_write_or_once_it_is_old(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from redline.data import stores
+
+    mine = stores.LmdbStore(tmp_path / "s", 2**24)
+    other = stores.LmdbStore(tmp_path / "s", 2**24)  # its writes are not counted by `mine`
+    assert mine.get(b"a") is None  # the snapshot begins here
+    other.put_many([(b"a", b"1")])
+    # a fill epoch's misses: believed for SNAPSHOT_S, no new transaction each
+    began = mine._txn_began
+    assert mine.get(b"a") is None and mine._txn_began == began
+    mine.put_many([(b"b", b"2")])  # our own write is never missed
+    assert bytes(mine.get(b"b") or b"") == b"2" and mine._txn_began > began
+    other.put_many([(b"c", b"3")])
+    assert mine.get(b"c") is None
+    monkeypatch.setattr(stores, "SNAPSHOT_S", 0.0)  # the snapshot is now old: look again
+    assert bytes(mine.get(b"c") or b"") == b"3"
+    assert [bytes(v or b"") for v in mine.get_many([b"a", b"c"])] == [b"1", b"3"]

@@ -300,14 +300,19 @@ class CachedDataset(Dataset[Any]):
                     puts.append((k, encoded))
         misses = len(indices) - hits
         self._add(hits=hits, misses=misses, read=read, uncached=misses - len(puts))
-        if puts:
-            why = getattr(self.store, "read_only_reason", None)
-            if why is not None:  # known on the first read: say so now, not at the write
-                self._add(uncached=len(puts))
-                self._stop_writing(why)
-            else:
-                self._queue(puts)
+        self._store(puts)
         return out
+
+    def _store(self, puts: list[tuple[bytes, bytes]]) -> None:
+        """Queue computed samples for writing, unless the store cannot take them."""
+        if not puts:
+            return
+        why = getattr(self.store, "read_only_reason", None)
+        if why is not None:  # known on the first read: say so now, not at the write
+            self._add(uncached=len(puts))
+            self._stop_writing(why)
+        else:
+            self._queue(puts)
 
     def _queue(self, puts: list[tuple[bytes, bytes]]) -> None:
         """Hand computed samples to this process's background writer (made on first use: a
@@ -332,12 +337,41 @@ class CachedDataset(Dataset[Any]):
         blob: bytes | memoryview | None = w.pending.get(key) if w is not None else None
         if blob is None:
             blob = self.store.get(key)
-        if blob is None:  # the general path computes, queues the write and counts the miss
-            return self._deterministic_many([i], [None])[0]
+        if blob is None:
+            return self._miss(i, key)
         value = self._decode(blob, i)
         if value is _UNREADABLE:
             return self._deterministic_many([i], [None])[0]
         self._add(hits=1, read=len(blob))
+        return value
+
+    def _miss(self, i: int, key: bytes) -> Any:
+        """Sample ``i``, not stored: computed, queued for writing, counted. Every read of a
+        fill epoch takes this path, right after the user's transform (the CPU's caches cold),
+        so once this process has its writer and counters it makes a handful of calls."""
+        value = self.deterministic(self.dataset[i])
+        w = self._writer_here()
+        local = self._local
+        if (w is None or local is None or self._local_pid != self._writer_pid
+                or not self._writable
+                or getattr(self.store, "read_only_reason", None) is not None):
+            encoded = self._encode(value, i) if self._writable else None
+            puts = [] if encoded is None else [(key, encoded)]
+            self._add(misses=1, uncached=1 - len(puts))
+            self._store(puts)
+            return value
+        encoded = self._encode(value, i)
+        local[1] += 1  # what _add(misses=1) counts
+        local[5] += 1
+        if encoded is None:
+            local[4] += 1
+            self._flush()
+            return value
+        w.submit(key, encoded)
+        if local[5] >= FLUSH_EVERY:
+            self._flush()
+        if w.failure is not None:
+            self._check_writer(w)
         return value
 
     def _encode(self, value: Any, i: int) -> bytes | None:

@@ -10,8 +10,13 @@ Anything else is pickled (``P1``).
 
 Encoding makes one copy of each tensor's bytes, into the one buffer that is stored (joined
 once, never grown): the caller's tensor may be changed in place right after (a random
-transform's ``add_``), while the write happens later, on the cache's writer thread. Decoding
-makes one copy too (tensors own their memory; the blob may be a view into LMDB's map).
+transform's ``add_``), while the write happens later, on the cache's writer thread. A tensor
+that is dense in another order than C's (channels-last, a transpose: what ``permute`` then an
+elementwise op returns, as an image decoded HWC and made CHW does) is stored in its memory
+order with that order in the header, so encoding copies its bytes as they lie rather than
+gathering them into C order first, and the decoded tensor has the strides the uncached one
+had. Decoding makes one copy too (tensors own their memory; the blob may be a view into
+LMDB's map).
 :data:`FORMAT_VERSION` is part of every key, so a store written in another format is never
 read as this one.
 """
@@ -25,9 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """Bumped whenever the stored form changes (keys carry it). 3: numpy arrays raw (``A1``),
-segments of either kind in structures (``S2``), sizes checked on reading."""
+segments of either kind in structures (``S2``), sizes checked on reading. 4: tensors in their
+memory order (a third header field where it is not C order)."""
 
 _TENSOR = b"T1"
 _ARRAY = b"A1"
@@ -39,8 +45,11 @@ _RAW_KINDS = frozenset("biufc")
 byte order, says all there is; object, string and structured arrays are pickled)."""
 
 
-def _tensor_header(t: torch.Tensor) -> str:
-    return f"{str(t.dtype)[6:]}|{','.join(map(str, t.shape))}"
+def _tensor_header(t: torch.Tensor, order: list[int] | None) -> str:
+    shape = ",".join(map(str, t.shape))
+    if order is None:
+        return f"{str(t.dtype)[6:]}|{shape}"
+    return f"{str(t.dtype)[6:]}|{shape}|{','.join(map(str, order))}"
 
 
 def _array_header(a: np.ndarray[Any, Any]) -> str:
@@ -59,12 +68,40 @@ def _plain_array(v: Any) -> bool:
     return type(v) is np.ndarray and v.dtype.kind in _RAW_KINDS and not v.dtype.fields
 
 
-def _tensor_bytes(t: torch.Tensor) -> memoryview:
-    """The tensor's values as C-ordered bytes: a view where it is contiguous already."""
-    t = t.detach().resolve_conj().resolve_neg().contiguous()
+_ORDERS: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int] | None] = {}
+"""Memory orders by (shape, strides) seen: a dataset's samples share a few layouts."""
+
+
+def _memory_order(t: torch.Tensor) -> list[int] | None:
+    """The dimensions from outermost to innermost in memory where ``t`` is a permutation of a
+    C-contiguous tensor (channels-last, a transpose); None where it is not one."""
+    layout = (tuple(t.shape), t.stride())
+    if layout in _ORDERS:
+        return _ORDERS[layout]
+    strides = layout[1]
+    order: list[int] | None = sorted(range(t.dim()), key=lambda d: (-strides[d], d))
+    if order is not None and not t.permute(order).is_contiguous():
+        order = None
+    if len(_ORDERS) < 4096:
+        _ORDERS[layout] = order
+    return order
+
+
+def _tensor_bytes(t: torch.Tensor) -> tuple[memoryview, list[int] | None]:
+    """The tensor's values as bytes in its memory order where it is dense in one (a view, no
+    copy), else gathered in C order; with the order where it is not C's."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    order = None
+    if not t.is_contiguous():
+        order = _memory_order(t)
+        t = t.contiguous() if order is None else t.permute(order)
     if not t.numel():
-        return memoryview(b"")
-    return t.reshape(-1).view(torch.uint8).numpy().data
+        return memoryview(b""), order
+    return t.reshape(-1).view(torch.uint8).numpy().data, order
 
 
 def _array_bytes(a: np.ndarray[Any, Any]) -> memoryview:
@@ -79,7 +116,8 @@ class _Pickler(pickle.Pickler):
 
     def persistent_id(self, obj: Any) -> Any:
         if _plain_tensor(obj):
-            kind, header, raw = "t", _tensor_header(obj), _tensor_bytes(obj)
+            raw, order = _tensor_bytes(obj)
+            kind, header = "t", _tensor_header(obj, order)
         elif _plain_array(obj):
             kind, header, raw = "a", _array_header(obj), _array_bytes(obj)
         else:
@@ -90,16 +128,67 @@ class _Pickler(pickle.Pickler):
         return ref
 
 
-def _single(tag: bytes, header: str, raw: memoryview) -> bytes:
+def _prefix(tag: bytes, header: str) -> bytes:
     h = header.encode()
-    return b"".join((tag, len(h).to_bytes(2, "little"), h, raw))  # the one copy of the data
+    return b"".join((tag, len(h).to_bytes(2, "little"), h))
+
+
+def _single(tag: bytes, header: str, raw: memoryview) -> bytes:
+    return b"".join((_prefix(tag, header), raw))  # the one copy of the data
+
+
+_Layout = tuple[bytes, tuple[int, ...] | None] | None
+
+_LAYOUTS: dict[tuple[torch.dtype, torch.Size, tuple[int, ...]], _Layout] = {}
+"""Tensor layouts seen (dtype, shape, strides): for one numpy can view that is dense in some
+order, its stored form's first bytes and the order its bytes lie in (None: C order); None for
+one that takes the general path. A dataset's samples share a few layouts, and a fill epoch
+encodes every sample right after the user's own transform, with the CPU's caches cold."""
+
+
+def _layout(t: torch.Tensor) -> _Layout:
+    try:
+        a = t.numpy()
+    except (TypeError, RuntimeError):  # bfloat16 & co. have no numpy twin
+        return None
+    order = None if t.is_contiguous() else _memory_order(t)
+    if order is None and not t.is_contiguous():
+        return None  # not dense (a slice with gaps): gathered by the general path
+    if not (a if order is None else a.transpose(order)).flags.c_contiguous:
+        return None
+    return _prefix(_TENSOR, _tensor_header(t, order)), None if order is None else tuple(order)
+
+
+def _fast_tensor(t: torch.Tensor) -> bytes | None:
+    """The stored form of a plain CPU tensor of a layout seen before, with a handful of
+    calls (None where the general path is needed)."""
+    if (t.layout != torch.strided or not t.is_cpu or t.requires_grad or t.is_neg()
+            or t.is_conj()):
+        return None
+    key = (t.dtype, t.shape, t.stride())
+    if key in _LAYOUTS:
+        layout = _LAYOUTS[key]
+    else:
+        layout = _layout(t)
+        if len(_LAYOUTS) < 4096:
+            _LAYOUTS[key] = layout
+    if layout is None:
+        return None
+    first, order = layout
+    a = t.numpy()
+    return b"".join((first, (a if order is None else a.transpose(order)).data))  # one copy
 
 
 def encode(value: Any) -> bytes:
     """The stored form of ``value`` (see the module docstring). Never pickles a plain CPU
     tensor or a numeric numpy array."""
+    if type(value) is torch.Tensor:
+        blob = _fast_tensor(value)
+        if blob is not None:
+            return blob
     if isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_cuda:
-        return _single(_TENSOR, _tensor_header(value), _tensor_bytes(value))
+        raw, order = _tensor_bytes(value)
+        return _single(_TENSOR, _tensor_header(value, order), raw)
     if _plain_array(value):
         return _single(_ARRAY, _array_header(value), _array_bytes(value))
     if isinstance(value, tuple | list | dict):
@@ -112,16 +201,16 @@ def encode(value: Any) -> bytes:
     return _PICKLE + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-_HEADERS: dict[str, tuple[torch.dtype, Any, list[int], int]] = {}
-"""Parsed tensor headers (torch dtype, numpy dtype or None, shape, bytes): a dataset's samples
-share a few shapes."""
+_HEADERS: dict[str, tuple[torch.dtype, Any, list[int], int, list[int] | None]] = {}
+"""Parsed tensor headers (torch dtype, numpy dtype or None, shape as stored, bytes, the
+permutation back to the tensor's dimensions or None): a dataset's samples share a few."""
 
 
-def _parse(header: str) -> tuple[torch.dtype, Any, list[int], int]:
+def _parse(header: str) -> tuple[torch.dtype, Any, list[int], int, list[int] | None]:
     parsed = _HEADERS.get(header)
     if parsed is None:
-        dtype_name, shape_s = header.split("|")
-        dtype = getattr(torch, dtype_name)
+        dtype_name, shape_s, *order_s = header.split("|")
+        dtype = getattr(torch, dtype_name, None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"a stored tensor names {dtype_name!r}, not a torch dtype")
         try:
@@ -130,7 +219,14 @@ def _parse(header: str) -> tuple[torch.dtype, Any, list[int], int]:
             np_dtype = None
         shape = [int(x) for x in shape_s.split(",")] if shape_s else []
         size = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
-        parsed = (dtype, np_dtype, shape, size)
+        back = None
+        if order_s:
+            order = [int(x) for x in order_s[0].split(",")]
+            if len(order_s) > 1 or sorted(order) != list(range(len(shape))):
+                raise ValueError(f"a stored tensor's header {header!r} has no valid order")
+            shape = [shape[d] for d in order]
+            back = sorted(range(len(order)), key=order.__getitem__)
+        parsed = (dtype, np_dtype, shape, size, back)
         if len(_HEADERS) < 4096:
             _HEADERS[header] = parsed
     return parsed
@@ -144,14 +240,17 @@ def _check_size(what: str, header: str, size: int, got: int) -> None:
 
 
 def _tensor(header: str, raw: memoryview) -> torch.Tensor:
-    dtype, np_dtype, shape, size = _parse(header)
+    dtype, np_dtype, shape, size, back = _parse(header)
     _check_size("tensor", header, size, raw.nbytes)
     if not size:
-        return torch.empty(shape, dtype=dtype)
-    owned = bytearray(raw)  # the one copy: the tensor owns its memory
-    if np_dtype is not None:  # numpy's reshape is cheaper than a tensor view here
-        return torch.from_numpy(np.frombuffer(owned, dtype=np_dtype).reshape(shape))
-    return torch.frombuffer(owned, dtype=dtype).view(shape)
+        t = torch.empty(shape, dtype=dtype)
+    else:
+        owned = bytearray(raw)  # the one copy: the tensor owns its memory
+        if np_dtype is not None:  # numpy's reshape is cheaper than a tensor view here
+            t = torch.from_numpy(np.frombuffer(owned, dtype=np_dtype).reshape(shape))
+        else:
+            t = torch.frombuffer(owned, dtype=dtype).view(shape)
+    return t if back is None else t.permute(back)
 
 
 def _array(header: str, raw: memoryview) -> np.ndarray[Any, Any]:

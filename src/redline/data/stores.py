@@ -11,6 +11,7 @@ import bisect
 import contextlib
 import hashlib
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,6 +43,12 @@ _ENVS: dict[tuple[int, str], Any] = {}
 """Open LMDB environments of this process by path: LMDB allows one per path per process, and
 several datasets (train/val, or re-created ones) may share a store. Handles only, like a
 connection pool; keyed by pid so a forked worker opens its own."""
+
+SNAPSHOT_S = 0.5
+"""How long a read snapshot answers a miss without being renewed, where this process has
+written nothing since it began. A miss of a fill epoch (every read misses) then costs one
+lookup, not a new transaction; a sample another worker or rank stored within that time is
+computed again (and its write skipped: nothing is overwritten)."""
 
 _GENERATION = [0]
 """Bumped each time the pool is closed before a fork: stores then reopen their environment."""
@@ -99,6 +106,12 @@ class LmdbStore:
         self.ephemeral = ephemeral
         self._env: Any = None
         self._txn: Any = None
+        self._txn_began = 0.0
+        """``time.monotonic()`` when the read snapshot began."""
+        self._puts = 0
+        """Write transactions of this process to this store (its writer thread's included)."""
+        self._txn_puts = 0
+        """:attr:`_puts` when the read snapshot began: a later write of ours is not in it."""
         self._pid = -1
         self._gen = -1
         self.read_only_reason: str | None = None
@@ -181,23 +194,36 @@ class LmdbStore:
         if txn is None:
             return self.get_many([key])[0]
         v: memoryview | None = txn.get(key)
-        return v if v is not None else self.get_many([key])[0]
+        if v is not None or self._snapshot_fresh():
+            return v
+        return self.get_many([key])[0]
+
+    def _snapshot_fresh(self) -> bool:
+        """Whether a miss in the current snapshot can be believed (see :data:`SNAPSHOT_S`)."""
+        return (self._puts == self._txn_puts
+                and time.monotonic() - self._txn_began < SNAPSHOT_S)
+
+    def _renew(self, env: Any) -> Any:
+        if self._txn is not None:
+            self._txn.abort()
+        self._txn_puts, self._txn_began = self._puts, time.monotonic()
+        self._txn = _begin(env, buffers=True)
+        return self._txn
 
     def get_many(self, keys: list[bytes]) -> list[bytes | memoryview | None]:
         env = self._open()
         if env is None:
             return [None] * len(keys)
-        if self._txn is None:
-            # One read transaction kept between reads (a snapshot, renewed on a miss):
-            # fill-once never frees pages, so a long reader costs no growth. Values come back
-            # as views into the map (no copy); the decoder makes the one copy a tensor needs.
-            self._txn = _begin(env, buffers=True)
-        out: list[bytes | memoryview | None] = [self._txn.get(k) for k in keys]
-        if any(v is None for v in out):  # maybe stored since the snapshot: look again, fresh
+        # One read transaction kept between reads (a snapshot, renewed on a miss that it may
+        # not know of): fill-once never frees pages, so a long reader costs no growth. Values
+        # come back as views into the map (no copy); the decoder makes the one copy a tensor
+        # needs.
+        txn = self._txn if self._txn is not None else self._renew(env)
+        out: list[bytes | memoryview | None] = [txn.get(k) for k in keys]
+        if None in out and not self._snapshot_fresh():  # maybe stored since: look again
             out = [None if v is None else bytes(v) for v in out]  # views die with the snapshot
-            self._txn.abort()
-            self._txn = _begin(env, buffers=True)
-            out = [v if v is not None else self._txn.get(k) for k, v in zip(keys, out, strict=True)]
+            txn = self._renew(env)
+            out = [v if v is not None else txn.get(k) for k, v in zip(keys, out, strict=True)]
         return out
 
     def put_many(self, items: list[tuple[bytes, bytes]]) -> int:
@@ -230,6 +256,7 @@ class LmdbStore:
                 for k, v in items:
                     if txn.put(k, v, overwrite=False):  # another worker may have stored it
                         written += len(v)
+            self._puts += 1
         except lmdb.MapFullError:
             raise
         except (lmdb.Error, OSError) as e:
