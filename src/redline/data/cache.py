@@ -338,19 +338,18 @@ class CachedDataset(Dataset[Any]):
         if blob is None:
             blob = self.store.get(key)
         if blob is None:
-            return self._miss(i, key)
+            return self._miss(i, key, w)
         value = self._decode(blob, i)
         if value is _UNREADABLE:
             return self._deterministic_many([i], [None])[0]
         self._add(hits=1, read=len(blob))
         return value
 
-    def _miss(self, i: int, key: bytes) -> Any:
+    def _miss(self, i: int, key: bytes, w: StoreWriter | None) -> Any:
         """Sample ``i``, not stored: computed, queued for writing, counted. Every read of a
         fill epoch takes this path, right after the user's transform (the CPU's caches cold),
         so once this process has its writer and counters it makes a handful of calls."""
         value = self.deterministic(self.dataset[i])
-        w = self._writer_here()
         local = self._local
         if (w is None or local is None or self._local_pid != self._writer_pid
                 or not self._writable

@@ -8,8 +8,8 @@ copies, its commit and its lock (shared by every DataLoader worker and rank writ
 LMDB) are waited for by the writer thread (py-lmdb releases the GIL inside LMDB's calls; the
 Redis client inside its socket calls). The queue is bounded (:data:`QUEUED_BATCHES` batches of
 at most :data:`WRITE_BATCH` samples or :data:`BATCH_BYTES` bytes): when it is full (a store
-slower than the pipeline, or a writer thread that a loaded host does not schedule: it runs at
-idle priority) the caller writes that batch itself, so memory never grows and the caller never
+slower than the pipeline, or a writer thread that a loaded host does not schedule: it runs
+:data:`NICE_STEP` below its process) the caller writes that batch itself, so memory never grows and the caller never
 waits longer than one write.
 
 Until a batch is written its samples stay readable from :attr:`StoreWriter.pending` (read
@@ -147,11 +147,23 @@ class StoreWriter:
                 self._lost += len(batch) - stored
 
 
+NICE_STEP = 10
+"""How much nicer than its process the writer thread runs: nice +10 weighs about a tenth of a
+training thread (the kernel's nice-to-weight table: 110 against 1024), so on busy cores it
+takes little from the training work. Lower weights starve it even beside an idle core: at
+SCHED_IDLE or nice +19 the writer thread of a sample-by-sample fill, woken on the training
+thread's CPU, wrote under half of its batches (the rest fell to the training thread,
+``benchmarks/cache.py``); at +10 it wrote them all."""
+
+
 def _lower_priority() -> None:
-    """Run this thread only on CPU time nothing else wants (Linux's SCHED_IDLE, per thread)."""
+    """Run this thread :data:`NICE_STEP` nicer than its process (Linux sets a nice value per
+    thread, by its thread id)."""
     import os
     with contextlib.suppress(AttributeError, OSError):
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid,
+                       min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE_STEP))
 
 
 def writer_state_for_pickle(state: dict[str, Any]) -> dict[str, Any]:

@@ -139,33 +139,34 @@ def _single(tag: bytes, header: str, raw: memoryview) -> bytes:
 
 _Layout = tuple[bytes, tuple[int, ...] | None] | None
 
-_LAYOUTS: dict[tuple[torch.dtype, torch.Size, tuple[int, ...]], _Layout] = {}
-"""Tensor layouts seen (dtype, shape, strides): for one numpy can view that is dense in some
-order, its stored form's first bytes and the order its bytes lie in (None: C order); None for
-one that takes the general path. A dataset's samples share a few layouts, and a fill epoch
-encodes every sample right after the user's own transform, with the CPU's caches cold."""
+_LAYOUTS: dict[tuple[Any, tuple[int, ...], tuple[int, ...]], _Layout] = {}
+"""Array layouts seen (numpy dtype, shape, strides in bytes): for one dense in some order, its
+stored form's first bytes and the order its bytes lie in (None: C order); None for one that
+takes the general path. A dataset's samples share a few layouts, and a fill epoch encodes
+every sample right after the user's own transform, with the CPU's caches cold, so the known
+layout is found with attribute reads of the numpy view alone."""
 
 
 def _layout(t: torch.Tensor) -> _Layout:
-    try:
-        a = t.numpy()
-    except (TypeError, RuntimeError):  # bfloat16 & co. have no numpy twin
-        return None
     order = None if t.is_contiguous() else _memory_order(t)
     if order is None and not t.is_contiguous():
         return None  # not dense (a slice with gaps): gathered by the general path
+    a = t.numpy()
     if not (a if order is None else a.transpose(order)).flags.c_contiguous:
         return None
     return _prefix(_TENSOR, _tensor_header(t, order)), None if order is None else tuple(order)
 
 
 def _fast_tensor(t: torch.Tensor) -> bytes | None:
-    """The stored form of a plain CPU tensor of a layout seen before, with a handful of
-    calls (None where the general path is needed)."""
-    if (t.layout != torch.strided or not t.is_cpu or t.requires_grad or t.is_neg()
-            or t.is_conj()):
+    """The stored form of a plain CPU tensor numpy can view (None where the general path is
+    needed: ``numpy()`` refuses a tensor on another device, one that requires grad, one with
+    its conjugate or negative bit set, a sparse or quantized one, bfloat16 and the other
+    dtypes without a numpy twin)."""
+    try:
+        a = t.numpy()
+    except (TypeError, RuntimeError):
         return None
-    key = (t.dtype, t.shape, t.stride())
+    key = (a.dtype, a.shape, a.strides)
     if key in _LAYOUTS:
         layout = _LAYOUTS[key]
     else:
@@ -175,7 +176,6 @@ def _fast_tensor(t: torch.Tensor) -> bytes | None:
     if layout is None:
         return None
     first, order = layout
-    a = t.numpy()
     return b"".join((first, (a if order is None else a.transpose(order)).data))  # one copy
 
 
