@@ -9,8 +9,8 @@ LMDB) are waited for by the writer thread (py-lmdb releases the GIL inside LMDB'
 Redis client inside its socket calls). The queue is bounded (:data:`QUEUED_BATCHES` batches of
 at most :data:`WRITE_BATCH` samples or :data:`BATCH_BYTES` bytes): when it is full (a store
 slower than the pipeline, or a writer thread that a loaded host does not schedule: it runs
-:data:`NICE_STEP` below its process) the caller writes that batch itself, so memory never grows and the caller never
-waits longer than one write.
+:data:`NICE_STEP` below its process) the caller writes that batch itself, so memory never
+grows and the caller never waits longer than one write.
 
 Until a batch is written its samples stay readable from :attr:`StoreWriter.pending` (read
 your own writes: a sample computed and asked for again in the same epoch is served from
