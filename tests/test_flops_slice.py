@@ -113,3 +113,44 @@ def test_without_a_measured_step_the_counted_step_is_not_the_step_time(
     assert len(warm) == 2
     assert timing.step_time_p50_s == pytest.approx(percentile(warm, 50))
     assert any("warm-up" in n for n in report.measurements.notes)
+
+
+class _TinyVit(nn.Module):
+    """Convolution, attention (SDPA), layer norm, GELU and a batched matmul: the operators
+    whose FLOPs torch's formulas count, each through a different aten call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, 16, 4, stride=4)
+        self.block = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.patch(x).flatten(2).transpose(1, 2)
+        t = self.block(t)
+        return self.head(torch.bmm(t.transpose(1, 2), t).mean(1))
+
+
+@pytest.mark.parametrize("build", [
+    lambda: (Recurrent(), torch.randn(4, 12)),
+    lambda: (_TinyVit(), torch.randn(2, 3, 16, 16)),
+    lambda: (nn.Sequential(nn.Conv1d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(24, 3)),
+             torch.randn(3, 2, 8)),
+], ids=["lstm-cell", "conv-attention", "conv1d-linear"])
+def test_the_counting_mode_counts_what_flop_counter_mode_counts(build: object) -> None:
+    from redline.measure.flops import FlopWindow
+
+    torch.manual_seed(0)
+    model, x = build()  # type: ignore[operator]
+    with FlopCounterMode(display=False) as ref:
+        model(x).square().mean().backward()
+    counts = ref.get_flop_counts()["Global"]
+    conv = sum(n for op, n in counts.items() if "convolution" in str(op))
+    win = FlopWindow()
+    win.start()
+    model(x).square().mean().backward()
+    win.backward_ended()
+    win.stop(passes=1)
+    assert win.error is None
+    assert win.flops == ref.get_total_flops() > 0
+    assert win.conv_flops == conv
