@@ -23,7 +23,7 @@ Writes are off the training thread (:mod:`redline.data.cache_writer`): a compute
 encoded on the caller's side (tensors and arrays as raw bytes, :mod:`redline.data.sample_codec`)
 and written in batches by a background thread of each process (the main one, each DataLoader
 worker), read back from memory until then. The filling epoch so costs little more than the
-uncached one (``benchmarks/cache.py``; docs/cache.md has its numbers).
+uncached one (``benchmarks/cache.py``; the README's cache section has its numbers).
 """
 
 from __future__ import annotations
