@@ -79,9 +79,8 @@ def _memory_order(t: torch.Tensor) -> list[int] | None:
     if layout in _ORDERS:
         return _ORDERS[layout]
     strides = layout[1]
-    order: list[int] | None = sorted(range(t.dim()), key=lambda d: (-strides[d], d))
-    if order is not None and not t.permute(order).is_contiguous():
-        order = None
+    outer_first = sorted(range(t.dim()), key=lambda d: (-strides[d], d))
+    order = outer_first if t.permute(outer_first).is_contiguous() else None
     if len(_ORDERS) < 4096:
         _ORDERS[layout] = order
     return order
