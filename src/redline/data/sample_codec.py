@@ -115,8 +115,8 @@ class _Pickler(pickle.Pickler):
 
     def persistent_id(self, obj: Any) -> Any:
         if _plain_tensor(obj):
-            raw, order = _tensor_bytes(obj)
-            kind, header = "t", _tensor_header(obj, order)
+            header, _, raw = _tensor_parts(obj)
+            kind = "t"
         elif _plain_array(obj):
             kind, header, raw = "a", _array_header(obj), _array_bytes(obj)
         else:
@@ -136,14 +136,14 @@ def _single(tag: bytes, header: str, raw: memoryview) -> bytes:
     return b"".join((_prefix(tag, header), raw))  # the one copy of the data
 
 
-_Layout = tuple[bytes, tuple[int, ...] | None] | None
+_Layout = tuple[str, bytes, tuple[int, ...] | None] | None
 
 _LAYOUTS: dict[tuple[Any, tuple[int, ...], tuple[int, ...]], _Layout] = {}
 """Array layouts seen (numpy dtype, shape, strides in bytes): for one dense in some order, its
-stored form's first bytes and the order its bytes lie in (None: C order); None for one that
-takes the general path. A dataset's samples share a few layouts, and a fill epoch encodes
-every sample right after the user's own transform, with the CPU's caches cold, so the known
-layout is found with attribute reads of the numpy view alone."""
+header, its stored form's first bytes and the order its bytes lie in (None: C order); None for
+one that takes the general path. A dataset's samples share a few layouts, and a fill epoch
+encodes every sample right after the user's own transform, with the CPU's caches cold, so the
+known layout is found with attribute reads of the numpy view alone."""
 
 
 def _layout(t: torch.Tensor) -> _Layout:
@@ -153,14 +153,15 @@ def _layout(t: torch.Tensor) -> _Layout:
     a = t.numpy()
     if not (a if order is None else a.transpose(order)).flags.c_contiguous:
         return None
-    return _prefix(_TENSOR, _tensor_header(t, order)), None if order is None else tuple(order)
+    header = _tensor_header(t, order)
+    return header, _prefix(_TENSOR, header), None if order is None else tuple(order)
 
 
-def _fast_tensor(t: torch.Tensor) -> bytes | None:
-    """The stored form of a plain CPU tensor numpy can view (None where the general path is
-    needed: ``numpy()`` refuses a tensor on another device, one that requires grad, one with
-    its conjugate or negative bit set, a sparse or quantized one, bfloat16 and the other
-    dtypes without a numpy twin)."""
+def _fast_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview] | None:
+    """(header, first bytes of the stored form, the values' bytes as a view) of a plain CPU
+    tensor numpy can view; None where the general path is needed (``numpy()`` refuses a tensor
+    on another device, one that requires grad, one with its conjugate or negative bit set, a
+    sparse or quantized one, bfloat16 and the other dtypes without a numpy twin)."""
     try:
         a = t.numpy()
     except (TypeError, RuntimeError):
@@ -174,20 +175,27 @@ def _fast_tensor(t: torch.Tensor) -> bytes | None:
             _LAYOUTS[key] = layout
     if layout is None:
         return None
-    first, order = layout
-    return b"".join((first, (a if order is None else a.transpose(order)).data))  # one copy
+    header, first, order = layout
+    return header, first, (a if order is None else a.transpose(order)).data
+
+
+def _tensor_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview]:
+    """(header, first bytes of the stored form, the values' bytes) of a CPU tensor, through
+    the known layout where there is one."""
+    parts = _fast_parts(t) if type(t) is torch.Tensor else None
+    if parts is not None:
+        return parts
+    raw, order = _tensor_bytes(t)
+    header = _tensor_header(t, order)
+    return header, _prefix(_TENSOR, header), raw
 
 
 def encode(value: Any) -> bytes:
     """The stored form of ``value`` (see the module docstring). Never pickles a plain CPU
     tensor or a numeric numpy array."""
-    if type(value) is torch.Tensor:
-        blob = _fast_tensor(value)
-        if blob is not None:
-            return blob
     if isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_cuda:
-        raw, order = _tensor_bytes(value)
-        return _single(_TENSOR, _tensor_header(value, order), raw)
+        _, first, raw = _tensor_parts(value)
+        return b"".join((first, raw))  # the one copy of the data
     if _plain_array(value):
         return _single(_ARRAY, _array_header(value), _array_bytes(value))
     if isinstance(value, tuple | list | dict):
