@@ -200,6 +200,47 @@ def test_a_tick_inside_a_phase_reads_no_stack(monkeypatch: pytest.MonkeyPatch) -
     assert calls == [1]  # outside every phase, the stack is read
 
 
+def test_samples_count_once_their_step_closes_and_after_the_last_step_none_do() -> None:
+    """A sample outside the phases belongs to the step in progress: it counts when that step
+    closes; the samples taken after the last step's end (end-of-training work, the watch's
+    own close) are no step's and are dropped."""
+    import threading
+
+    tracker = StepTracker(time.perf_counter)
+    sampler = CodeSampler(tracker, threading.get_ident(), lambda: True)
+    sampler.tick(1.0)
+    sampler.tick(1.004)  # step 0, outside every phase
+    assert sampler.weights == {} and sampler.outside_s == 0.0  # step 0 still open
+    tracker.manual_step(1.005)
+    sampler.tick(1.008)  # step 1: step 0 has closed, its sample counts
+    assert sampler.outside_s == pytest.approx(0.004)
+    tracker.manual_step(1.009)
+    sampler.tick(1.012)  # after the last step: never closes
+    sampler.settle()
+    assert sampler.outside_s == pytest.approx(0.008)
+    assert [step for step, _, _ in sampler.per_step] == [0, 1]
+    assert sum(n for _, n in sampler.weights.values()) == 2.0
+
+
+def test_work_after_the_last_step_is_not_named_as_the_steps_host_work() -> None:
+    """Seconds of Python after the loop's last step, inside the watch, take no share of the
+    steps' time outside the phases."""
+    model, opt = _model()
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+    values = [float(i) for i in range(600_000)]
+    with redline.watch(warmup_steps=2, count_flops=False) as w:
+        for _ in range(20):
+            _train_step(model, opt, x, y)
+        t_end = time.perf_counter() + 1.0
+        while time.perf_counter() < t_end:
+            _py_metric(values)
+    report = w.report(show=False)
+    lw = report.measurements.loop
+    assert lw is not None
+    assert not any(s.function == "_py_metric" for s in lw.sites), lw.sites
+    assert not any("_py_metric" in f.title for f in report.findings)
+
+
 def test_library_frames_fold_into_the_users_line() -> None:
     import threading
 

@@ -174,6 +174,7 @@ class Recorder:
         self._stop_flops()
         if self.capture is not None and not self.capture.done:
             self.capture.stop()  # the run ended inside the trace: keep what it recorded
+        self._state = "closed"  # the samplers' ticks stop counting: the close is no step's
         self.tracker.finish(t)
         self.t_exit = t
         if self.rank.distributed and self.window_start is not None:
@@ -192,6 +193,8 @@ class Recorder:
         self.parallel = snapshot(self._parallel_roots or (self.inst.roots if self.inst else []))
         self._parallel_roots = []  # the user's models are theirs again
         stack.close()
+        if self.code is not None:
+            self.code.settle()  # its ticks have stopped with the CPU sampler's thread
 
     def _start_code_sampler(self, stack: ExitStack) -> None:
         """GC timing and the stack sampler, which ticks on the CPU sampler's thread."""

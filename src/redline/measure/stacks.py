@@ -140,7 +140,7 @@ class CodeSampler:
         self._files: dict[str, _FileClass] = {}
         self._kinds: dict[tuple[object, ...], tuple[str, str | None]] = {}
         self.weights: dict[SiteKey, list[float]] = {}
-        """Site → [seconds, samples], over the measured window."""
+        """Site → [seconds, samples], over the measured window's closed steps."""
         self.per_step: deque[tuple[int, SiteKey, float]] = deque(maxlen=SAMPLES_KEPT)
         """(step index, site, seconds) of the most recent samples outside the phases."""
         self.outside_s = 0.0
@@ -151,6 +151,8 @@ class CodeSampler:
         """Ticks in the measured window."""
         self.unattributed = 0
         """Samples outside the phases whose stack held no frame to name (no Python frame)."""
+        self._pending: list[tuple[int, SiteKey, float]] = []
+        self._pending_step = -1
 
     # -- the tick, on the sampler's thread ----------------------------------------------------
     def tick(self, now: float) -> None:
@@ -183,14 +185,33 @@ class CodeSampler:
         if key is None:
             self.unattributed += 1
             return
-        self.outside_s += elapsed_s
-        weight = self.weights.get(key)
-        if weight is None:
-            self.weights[key] = [elapsed_s, 1.0]
-        else:
-            weight[0] += elapsed_s
-            weight[1] += 1.0
-        self.per_step.append((self._tracker.closed, key, elapsed_s))
+        # A sample counts once its step has closed: the time after the last step's end (the
+        # framework's end-of-training work, the watch's own close) is no step's, and the
+        # steps' time outside the phases that the samples split does not hold it.
+        step = self._tracker.closed
+        if step != self._pending_step:
+            self._commit()
+            self._pending_step = step
+        self._pending.append((step, key, elapsed_s))
+
+    def settle(self) -> None:
+        """Count the samples of the step in progress if it has closed since; drop them if not
+        (read after the ticks stopped: they were taken after the last step's end)."""
+        if self._pending and self._tracker.closed != self._pending_step:
+            self._commit()
+        self._pending.clear()
+
+    def _commit(self) -> None:
+        for step, key, elapsed_s in self._pending:
+            self.outside_s += elapsed_s
+            weight = self.weights.get(key)
+            if weight is None:
+                self.weights[key] = [elapsed_s, 1.0]
+            else:
+                weight[0] += elapsed_s
+                weight[1] += 1.0
+            self.per_step.append((step, key, elapsed_s))
+        self._pending.clear()
 
     # -- frames -------------------------------------------------------------------------------
     def _classify(self, filename: str) -> _FileClass:
