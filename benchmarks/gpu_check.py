@@ -8,14 +8,20 @@ timer, NVML sampler readings, allocator memory stats, peak-FLOPs lookup and MFU 
 host-sync counting, pinned vs pageable host→device copies, a real CUDA OOM, a whole
 `redline.watch` over a GPU training loop (tier, device span, findings), and the step replayed
 as CUDA graphs (torch.compile's reduce-overhead mode) under the watch, against eager, with the
-graph-blocker spy on the device, and the device-memory curves (a leak named, a flat loop not).
+graph-blocker spy on the device, and the device-memory curves (a leak named, a flat loop not);
+JPEG decode on the device (nvJPEG) checked pixel by pixel against the CPU path and timed
+against it; the findings that need a device (a host sync from per-step logging, a small batch
+by memory headroom); this device's own profiler trace through redline's trace analysis; the
+bf16 numerics guard.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,6 +30,7 @@ import redline
 from redline.measure.cuda import CudaStepTimer, SyncCounter
 from redline.measure.nvml import NvmlSampler, import_pynvml
 from redline.measure.peaks import find_device, peak_flops
+from redline.tune.config import NumericsTolerance
 
 Row = tuple[str, str, str]
 
@@ -431,6 +438,161 @@ def memory_over_time() -> tuple[bool, str]:
                 f"{'memory_growth' if 'memory_growth' in [f.id for f in flat.findings] else 'none'}")
 
 
+def _vision_split(length: int = 512) -> Any:
+    from redline.workloads.vision import SyntheticJpegDataset, vision_large_config
+
+    return SyntheticJpegDataset(dataclasses.replace(vision_large_config(), length=length))
+
+
+def gpu_decode_pixels() -> tuple[bool, str]:
+    """nvJPEG decode + crop/flip/normalize on the device against Pillow's decode and resize on
+    the CPU, same boxes and flips, over vision-large's JPEGs (320 × 240, 224-pixel crops)."""
+    from redline.data.device_decode import DeviceDecoder, compare_paths
+
+    split = _vision_split().jpeg_split()
+    decoder = DeviceDecoder(split, "cuda")
+    agreement = compare_paths(split, "cuda", samples=64, decoder=decoder)
+    return (agreement.close and decoder.stats.images_on_device == agreement.images
+            and decoder.stats.images_on_cpu == 0,
+            f"{agreement.images} images, device − CPU: mean {agreement.mean_abs_levels:.2f} "
+            f"levels, p99 {agreement.p99_abs_levels:.2f}, max {agreement.max_abs_levels:.1f} "
+            f"(on device {decoder.stats.images_on_device}, on CPU "
+            f"{decoder.stats.images_on_cpu} {decoder.stats.fallback_reason or ''})")
+
+
+def gpu_decode_speed() -> tuple[bool, str]:
+    """Batches of 64 decoded and augmented on the device (host time until the call returns,
+    device time synchronized) against the CPU path on one core (Pillow, per sample)."""
+    import random
+
+    from redline.data.device_decode import DeviceDecoder, EncodedJpegs, collate_encoded
+
+    ds = _vision_split()
+    split = ds.jpeg_split()
+    encoded = EncodedJpegs(split, len(ds))
+    batches = [collate_encoded([encoded[64 * b + i] for i in range(64)]) for b in range(8)]
+    decoder = DeviceDecoder(split, "cuda")
+    random.seed(0)
+    for batch in batches[:2]:
+        decoder(batch)
+    torch.cuda.synchronize()
+    host_s, t0 = 0.0, time.perf_counter()
+    for _ in range(3):
+        for batch in batches:
+            t = time.perf_counter()
+            decoder(batch)
+            host_s += time.perf_counter() - t
+    torch.cuda.synchronize()
+    n = 3 * len(batches) * 64
+    device_rate = n / (time.perf_counter() - t0)
+    t = time.perf_counter()
+    for i in range(128):
+        ds[i]
+    cpu_rate = 128 / (time.perf_counter() - t)
+    return (device_rate > cpu_rate and decoder.stats.images_on_cpu == 0,
+            f"device {device_rate:,.0f} images/s ({host_s / (n / 64) * 1e3:.2f} ms of host "
+            f"time per batch of 64) vs CPU path {cpu_rate:,.0f} images/s per core: "
+            f"{device_rate / cpu_rate:.1f} cores' worth")
+
+
+def logging_sync_finding() -> tuple[bool, str]:
+    """A loop that logs its loss with .item() every step: the host waits for the device each
+    step; the report must name the sync."""
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(512, 1024, device="cuda")
+    history = []
+    with redline.watch(warmup_steps=3, count_flops=False) as w:
+        for _ in range(40):
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            history.append(loss.item())
+    rep = w.report(show=False)
+    ids = [f.id for f in rep.findings]
+    return (bool({"host_sync", "logging_in_loop"} & set(ids)),
+            f"syncs {rep.measurements.device_metrics.sync_calls}; findings {ids}")
+
+
+def small_batch_headroom() -> tuple[bool, str]:
+    """A batch of 8 through a small MLP: the device idles between launches with nearly all
+    its memory free; small_batch must be named."""
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    data = [(torch.randn(8, 256), torch.randint(0, 10, (8,))) for _ in range(8)]
+    with redline.watch(warmup_steps=3, count_flops=False) as w:
+        for i in range(60):
+            x, y = data[i % 8]
+            loss = nn.functional.cross_entropy(model(x.cuda()), y.cuda())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    rep = w.report(show=False)
+    found = [f for f in rep.findings if f.id == "small_batch"]
+    return bool(found), (found[0].title if found else f"no small_batch; findings "
+                         f"{[f.id for f in rep.findings]}")
+
+
+def device_trace() -> tuple[bool, str]:
+    """This device's own profiler trace read by redline's trace analysis: its kernel time
+    against the profiler's own total of the same kernels."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from redline.trace import analyze_paths
+
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(2048, 2048), nn.GELU())
+                            for _ in range(6)]).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(1024, 2048, device="cuda")
+    for _ in range(3):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/trace.json"
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                model(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(path)
+        analysis = analyze_paths([path])
+    rank = analysis.ranks[0]
+    ours_us = sum(rank.kernel_types_us.values())
+    theirs_us = sum(e.self_device_time_total for e in prof.key_averages())
+    temporal = rank.temporal
+    busy = temporal.pct(temporal.compute_us + temporal.non_compute_us) if temporal else None
+    ratio = ours_us / theirs_us if theirs_us else float("nan")
+    return (rank.device_events > 0 and 0.9 < ratio < 1.1,
+            f"{rank.device_events} device events; kernel time {ours_us / 1e3:.1f} ms vs the "
+            f"profiler's {theirs_us / 1e3:.1f} ms ({ratio:.3f}); busy "
+            f"{'unknown' if busy is None else f'{busy:.1f} %'}; device {rank.device_name}")
+
+
+def bf16_numerics() -> tuple[bool, str]:
+    """The precision knob's guard on the device: bf16 autocast against fp32 over 6 steps of a
+    small transformer, and the step's speed in each."""
+    from redline.tune.precision import check_numerics
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
+    model = nn.Sequential(nn.TransformerEncoder(layer, 4), nn.Linear(512, 512)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = [(torch.randn(32, 128, 512, device="cuda"), torch.randn(32, 128, 512, device="cuda"))
+               for _ in range(6)]
+
+    def loss_fn(m: nn.Module, b: Any) -> torch.Tensor:
+        return nn.functional.mse_loss(m(b[0]).float(), b[1])
+
+    chk = check_numerics(model, opt, batches, 32, loss_fn, "bf16", torch.device("cuda"),
+                         NumericsTolerance())
+    return chk.passed, chk.reason[:150]
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device (torch.cuda.is_available() is False); run this on a "
@@ -450,7 +612,13 @@ def main() -> int:
         ("kernel busy from a trace", kernel_busy_trace), ("MFU of an fp32 conv net", conv_mfu),
         ("CUDA graphs under the watch", cuda_graphs_under_watch),
         ("graph-blocker spy on CUDA", graph_spy_on_cuda),
-        ("device memory over time", memory_over_time)]]
+        ("device memory over time", memory_over_time),
+        ("GPU decode: pixels vs CPU path", gpu_decode_pixels),
+        ("GPU decode: speed", gpu_decode_speed),
+        ("host sync from logging", logging_sync_finding),
+        ("small batch by memory headroom", small_batch_headroom),
+        ("trace of this device", device_trace),
+        ("bf16 numerics guard", bf16_numerics)]]
     w = max(len(r[0]) for r in rows)
     print(f"| {'check':<{w}} | result | detail |")
     print(f"|{'-' * (w + 2)}|--------|--------|")

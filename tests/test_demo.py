@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -168,3 +169,17 @@ def test_demo_default_is_gpu_sized_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> 
     assert cli.main(["demo", "--workload", "lm"]) == 0
     assert cli.main(["demo", "--simulated-accelerator"]) == 0
     assert seen == ["lm-large", "lm", "vision"]
+
+
+def test_demo_passes_the_batch_change_opt_in_to_its_tuning(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`redline demo --allow-batch-change` tunes as `redline tune --allow-batch-change` does;
+    without it the effective batch is kept. Both skip torch.compile, as the demo always has."""
+    from redline.cli import main as cli
+
+    seen: list[Any] = []
+    monkeypatch.setattr("redline.demo.run_demo", lambda w, **kw: seen.append(kw["tune_config"]))
+    assert cli.main(["demo", "--workload", "vision", "--allow-batch-change"]) == 0
+    assert cli.main(["demo", "--workload", "vision"]) == 0
+    assert [c.allow_batch_change for c in seen] == [True, False]
+    assert not any(c.try_compile or c.reuse for c in seen)

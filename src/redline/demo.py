@@ -53,7 +53,8 @@ def workload_factory(workload: str, device: torch.device,
 
         return TrainSetup(model=w.model, optimizer=w.optimizer, loader=w.loader,
                           loss_fn=loss_fn, device=str(w.device),
-                          accumulation_steps=w.accumulation_steps, cache_split=w.cache_split)
+                          accumulation_steps=w.accumulation_steps, cache_split=w.cache_split,
+                          jpeg_split=w.jpeg_split)
 
     return factory
 

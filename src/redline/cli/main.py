@@ -207,6 +207,10 @@ def _add_demo(sub: Any, help_text: str) -> None:
                    help="run the vision model on a SIMULATED accelerator (device time slept, "
                    "GIL released, the model's math a CPU stand-in) to show what tuning does "
                    "for a GPU job on a CPU-only machine; labelled in every output")
+    m.add_argument("--allow-batch-change", action="store_true",
+                   help="let the tuning grow the effective batch (at most 8×, learning rate "
+                   "rescaled by a stated rule, checked on the loss), as `redline tune "
+                   "--allow-batch-change`: this changes the optimization (docs/tune.md)")
     m.set_defaults(func=_demo)
 
 
@@ -333,6 +337,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from redline.demo import default_workload, run_demo
+    from redline.tune.config import TuneConfig
     from redline.workloads.simulated import SimulatedAccelerator
 
     if args.simulated_accelerator and args.workload not in (None, "vision"):
@@ -348,6 +353,8 @@ def _demo(args: argparse.Namespace) -> int:
         ran = run_demo(
             args.workload or default_workload(args.simulated_accelerator), steps=args.steps,
             json_path=args.json, tune_after=not args.no_tune,
+            tune_config=TuneConfig(try_compile=False, reuse=False,
+                                   allow_batch_change=args.allow_batch_change),
             simulated=SimulatedAccelerator() if args.simulated_accelerator else None)
         if args.html:
             from redline.report.json_io import plain, to_dict

@@ -437,10 +437,12 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
 
 
 def rebuild_factory(loader: DataLoader[Any], batch_size: int | None = None,
-                    dataset: Any = None) -> Callable[[LoaderSettings], DataLoader[Any]]:
+                    dataset: Any = None, collate_fn: Callable[[Any], Any] | None = None
+                    ) -> Callable[[LoaderSettings], DataLoader[Any]]:
     """A ``make_loader`` that rebuilds this DataLoader (same dataset, sampling and collation;
     same batch size unless ``batch_size`` is given; ``dataset`` instead of its own, of the
-    same length, where given: a cached view of it) with other settings. Raises ValueError for
+    same length, where given: a cached view of it, or its encoded images, with
+    ``collate_fn`` for them) with other settings. Raises ValueError for
     loaders it cannot rebuild faithfully (a custom batch sampler, an unknown sampler).
 
     A ``DistributedSampler`` is kept as the same object: the rebuilt loader reads this rank's
@@ -467,7 +469,8 @@ def rebuild_factory(loader: DataLoader[Any], batch_size: int | None = None,
             kw["multiprocessing_context"] = loader.multiprocessing_context
         return DataLoader(data, batch_size=batch_size or loader.batch_size,
                           shuffle=shuffle, sampler=shared, drop_last=loader.drop_last,
-                          collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn,
+                          collate_fn=collate_fn or loader.collate_fn,
+                          worker_init_fn=loader.worker_init_fn,
                           generator=generator, **kw)
 
     return make

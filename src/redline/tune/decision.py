@@ -14,6 +14,7 @@ Detail = str | int | float | bool | None
 class Knob(str, Enum):
     """The path's knobs, in the order it visits them."""
 
+    GPU_DECODE = "GPU decode"
     DECODE_CACHE = "decode cache"
     LOADER = "data pipeline"
     BATCH = "batch size"

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 
 from redline.core.loader import LoaderSettings
 from redline.data.cache_split import CacheSplit
+from redline.data.device_decode import JpegSplit
 from redline.measure.agree import Agreement
 from redline.tune.batch_finder import BatchSearch
 from redline.tune.config import TuneConfig
@@ -62,6 +63,7 @@ class TuningPath(Protocol):
     conv: bool
     opt_impls: list[str]
     cache_split: CacheSplit | None
+    jpeg_split: JpegSplit | None
     dataset_cached: bool
     cache_store: str | None
     batch_search: BatchSearch | None
@@ -101,8 +103,11 @@ class LoopParts:
     user_loader: DataLoader[Any]
     """The loader given to ``apply_plan``: its dataset, sampler and collate are kept."""
     cache_split: CacheSplit | None
+    jpeg_split: JpegSplit | None = None
     dataset: Any
     """The dataset the tuned loader reads."""
+    collate_fn: Callable[[Any], Any] | None = None
+    """The tuned loader's collate; None = the user's loader's."""
     loader_settings: LoaderSettings
     loader_batch_size: int
     """Samples per batch of the tuned loader (one effective batch)."""

@@ -93,6 +93,7 @@ class TunePath:
         self.conv = has_conv2d(setup.model)
         self.opt_impls = optimizer_impls(setup.optimizer)
         self.cache_split = setup.cache_split
+        self.jpeg_split = setup.jpeg_split
         self.dataset_cached = isinstance(setup.loader.dataset, CachedDataset)
         """The setup's dataset already is a CachedDataset (the decode cache is not tried)."""
         self.cache_store: str | None = None
@@ -136,4 +137,4 @@ class TunePath:
     def tuned_loop(self, plan: TunePlan, setup: TrainSetup) -> TunedLoop:
         """``plan`` applied to a fresh ``setup`` on this tuning's device."""
         return TunedLoop(plan, setup.model, setup.optimizer, setup.loader, setup.loss_fn,
-                         self.device, setup.cache_split)
+                         self.device, setup.cache_split, setup.jpeg_split)

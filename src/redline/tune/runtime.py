@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from redline.data.autotune import rebuild_factory
 from redline.data.cache_split import CacheSplit
+from redline.data.device_decode import JpegSplit
 from redline.data.prefetcher import DevicePrefetcher, map_tensors
 from redline.measure.ranks import rank_info
 from redline.tune.accumulate import train_step
@@ -92,9 +93,11 @@ class TunedLoop:
 
     def __init__(self, plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loader: DataLoader[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
-                 device: torch.device, cache_split: CacheSplit | None = None) -> None:
+                 device: torch.device, cache_split: CacheSplit | None = None,
+                 jpeg_split: JpegSplit | None = None) -> None:
         self.plan, self.device, self.loss_fn = plan, device, loss_fn
         parts = LoopParts(plan=plan, device=device, user_loader=loader, cache_split=cache_split,
+                          jpeg_split=jpeg_split,
                           dataset=loader.dataset, loader_settings=plan.loader,
                           loader_batch_size=plan.effective_batch, micro_batch=plan.micro_batch,
                           model=model, optimizer=optimizer)
@@ -102,7 +105,8 @@ class TunedLoop:
         for knob in KNOBS:
             knob.apply_data(parts)
         self.dataloader = rebuild_factory(loader, batch_size=parts.loader_batch_size,
-                                          dataset=parts.dataset)(parts.loader_settings)
+                                          dataset=parts.dataset,
+                                          collate_fn=parts.collate_fn)(parts.loader_settings)
         self._prefetch = parts.prefetch_to_device
         self.loader: Iterable[Any] = self.on_device(self.dataloader)
         for knob in KNOBS:
@@ -160,9 +164,11 @@ def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Op
                loader: DataLoader[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
                device: str | torch.device = "cpu", check: bool = True,
                cache_split: CacheSplit | None = None,
-               schedulers: Iterable[Any] = ()) -> TunedLoop:
+               schedulers: Iterable[Any] = (),
+               jpeg_split: JpegSplit | None = None) -> TunedLoop:
     """Apply ``plan`` to a plain loop's pieces (see the module docstring). A plan that keeps
-    the decode cache needs the dataset's ``cache_split`` (the one the tuned setup declared).
+    the decode cache needs the dataset's ``cache_split``, one that decodes JPEGs on the device
+    its ``jpeg_split`` (the ones the tuned setup declared).
 
     The optimizer stays the one given (a fused or foreach implementation is switched in
     place), so a learning-rate scheduler built on it before or after goes on driving the
@@ -186,6 +192,8 @@ def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Op
             None = none declared.
         schedulers: learning-rate schedulers already built on ``optimizer`` whose base rates
             the plan's learning-rate scaling must scale too.
+        jpeg_split: how the dataset's samples are made from JPEGs, needed when the plan
+            decodes them on the device; None = none declared.
 
     Returns:
         The :class:`TunedLoop`: its ``loader``, ``model``, ``optimizer`` and ``step``.
@@ -215,6 +223,6 @@ def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Op
                                   rank_info().world_size))
 
     to_scale = _schedulers_to_scale(plan, optimizer, schedulers)
-    tuned = TunedLoop(plan, model, optimizer, loader, loss_fn, dev, cache_split)
+    tuned = TunedLoop(plan, model, optimizer, loader, loss_fn, dev, cache_split, jpeg_split)
     _scale_schedulers(plan, tuned, to_scale)
     return tuned

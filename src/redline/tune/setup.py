@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader
 
 from redline.core.errors import RedlineError
 from redline.data.cache_split import CacheSplit
+from redline.data.device_decode import JpegSplit
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -76,6 +77,11 @@ class TrainSetup:
     a cache of the deterministic part (filled once, the fill counted against the planned
     run). None: the decode cache is not tried (it is not tried either for a dataset that is
     already a ``CachedDataset``)."""
+    jpeg_split: JpegSplit | None = None
+    """How the dataset's samples are made from JPEGs (:class:`redline.data.JpegSplit`: the
+    encoded images and labels, the random resized crop, flip and normalization): on CUDA the
+    path then tries decoding and augmenting on the device (nvJPEG), checked against the CPU
+    path's pixels and kept only when faster end to end. None: not tried."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
@@ -104,6 +110,9 @@ class TrainSetup:
         if self.cache_split is not None and not isinstance(self.cache_split, CacheSplit):
             raise SetupError(f"TrainSetup.cache_split must be a redline.data.CacheSplit, got "
                              f"{type(self.cache_split).__name__}")
+        if self.jpeg_split is not None and not isinstance(self.jpeg_split, JpegSplit):
+            raise SetupError(f"TrainSetup.jpeg_split must be a redline.data.JpegSplit, got "
+                             f"{type(self.jpeg_split).__name__}")
 
     @property
     def micro_batch(self) -> int:

@@ -39,7 +39,7 @@ def counted_peak(factory: Factory, plan: TunePlan) -> int:
     setup = fresh(factory)
     loop = TunedLoop(plan, setup.model, setup.optimizer, setup.loader, setup.loss_fn,
                      torch.device(setup.device),
-                     setup.cache_split)
+                     setup.cache_split, setup.jpeg_split)
     try:
         batches = endless(loop.loader)
         loop.step(next(batches))  # builds lazy optimizer state
@@ -107,7 +107,7 @@ def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup
     setup = fresh(factory)
     device = torch.device(setup.device)
     loop = TunedLoop(plan, setup.model, setup.optimizer, setup.loader, setup.loss_fn, device,
-                     setup.cache_split)
+                     setup.cache_split, setup.jpeg_split)
     source: Any = loop.loader
     if step_only:
         # From a worker-less copy of the loader: no worker processes competing for the CPUs.

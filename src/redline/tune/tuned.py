@@ -106,6 +106,9 @@ class TunePlan:
     decode_cache_store: str | None = None
     """The cache's folder; None = ``CachedDataset``'s default (``/dev/shm/redline-cache``
     where /dev/shm has room for it, else ``~/.cache/redline/redline-cache``)."""
+    gpu_decode: bool = False
+    """The loader ships encoded JPEGs and the device decodes and augments them (the setup's
+    ``jpeg_split``, :class:`redline.data.JpegSplit`; :mod:`redline.data.device_decode`)."""
     precision: str = "fp32"
     """'fp32' | 'tf32' | 'bf16' (autocast) | 'fp16' (autocast + GradScaler)."""
     channels_last: bool = False

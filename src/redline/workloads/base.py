@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from redline.data.cache_split import CacheSplit
+from redline.data.device_decode import JpegSplit
 
 
 @dataclass(slots=True, kw_only=True)
@@ -28,6 +29,9 @@ class Workload:
     cache_split: CacheSplit | None = None
     """The dataset's deterministic and random parts, where it declares them (the decode
     cache knob of ``redline tune``)."""
+    jpeg_split: JpegSplit | None = None
+    """How the samples are made from JPEGs, where they are (the GPU decode knob of
+    ``redline tune``)."""
 
 
 def batches(loader: DataLoader[Any]) -> Iterator[Any]:

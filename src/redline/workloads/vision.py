@@ -10,7 +10,6 @@ fp32), as found in many scripts.
 from __future__ import annotations
 
 import io
-import math
 import os
 import random
 import shutil
@@ -28,11 +27,21 @@ from torch.utils.data import DataLoader, Dataset
 
 from redline.core.loader import LoaderSettings
 from redline.data.cache_split import CacheSplit
+from redline.data.device_decode import JpegSplit, crop_box
 from redline.workloads.base import Workload
 from redline.workloads.resnet import ResNet50
 
-MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
-STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+MEAN_RGB = (0.485, 0.456, 0.406)
+STD_RGB = (0.229, 0.224, 0.225)
+"""ImageNet's per-channel statistics, the normalization of both decode paths."""
+MEAN = torch.tensor(MEAN_RGB).view(3, 1, 1)
+STD = torch.tensor(STD_RGB).view(3, 1, 1)
+FLIP_P = 0.5
+"""Probability of a left-right flip."""
+AREA = (0.35, 1.0)
+"""The random crop's area as a share of the image's."""
+RATIO = (3 / 4, 4 / 3)
+"""The random crop's aspect ratio range."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -113,7 +122,7 @@ class Augment:
     def __call__(self, item: tuple[np.ndarray, int]) -> tuple[torch.Tensor, int]:
         pixels, label = item
         img = random_resized_crop(Image.fromarray(pixels), self.crop)
-        if random.random() < 0.5:
+        if random.random() < FLIP_P:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         x = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
         x = x.view(self.crop, self.crop, 3).permute(2, 0, 1).float().div_(255)
@@ -183,6 +192,12 @@ class SyntheticJpegDataset(Dataset[tuple[torch.Tensor, int]]):
         return CacheSplit(source=self.source, deterministic=decode, random=self.augment,
                           index=Modulo(self.num_images))
 
+    def jpeg_split(self) -> JpegSplit:
+        """How each sample is made from its JPEG, so ``redline tune`` can try decoding and
+        augmenting on the device (the same crop rule, flip and normalization)."""
+        return JpegSplit(source=self.source, crop=self.crop, mean=MEAN_RGB, std=STD_RGB,
+                         scale=AREA, ratio=RATIO, flip_p=FLIP_P, index=Modulo(self.num_images))
+
 
 class StoredJpegDataset(SyntheticJpegDataset):
     """The same JPEGs in files, each read after a wait: SIMULATED storage latency (the files
@@ -205,19 +220,13 @@ class StoredJpegDataset(SyntheticJpegDataset):
             return f.read()
 
 
-def random_resized_crop(img: Image.Image, size: int, area: tuple[float, float] = (0.35, 1.0),
-                        ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Image.Image:
-    """torchvision-style RandomResizedCrop with Pillow only."""
-    w, h = img.size
-    for _ in range(10):
-        a = random.uniform(*area) * w * h
-        r = math.exp(random.uniform(math.log(ratio[0]), math.log(ratio[1])))
-        cw, ch = round(math.sqrt(a * r)), round(math.sqrt(a / r))
-        if 0 < cw <= w and 0 < ch <= h:
-            x0, y0 = random.randint(0, w - cw), random.randint(0, h - ch)
-            return img.resize((size, size), Image.Resampling.BILINEAR,
-                              box=(x0, y0, x0 + cw, y0 + ch))
-    return img.resize((size, size), Image.Resampling.BILINEAR)
+def random_resized_crop(img: Image.Image, size: int, area: tuple[float, float] = AREA,
+                        ratio: tuple[float, float] = RATIO) -> Image.Image:
+    """torchvision-style RandomResizedCrop with Pillow only, at the box :func:`crop_box` draws
+    (the rule the device path draws its boxes with too)."""
+    left, top, width, height = crop_box(*img.size, area, ratio)
+    return img.resize((size, size), Image.Resampling.BILINEAR,
+                      box=(left, top, left + width, top + height))
 
 
 class SmallCNN(nn.Module):
@@ -269,7 +278,7 @@ def build_vision(cfg: VisionConfig | None = None, device: torch.device | None = 
             "vision-storage" if cfg.storage_latency_ms > 0 else "vision")
     return Workload(name=name, model=model, loader=loader, optimizer=opt, loss_fn=_loss, device=device,
                     accumulation_steps=cfg.accumulation_steps,
-                    cache_split=ds.cache_split())
+                    cache_split=ds.cache_split(), jpeg_split=ds.jpeg_split())
 
 
 def vision_large_config() -> VisionConfig:

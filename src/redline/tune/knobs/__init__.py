@@ -18,20 +18,22 @@ from redline.tune.knobs.cuda_graphs import CUDA_GRAPHS
 from redline.tune.knobs.cudnn_benchmark import CUDNN_BENCHMARK
 from redline.tune.knobs.ddp import DDP
 from redline.tune.knobs.decode_cache import DECODE_CACHE
+from redline.tune.knobs.gpu_decode import GPU_DECODE
 from redline.tune.knobs.loader import LOADER
 from redline.tune.knobs.optimizer import OPTIMIZER
 from redline.tune.knobs.precision import PRECISION
 from redline.tune.knobs.sdpa import SDPA
 
-KNOBS: tuple[TuneKnob, ...] = (LOADER, DECODE_CACHE, BATCH, BATCH_CHANGE, PRECISION, SDPA,
-                               CHANNELS_LAST, CUDNN_BENCHMARK, OPTIMIZER, COMPILE, CUDA_GRAPHS,
-                               DDP)
+KNOBS: tuple[TuneKnob, ...] = (LOADER, GPU_DECODE, DECODE_CACHE, BATCH, BATCH_CHANGE, PRECISION,
+                               SDPA, CHANNELS_LAST, CUDNN_BENCHMARK, OPTIMIZER, COMPILE,
+                               CUDA_GRAPHS, DDP)
 """Every knob, in the order of their first visits: the order a tuned loop applies them in,
 stage by stage, and the order of the printed plan line."""
 
 PATH: tuple[Visit, ...] = (
-    # data pipeline: the input first, so the compute knobs are not judged behind it
-    Visit(knob=LOADER), Visit(knob=DECODE_CACHE),
+    # data pipeline: the input first, so the compute knobs are not judged behind it; the
+    # decode moved to the device where it can be, else cached
+    Visit(knob=LOADER), Visit(knob=GPU_DECODE), Visit(knob=DECODE_CACHE),
     # batch size, with gradient accumulation keeping the effective batch
     Visit(knob=BATCH), Visit(knob=BATCH_CHANGE),
     # mixed precision; a 16-bit precision kept frees memory for a larger micro-batch

@@ -52,6 +52,11 @@ class DecodeCacheKnob(TuneKnob):
                 knob=Knob.DECODE_CACHE, kept=False,
                 reason="not tried: the dataset already is a CachedDataset"))
             return plan
+        if plan.gpu_decode:
+            plan.decisions.append(Decision(
+                knob=Knob.DECODE_CACHE, kept=False,
+                reason="not tried: the JPEGs are decoded on the device (GPU decode kept)"))
+            return plan
         if path.cache_split is None:
             path.log("  decode cache: not tried (the setup declares no cache_split)")
             return plan
@@ -88,7 +93,8 @@ class DecodeCacheKnob(TuneKnob):
         return plan  # its decisions are the same list, with ``decision`` in it
 
     def apply_data(self, parts: LoopParts) -> None:
-        parts.dataset = plan_dataset(parts.plan, parts.user_loader, parts.cache_split)
+        if parts.plan.decode_cache:
+            parts.dataset = plan_dataset(parts.plan, parts.user_loader, parts.cache_split)
 
     def summary(self, plan: TunePlan) -> list[str]:
         return ["decode cache"] if plan.decode_cache else []

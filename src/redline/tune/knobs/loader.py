@@ -15,7 +15,7 @@ from redline.data.prefetcher import map_tensors
 from redline.measure.system import cpu_budget
 from redline.tune.decision import Decision, Knob
 from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
-from redline.tune.knobs.decode_cache import plan_dataset
+from redline.tune.knobs.gpu_decode import plan_data
 from redline.tune.samples import fresh
 from redline.tune.tuned import TunePlan
 
@@ -45,8 +45,9 @@ class LoaderKnob(TuneKnob):
     def _autotune(self, path: TuningPath, plan: TunePlan, *, again: bool) -> TunePlan:
         setup = fresh(path.factory)
         loop = path.tuned_loop(plan, setup)
-        make = rebuild_factory(setup.loader, batch_size=plan.effective_batch,
-                               dataset=plan_dataset(plan, setup.loader, setup.cache_split))
+        dataset, collate = plan_data(plan, setup.loader, setup.cache_split, setup.jpeg_split)
+        make = rebuild_factory(setup.loader, batch_size=plan.effective_batch, dataset=dataset,
+                               collate_fn=collate)
         device = path.device
 
         def consume(batch: Any) -> None:
