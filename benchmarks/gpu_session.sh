@@ -4,6 +4,8 @@
 #   bash benchmarks/gpu_session.sh check  # gpu_check.py alone (~60-90 s)
 #   bash benchmarks/gpu_session.sh vision # demo vision-large alone (--allow-batch-change)
 #   bash benchmarks/gpu_session.sh lm     # demo lm-large alone
+#   bash benchmarks/gpu_session.sh short  # the GPU decode, small-batch and trace rows, then
+#                                         # redline tune on vision-large, one round (~300 s)
 # Each step has its own time limit, so a slow one leaves the rest their time and its log.
 # Meant for a GPU image with PyTorch and torchvision but not every redline dependency:
 # wheels for the missing ones (orjson, ijson, lmdb) travel in .whl/ (docs/tune.md, "Checking
@@ -39,8 +41,21 @@ check() {
   echo "gpu_check: exit $? after $((SECONDS - t0)) s"
   grep -E "^\||Traceback|Error" "$OUT/gpu_check.txt" | cut -c1-400
 }
+tune_vision() {  # time limit (s)
+  local t0=$SECONDS
+  timeout "$1" python3 -m redline.cli.main tune benchmarks/tune_vision_large_setup.py \
+    --no-compile --allow-batch-change --fresh --rounds 1 --plan /tmp/plan_vision.json \
+    --json "$OUT/tune_vision-large.json" > "$OUT/tune_vision-large.txt" 2>&1
+  echo "tune vision-large: exit $? after $((SECONDS - t0)) s"
+  cut -c1-260 "$OUT/tune_vision-large.txt" | grep -vE "^ *$"
+}
 case "$part" in
   check) check ;;
+  short)
+    timeout 60 python3 benchmarks/gpu_check.py --only "GPU decode" "small batch" "trace of" \
+      > "$OUT/gpu_check_rows.txt" 2>&1
+    grep -E "^\||Traceback|Error" "$OUT/gpu_check_rows.txt" | cut -c1-400
+    tune_vision 235 ;;
   vision) demo vision-large 400 --allow-batch-change ;;
   lm) demo lm-large 300 ;;
   *) check; demo vision-large 250 --allow-batch-change; demo lm-large 150 ;;

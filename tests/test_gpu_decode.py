@@ -269,3 +269,46 @@ def test_a_plan_written_before_the_knob_reads_as_decoding_on_the_cpu(tmp_path: P
     doc = base.to_dict()
     del doc["gpu_decode"]
     assert TunePlan.from_dict(doc).gpu_decode is False
+
+
+def test_not_faster_at_first_it_is_measured_again_once_the_step_got_faster(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the step is slow the CPUs keep up and the device decode does not pay; once a later
+    knob (here bf16) made the step faster, the decode binds and the second visit keeps it.
+    (Speeds faked: this tests the path's order, not this machine's timings.)"""
+    import redline.tune.knobs.gpu_decode as knob_module
+    from redline.tune.decision import Decision
+
+    monkeypatch.setattr(knob_module, "device_decode_unavailable", lambda device: None)
+    monkeypatch.setattr(knob_module, "DeviceDecoder",
+                        functools.partial(DeviceDecoder, decode=_cpu_decode_stand_in))
+    cfg = TuneConfig(run_steps=1000, rounds=1, steps_per_trial=2, warmup_steps=1, reuse=False,
+                     store_dir=str(tmp_path))
+
+    def step_s(plan: TunePlan) -> float:
+        compute = 0.02 if plan.precision == "bf16" else 0.08
+        decode = 0.03 if plan.gpu_decode else 0.05  # the CPUs' decode, hidden under a slow step
+        return max(compute, decode) + (0.005 if plan.gpu_decode else 0.0)
+
+    p = TunePath(_factory(), cfg, lambda s: None, speeds(step_s))
+    base = baseline_plan(p.key, p.micro, p.effective, p.user_loader)
+    plan = GPU_DECODE.run(p, base)
+    assert not plan.gpu_decode and plan.decisions[-1].measured == "end to end"
+    assert GPU_DECODE.again(p, plan) is plan  # no later knob kept: nothing to look at again
+    plan = dataclasses.replace(plan, precision="bf16", decisions=[
+        *plan.decisions, Decision(knob=Knob.PRECISION, kept=True, reason="faster")])
+    plan = GPU_DECODE.again(p, plan)
+    d = plan.decisions[-1]
+    assert d.knob is Knob.GPU_DECODE and d.again and d.kept and plan.gpu_decode
+    assert d.details["images_compared"] == 6  # the pixel check's figures carried over
+    # refused before measuring (no device decoder): no second visit either
+    q, base = _path(tmp_path)
+    refused = GPU_DECODE.run(q, base)
+    refused.decisions.append(Decision(knob=Knob.PRECISION, kept=True, reason="faster"))
+    monkeypatch.undo()
+    assert GPU_DECODE.again(q, refused) is refused
+
+
+def test_the_second_visit_comes_before_the_loaders_last() -> None:
+    again = [visit.knob.name for visit in PATH if visit.again]
+    assert again[-2:] == ["gpu_decode", "loader"]

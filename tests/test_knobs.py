@@ -107,7 +107,7 @@ def test_the_path_visits_every_knob_once_in_list_order_and_again_where_it_can() 
     first = [v.knob for v in PATH if not v.again]
     assert first == list(KNOBS)
     again = [v.knob.name for v in PATH if v.again]
-    assert again == ["batch", "precision", "batch", "loader"]
+    assert again == ["batch", "precision", "batch", "gpu_decode", "loader"]
     assert all(_overrides(v.knob, "again") for v in PATH if v.again)
     assert [v.knob.name for v in PATH if v.knob.heading is not None and not v.again] == [
         "loader", "batch", "batch_change", "precision", "sdpa", "ddp"]

@@ -364,20 +364,30 @@ class PathAgreement:
     """Largest |device − CPU| of any pixel and channel."""
     p99_abs_levels: float
     """99th percentile of |device − CPU|."""
+    worst_image_mean_levels: float
+    """The largest of the images' own mean |device − CPU|."""
 
     @property
     def close(self) -> bool:
-        """Within what two JPEG decoders' rounding and two resize filters differ by: a mean
-        under 2 levels and 99 % of values within 8 (libjpeg-turbo's and nvJPEG's IDCT and
-        chroma upsampling differ by a few levels at edges; a wrong crop, flip, channel order
-        or normalization differs by tens)."""
-        return self.mean_abs_levels <= MEAN_LEVELS_MAX and self.p99_abs_levels <= P99_LEVELS_MAX
+        """Within what two JPEG decoders and two resize filters differ by (see
+        :data:`MEAN_LEVELS_MAX`, :data:`P99_LEVELS_MAX`, :data:`IMAGE_MEAN_LEVELS_MAX`)."""
+        return (self.mean_abs_levels <= MEAN_LEVELS_MAX and self.p99_abs_levels <= P99_LEVELS_MAX
+                and self.worst_image_mean_levels <= IMAGE_MEAN_LEVELS_MAX)
 
 
+# Two correct paths differ by the decoders' IDCT rounding (a level or two) and, at hard colour
+# edges, by their chroma upsampling: JPEG stores colour at half resolution (4:2:0) and
+# libjpeg-turbo, under Pillow, interpolates it ("fancy upsampling", its default) where nvJPEG
+# replicates it, so pixels on such an edge differ by up to half the colour step. On an H200,
+# nvJPEG against Pillow over vision-large's JPEGs (hard-edged blobs on gradients) measured a mean
+# of 1.0 level and a 99th percentile of 9.7. A wrong channel order, crop or flip moves the mean
+# by tens of levels, and a wrong image within the batch moves its own mean as much.
 MEAN_LEVELS_MAX = 2.0
 """Largest mean |device − CPU| pixel difference, in 8-bit levels, for the paths to agree."""
-P99_LEVELS_MAX = 8.0
+P99_LEVELS_MAX = 16.0
 """Largest 99th-percentile |device − CPU| pixel difference, in 8-bit levels."""
+IMAGE_MEAN_LEVELS_MAX = 4.0
+"""Largest mean |device − CPU| of any one image, in 8-bit levels."""
 
 
 def compare_paths(split: JpegSplit, device: torch.device | str, samples: int = 8,
@@ -404,7 +414,9 @@ def compare_paths(split: JpegSplit, device: torch.device | str, samples: int = 8
     on_cpu = torch.stack([cpu_sample(split, blob, box, flip)
                           for blob, box, flip in zip(blobs, boxes, flips, strict=True)])
     std = torch.tensor(split.std).view(1, 3, 1, 1)
-    diff = ((on_device - on_cpu) * std * 255).abs().flatten()
+    per_image = ((on_device - on_cpu) * std * 255).abs()
+    diff = per_image.flatten()
     return PathAgreement(images=len(blobs), mean_abs_levels=float(diff.mean()),
                          max_abs_levels=float(diff.max()),
-                         p99_abs_levels=float(torch.quantile(diff[:2**24].float(), 0.99)))
+                         p99_abs_levels=float(torch.quantile(diff[:2**24].float(), 0.99)),
+                         worst_image_mean_levels=float(per_image.flatten(1).mean(1).max()))

@@ -43,8 +43,8 @@ PATH: tuple[Visit, ...] = (
     Visit(knob=PRECISION, again=True, after=("tune_kernels",)),
     Visit(knob=CUDNN_BENCHMARK), Visit(knob=OPTIMIZER), Visit(knob=COMPILE),
     Visit(knob=CUDA_GRAPHS), Visit(knob=BATCH, again=True, after=("tune_kernels",)),
-    # communication, then the input again for the step the path ends with
-    Visit(knob=DDP), Visit(knob=LOADER, again=True),
+    # communication, then the input again for the step the path ends with (its decode first)
+    Visit(knob=DDP), Visit(knob=GPU_DECODE, again=True), Visit(knob=LOADER, again=True),
 )
 """The path in its order: each knob's first visit, and the second visits a later change makes
 worth it."""

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from redline.data.cache_split import CacheSplit
 from redline.data.device_decode import (
+    IMAGE_MEAN_LEVELS_MAX,
     MEAN_LEVELS_MAX,
     P99_LEVELS_MAX,
     DeviceDecoder,
@@ -62,6 +63,10 @@ def plan_data(plan: TunePlan, loader: DataLoader[Any], cache_split: CacheSplit |
     return EncodedJpegs(jpeg_split, len(loader.dataset)), collate_encoded  # type: ignore[arg-type]
 
 
+_DATA_KNOBS = (Knob.LOADER, Knob.GPU_DECODE, Knob.DECODE_CACHE)
+"""The input pipeline's own knobs: keeping one does not make the step faster."""
+
+
 class GpuDecodeKnob(TuneKnob):
     name = "gpu_decode"
     records = (Knob.GPU_DECODE,)
@@ -85,8 +90,10 @@ class GpuDecodeKnob(TuneKnob):
             elif not agreement.close:
                 why = (f"the device path's pixels differ from the CPU path's by "
                        f"{agreement.mean_abs_levels:.2f} levels on average, "
-                       f"{agreement.p99_abs_levels:.1f} at the 99th percentile (at most "
-                       f"{MEAN_LEVELS_MAX:g} and {P99_LEVELS_MAX:g} agree)")
+                       f"{agreement.p99_abs_levels:.1f} at the 99th percentile, "
+                       f"{agreement.worst_image_mean_levels:.2f} on average in the worst image "
+                       f"(at most {MEAN_LEVELS_MAX:g}, {P99_LEVELS_MAX:g} and "
+                       f"{IMAGE_MEAN_LEVELS_MAX:g} agree)")
         # every rank of a job takes the same path: one rank's refusal is the job's
         refusals = [(rank, reason) for rank, reason in
                     enumerate(path.agree.gather(why, "GPU decode: the device path checked"))
@@ -107,11 +114,28 @@ class GpuDecodeKnob(TuneKnob):
             "mean_abs_levels": round(agreement.mean_abs_levels, 3),
             "p99_abs_levels": round(agreement.p99_abs_levels, 3),
             "max_abs_levels": round(agreement.max_abs_levels, 3),
+            "worst_image_mean_levels": round(agreement.worst_image_mean_levels, 3),
             "images_compared": agreement.images}
         cand = dataclasses.replace(plan, gpu_decode=True, decode_cache=False,
                                    decode_cache_store=None, decisions=[])
         return path.decide(plan, cand, Decision(knob=Knob.GPU_DECODE, kept=False, reason="",
                                                 details=details),
+                           step_only=False)
+
+    def again(self, path: TuningPath, plan: TunePlan) -> TunePlan:
+        """Measured and not kept at the start, where the step was slow enough for the CPUs to
+        feed it: once a later knob made the step faster the decode may be what binds, so it is
+        measured again (the loader's second visit then provisions the encoded pipeline)."""
+        first = [d for d in plan.decisions if d.knob is Knob.GPU_DECODE]
+        if plan.gpu_decode or not first or first[-1].measured is None:
+            return plan  # kept, or refused before measuring (no device decoder, pixels differ)
+        if not any(d.kept for d in plan.decisions if d.knob not in _DATA_KNOBS):
+            return plan
+        path.log("GPU decode, again (the step got faster)")
+        cand = dataclasses.replace(plan, gpu_decode=True, decode_cache=False,
+                                   decode_cache_store=None, decisions=[])
+        return path.decide(plan, cand, Decision(knob=Knob.GPU_DECODE, kept=False, reason="",
+                                                again=True, details=dict(first[-1].details)),
                            step_only=False)
 
     def apply_data(self, parts: LoopParts) -> None:
