@@ -517,9 +517,10 @@ def logging_sync_finding() -> tuple[bool, str]:
 
 
 def small_batch_headroom() -> tuple[bool, str]:
-    """A batch of 8 through a small MLP, fed by a loader whose samples take host time: the
-    device idles most of the step with nearly all its memory free; small_batch must be named
-    (beside the data wait)."""
+    """A batch of 8 through a small MLP, twice: with 2 ms of the loop's own host work per step
+    the device idles most of the step with nearly all its memory free, and small_batch must be
+    named; fed instead by a loader whose samples take that time, the idle is the data wait's,
+    and small_batch must not claim it (data_starvation does)."""
     from torch.utils.data import DataLoader, Dataset
 
     class Prepared(Dataset[tuple[torch.Tensor, int]]):
@@ -527,24 +528,30 @@ def small_batch_headroom() -> tuple[bool, str]:
             return 4096
 
         def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-            time.sleep(0.0002)  # host preprocessing: 1.6 ms a batch of 8
+            time.sleep(0.00025)  # host preprocessing: 2 ms a batch of 8
             return torch.randn(256), i % 10
 
-    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).cuda()
-    opt = torch.optim.AdamW(model.parameters())
-    with redline.watch(warmup_steps=3, count_flops=False) as w:
-        for i, (x, y) in enumerate(DataLoader(Prepared(), batch_size=8)):
-            loss = nn.functional.cross_entropy(model(x.cuda(non_blocking=True)),
-                                               y.cuda(non_blocking=True))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if i == 60:
-                break
-    rep = w.report(show=False)
-    found = [f for f in rep.findings if f.id == "small_batch"]
-    return bool(found), (found[0].title if found else f"no small_batch; findings "
-                         f"{[f.id for f in rep.findings]}")
+    def run(starved: bool) -> list[str]:
+        model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        ready = [(torch.randn(8, 256), torch.randint(0, 10, (8,))) for _ in range(8)]
+        batches = iter(DataLoader(Prepared(), batch_size=8)) if starved else None
+        with redline.watch(warmup_steps=3, count_flops=False) as w:
+            for i in range(60):
+                x, y = next(batches) if batches is not None else ready[i % 8]
+                loss = nn.functional.cross_entropy(model(x.cuda(non_blocking=True)),
+                                                   y.cuda(non_blocking=True))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if batches is None:
+                    time.sleep(0.002)  # the loop's own per-step host work
+        return [f.id for f in w.report(show=False).findings]
+
+    host, starved = run(False), run(True)
+    return ("small_batch" in host and "small_batch" not in starved
+            and "data_starvation" in starved,
+            f"host work per step: {host}; data-starved: {starved}")
 
 
 def device_trace() -> tuple[bool, str]:

@@ -308,6 +308,23 @@ def test_small_batch() -> None:
     assert "small_batch" not in ids(full)
 
 
+def test_small_batch_does_not_claim_the_idle_time_the_data_wait_explains() -> None:
+    """ResNet-50's naive loop on an H200: the device works 38 % of the step and the loop waits
+    62 % of it for data. A larger batch would not feed it faster: data_starvation, not
+    small_batch, names that idle time. With part of the idle left unexplained, small_batch
+    claims that part only."""
+    starved = measurements(device="cuda", cc="9.0", precision="bf16-autocast",
+                           phases={"data_wait": 0.616, "forward": 0.13, "backward": 0.2},
+                           dev={"device_span_fraction": 0.379, "peak_reserved_bytes": 2**30})
+    assert "data_starvation" in ids(starved) and "small_batch" not in ids(starved)
+    partly = measurements(device="cuda", cc="9.0", precision="bf16-autocast",
+                          phases={"data_wait": 0.2, "forward": 0.13, "backward": 0.2},
+                          dev={"device_span_fraction": 0.4, "peak_reserved_bytes": 2**30})
+    f = get(partly, "small_batch")
+    assert f.evidence["idle_not_data_fraction"] == pytest.approx(0.4)
+    assert f.ceiling_speedup == pytest.approx(1 / 0.6)
+
+
 def test_small_batch_on_cpu_from_fixed_per_step_costs() -> None:
     """The optimizer's update (fixed per step) is 60 % of a CPU step: small_batch with the
     fixed and per-sample parts, and Amdahl's projection; a compute-bound step is quiet."""

@@ -64,7 +64,7 @@ def default_workload(simulated: bool = False) -> str:
 
     The CPU-sized ``vision`` cannot keep a GPU busy whatever is tuned (a data-centre GPU
     finishes its step before the host's CPUs decode the next batch), and ``vision-large`` stays
-    decode- and launch-bound there (the tuned table's ``still limited`` line says so); the
+    input-bound there even with its decode moved to the device (docs/tune.md); the
     tuned ``lm-large`` keeps a GPU's kernels busy most of the step. The simulated accelerator
     paces ``vision``."""
     if not simulated and torch.cuda.is_available():

@@ -138,14 +138,21 @@ def _memory_headroom(m: Measurements) -> Finding | None:
         return None
     mem = dm.peak_reserved_bytes / dm.total_memory_bytes
     span = dm.device_span_fraction
-    if mem >= SMALL_BATCH_MAX_MEMORY_FRACTION or span >= SMALL_BATCH_MAX_BUSY:
+    # The device idles while the loop waits for its next batch: a larger batch does not make
+    # the input come faster (data_starvation names that time), so only the idle time the
+    # data wait does not explain is the per-step overhead a larger batch amortizes.
+    data_wait = m.fraction("data_wait")
+    idle = max(0.0, 1.0 - span - data_wait)
+    if mem >= SMALL_BATCH_MAX_MEMORY_FRACTION or 1.0 - idle >= SMALL_BATCH_MAX_BUSY:
         return None
     return Finding(
         id="small_batch", severity="medium",
-        title=f"The batch uses {mem:.0%} of device memory and the device works {span:.0%} of the step",
+        title=f"The batch uses {mem:.0%} of device memory and the device idles {idle:.0%} of "
+              "the step for reasons other than waiting for data",
         evidence={"peak_reserved_fraction": round(mem, 3), "device_span_fraction": round(span, 3),
+         "data_wait_fraction": round(data_wait, 3), "idle_not_data_fraction": round(idle, 3),
          "batch_size": m.config.batch_size},
-        ceiling_speedup=ceiling_speedup(1.0 - span),
+        ceiling_speedup=ceiling_speedup(idle),
         fix="Raise the batch size towards the memory limit (keep the effective batch with gradient "
         "accumulation if the optimization must not change); per-step overheads then amortize.")
 
