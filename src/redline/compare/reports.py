@@ -8,6 +8,7 @@ lacks is said, never guessed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from redline.compare.model import (
     MetricDelta,
     PhaseDelta,
 )
+from redline.compare.shape import check_report
 from redline.compare.stats import Sample, batch_sample, summary_sample
 from redline.compare.verdict import step_test, verdict_of
 from redline.core.report import SCHEMA_VERSION
@@ -39,7 +41,10 @@ BATCH_CHANGE_FRACTION = 0.01
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    """A finite number as a float; anything else (null, text, NaN) is unknown."""
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
 
 
 def _at(d: Any, *path: str) -> Any:
@@ -113,7 +118,13 @@ def compare_reports(before: dict[str, Any], after: dict[str, Any], *, before_sou
 
     Returns:
         The comparison, its verdict first.
+
+    Raises:
+        CompareInputError: a report of a newer schema, or with a field that holds something
+            else than a report's (cut short or edited), naming its source and the field.
     """
+    check_report(before, before_source)
+    check_report(after, after_source)
     notes: list[str] = []
     differences = context_differences(before, after)
     tb, ta = (_at(d, "measurements", "timing") or {} for d in (before, after))
