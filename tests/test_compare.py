@@ -484,3 +484,19 @@ def test_the_cli_says_what_was_wrong_and_exits_2(tmp_path: Path) -> None:
                                "a JSON string")
     assert "Traceback" not in p.stderr
 
+
+def test_world_size_and_noise_in_host_metrics() -> None:
+    rng = random.Random(13)
+    before = _report(_times(rng, 0.1), host={"other_processes_cpu_cores": 1.2e-13,
+                                              "main_thread_run_delay_fraction": 0.0001,
+                                              "data_fetch_cpu_fraction": 0.05})
+    after = _report(_times(rng, 0.1), host={"other_processes_cpu_cores": 0.0,
+                                             "main_thread_run_delay_fraction": 0.0,
+                                             "data_fetch_cpu_fraction": 0.30})
+    after["ranks"] = {"world_size": 2, "missing": [], "entries": []}
+    c = compare_reports(before, after, before_source="a", after_source="b")
+    assert {d.field: (d.before, d.after) for d in c.differences} == {"world_size": ("1", "2")}
+    # a millionth of a core and a hundredth of a point are no change; 5 % → 30 % is
+    assert [(m.name, m.before, m.after) for m in c.metrics] == [
+        ("host.data_fetch_cpu_fraction", 0.05, 0.30)]
+
