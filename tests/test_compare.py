@@ -368,6 +368,10 @@ def test_two_real_jobs_on_different_gpus() -> None:
     fields = {d.field: (d.before, d.after) for d in c.differences}
     assert fields["device_name"] == ("Tesla V100-SXM2-32GB", "NVIDIA A100-PG509-200")
     assert fields["profiler_steps"] == ("4", "2")
+    # one trace file each, but the second is rank 0 of a 2-rank job (its distributedInfo)
+    assert fields["world_size"] == ("1", "2")
+    assert "ranks_given" not in fields
+    assert any("1 of the job's 2 ranks" in n and n.startswith("after") for n in c.notes)
     by = {k.name: k for k in c.kernels}
     assert any(k.change == "added" and k.name.startswith("ncclKernel_AllReduce")
                for k in c.kernels)
@@ -500,3 +504,15 @@ def test_world_size_and_noise_in_host_metrics() -> None:
     assert [(m.name, m.before, m.after) for m in c.metrics] == [
         ("host.data_fetch_cpu_fraction", 0.05, 0.30)]
 
+
+def test_traces_of_more_ranks_are_said(tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    write_trace(one / "rank0.json.gz")
+    for rank in (0, 1):
+        write_trace(two / f"rank{rank}.json.gz", synthetic_events(offset=rank * 3.0), rank=rank)
+    c = compare_paths(str(one), str(two))
+    fields = {d.field: (d.before, d.after) for d in c.differences}
+    # the fixture's traces all declare a world size of 1
+    assert fields == {"ranks_given": ("1", "2")}
