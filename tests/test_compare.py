@@ -516,3 +516,36 @@ def test_traces_of_more_ranks_are_said(tmp_path: Path) -> None:
     fields = {d.field: (d.before, d.after) for d in c.differences}
     # the fixture's traces all declare a world size of 1
     assert fields == {"ranks_given": ("1", "2")}
+
+
+def test_the_cli_writes_the_json_and_the_html_page(tmp_path: Path) -> None:
+    """`--json` and `--html` as for the other commands: the page carries the JSON document, an
+    output that would replace an input is refused before anything is compared."""
+    import subprocess
+    import sys
+
+    from html_docs import embedded
+
+    before = write_trace(tmp_path / "before.json.gz")
+    events = synthetic_events()
+    for e in events:
+        if e.get("name") == "sm90_xmma_gemm_f32f32" and e["cat"] == "kernel":
+            e["dur"] *= 2
+    after = write_trace(tmp_path / "after.json.gz", events)
+    out, page = tmp_path / "c.json", tmp_path / "c.html"
+
+    def compare(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "redline.cli.main", "compare",
+                               str(before), str(after), *argv],
+                              capture_output=True, text=True, timeout=120)
+
+    p = compare("--json", str(out), "--html", str(page))
+    assert p.returncode == 0, p.stderr
+    assert f"HTML report written to {page}" in p.stdout
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "redline.compare/1" and doc["kind"] == "traces"
+    assert embedded(page.read_text(), "redline-data") == [doc]
+    assert "<h2>Verdict: no significant change</h2>" in page.read_text()
+    p = compare("--html", str(after))
+    assert p.returncode == 2 and "an input to compare" in p.stderr
+    assert after.read_bytes()[:2] == b"\x1f\x8b"  # still the trace
