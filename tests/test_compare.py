@@ -246,10 +246,10 @@ def _plan(step_s: float, global_batch: int = 32) -> dict[str, Any]:
 
 
 def test_plan_schema_is_the_planners() -> None:
-    from redline.compare.plan import PLAN_SCHEMA_PREFIX
+    from redline.compare.shape import PLAN_SCHEMA_READ
     from redline.report.plan_render import PLAN_SCHEMA
 
-    assert PLAN_SCHEMA.startswith(PLAN_SCHEMA_PREFIX)
+    assert PLAN_SCHEMA == PLAN_SCHEMA_READ
 
 
 def test_a_run_slower_than_its_plan_is_a_regression() -> None:
@@ -368,6 +368,10 @@ def test_two_real_jobs_on_different_gpus() -> None:
     fields = {d.field: (d.before, d.after) for d in c.differences}
     assert fields["device_name"] == ("Tesla V100-SXM2-32GB", "NVIDIA A100-PG509-200")
     assert fields["profiler_steps"] == ("4", "2")
+    # one trace file each, but the second is rank 0 of a 2-rank job (its distributedInfo)
+    assert fields["world_size"] == ("1", "2")
+    assert "ranks_given" not in fields
+    assert any("1 of the job's 2 ranks" in n and n.startswith("after") for n in c.notes)
     by = {k.name: k for k in c.kernels}
     assert any(k.change == "added" and k.name.startswith("ncclKernel_AllReduce")
                for k in c.kernels)
@@ -375,3 +379,173 @@ def test_two_real_jobs_on_different_gpus() -> None:
     metrics = {m.name: m for m in c.metrics}
     assert metrics["comm_comp_overlap_pct"].before is None
     assert metrics["comm_comp_overlap_pct"].after is not None
+
+
+# ---- inputs a comparison refuses, and differences it states -----------------------------
+
+def test_a_report_or_plan_of_a_newer_schema_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    rng = random.Random(8)
+    good, newer = tmp_path / "good.json", tmp_path / "newer.json"
+    good.write_text(json.dumps(_report(_times(rng, 0.1))))
+    version = int(SCHEMA_VERSION.rsplit("/", 1)[1])
+    newer.write_text(json.dumps({**_report(_times(rng, 0.1)),
+                                 "schema": f"redline.report/{version + 1}"}))
+    with pytest.raises(CompareInputError, match=(
+            rf"newer\.json: a report of schema 'redline\.report/{version + 1}', newer than "
+            rf"this redline reads \(up to '{SCHEMA_VERSION}'\).*upgrade redline")):
+        compare_paths(str(good), str(newer))
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({**_report(_times(rng, 0.1)), "schema": "redline.report/two"}))
+    with pytest.raises(CompareInputError, match=r"odd\.json: .*schema 'redline\.report/two'"):
+        compare_paths(str(odd), str(good))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({**_plan(0.1), "schema": "redline.parallel-plan/2"}))
+    with pytest.raises(CompareInputError, match=r"plan\.json: a plan of schema "
+                       r"'redline\.parallel-plan/2', newer than"):
+        compare_paths(str(plan), str(good))
+    # the public functions check the documents they are given, not only compare_paths
+    with pytest.raises(CompareInputError, match="newer than this redline reads"):
+        compare_reports(json.loads(good.read_text()), json.loads(newer.read_text()),
+                        before_source="a", after_source="b")
+
+
+def test_a_report_cut_short_is_named_as_one(tmp_path: Path) -> None:
+    rng = random.Random(9)
+    good, cut = tmp_path / "good.json", tmp_path / "cut.json"
+    text = json.dumps(_report(_times(rng, 0.1)), indent=1)
+    good.write_text(text)
+    cut.write_text(text[:len(text) // 2])
+    with pytest.raises(CompareInputError, match=(
+            rf"cut\.json: a redline report \(schema '{SCHEMA_VERSION}'\) that ends early: "
+            rf"not valid JSON at character {len(text) // 2:,} of {len(text) // 2:,} "
+            r"\(cut short\?.*write it again")):
+        compare_paths(str(cut), str(good))
+
+
+def _edit(doc: dict[str, Any], path: tuple[str | int, ...], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(doc)
+    at: Any = out
+    for key in path[:-1]:
+        at = at[key]
+    at[path[-1]] = value
+    return out
+
+
+@pytest.mark.parametrize(("path", "value", "field"), [
+    (("measurements", "timing"), "fast", "measurements.timing"),
+    (("measurements", "timing", "step_times_s"), [0.1, float("nan"), 0.1],
+     r"measurements.timing.step_times_s\[1\]"),
+    (("measurements", "timing", "step_times_s"), [0.1, -0.1, 0.1],
+     r"measurements.timing.step_times_s\[1\]"),
+    (("measurements", "timing", "step_time_mean_s"), float("inf"),
+     "measurements.timing.step_time_mean_s"),
+    (("measurements", "breakdown"), 3, "measurements.breakdown"),
+    (("measurements", "breakdown", 0, "phase"), ["data_wait"], r"measurements.breakdown\[0\].phase"),
+    (("findings",), True, "findings"),
+    (("findings", 0, "id"), {"x": 1}, r"findings\[0\].id"),
+    (("ranks",), {"world_size": "2"}, "ranks.world_size"),
+    (("measurements", "config"), [1], "measurements.config"),
+])
+def test_an_edited_report_is_refused_with_its_file_and_field(
+        path: tuple[str | int, ...], value: Any, field: str) -> None:
+    rng = random.Random(10)
+    good = _report(_times(rng, 0.1), findings=[{"id": "small_batch", "severity": "low",
+                                               "title": "small", "ceiling_speedup": 1.2}])
+    bad = _edit(good, path, value)
+    with pytest.raises(CompareInputError, match=rf"edited\.json: `{field}` is .*; expected "):
+        compare_reports(good, bad, before_source="good.json", after_source="edited.json")
+    with pytest.raises(CompareInputError, match=rf"edited\.json: `{field}` is "):
+        compare_plan(_plan(0.1), bad, plan_source="plan.json", report_source="edited.json")
+
+
+@pytest.mark.parametrize(("path", "value", "field"), [
+    (("chosen",), "dp=1", "chosen"),
+    (("chosen", "time", "step_s"), float("nan"), "chosen.time.step_s"),
+    (("training", "precision"), 16, "training.precision"),
+    (("cluster", "gpus"), 1.5, "cluster.gpus"),
+])
+def test_an_edited_plan_is_refused_with_its_file_and_field(
+        path: tuple[str, ...], value: Any, field: str) -> None:
+    report = _report(_times(random.Random(11), 0.1))
+    with pytest.raises(CompareInputError, match=rf"plan\.json: `{field}` is .*; expected "):
+        compare_plan(_edit(_plan(0.1), path, value), report, plan_source="plan.json",
+                     report_source="r.json")
+
+
+def test_the_cli_says_what_was_wrong_and_exits_2(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    rng = random.Random(12)
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(_report(_times(rng, 0.1))))
+    bad.write_text(json.dumps(_edit(_report(_times(rng, 0.1)),
+                                    ("measurements", "breakdown"), "none")))
+    p = subprocess.run([sys.executable, "-m", "redline.cli.main", "compare", str(good),
+                        str(bad)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith(f"redline compare: error: {bad}: `measurements.breakdown` is "
+                               "a JSON string")
+    assert "Traceback" not in p.stderr
+
+
+def test_world_size_and_noise_in_host_metrics() -> None:
+    rng = random.Random(13)
+    before = _report(_times(rng, 0.1), host={"other_processes_cpu_cores": 1.2e-13,
+                                              "main_thread_run_delay_fraction": 0.0001,
+                                              "data_fetch_cpu_fraction": 0.05})
+    after = _report(_times(rng, 0.1), host={"other_processes_cpu_cores": 0.0,
+                                             "main_thread_run_delay_fraction": 0.0,
+                                             "data_fetch_cpu_fraction": 0.30})
+    after["ranks"] = {"world_size": 2, "missing": [], "entries": []}
+    c = compare_reports(before, after, before_source="a", after_source="b")
+    assert {d.field: (d.before, d.after) for d in c.differences} == {"world_size": ("1", "2")}
+    # a millionth of a core and a hundredth of a point are no change; 5 % → 30 % is
+    assert [(m.name, m.before, m.after) for m in c.metrics] == [
+        ("host.data_fetch_cpu_fraction", 0.05, 0.30)]
+
+
+def test_traces_of_more_ranks_are_said(tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    write_trace(one / "rank0.json.gz")
+    for rank in (0, 1):
+        write_trace(two / f"rank{rank}.json.gz", synthetic_events(offset=rank * 3.0), rank=rank)
+    c = compare_paths(str(one), str(two))
+    fields = {d.field: (d.before, d.after) for d in c.differences}
+    # the fixture's traces all declare a world size of 1
+    assert fields == {"ranks_given": ("1", "2")}
+
+
+def test_the_cli_writes_the_json_and_the_html_page(tmp_path: Path) -> None:
+    """`--json` and `--html` as for the other commands: the page carries the JSON document, an
+    output that would replace an input is refused before anything is compared."""
+    import subprocess
+    import sys
+
+    from html_docs import embedded
+
+    before = write_trace(tmp_path / "before.json.gz")
+    events = synthetic_events()
+    for e in events:
+        if e.get("name") == "sm90_xmma_gemm_f32f32" and e["cat"] == "kernel":
+            e["dur"] *= 2
+    after = write_trace(tmp_path / "after.json.gz", events)
+    out, page = tmp_path / "c.json", tmp_path / "c.html"
+
+    def compare(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "redline.cli.main", "compare",
+                               str(before), str(after), *argv],
+                              capture_output=True, text=True, timeout=120)
+
+    p = compare("--json", str(out), "--html", str(page))
+    assert p.returncode == 0, p.stderr
+    assert f"HTML report written to {page}" in p.stdout
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "redline.compare/1" and doc["kind"] == "traces"
+    assert embedded(page.read_text(), "redline-data") == [doc]
+    assert "<h2>Verdict: no significant change</h2>" in page.read_text()
+    p = compare("--html", str(after))
+    assert p.returncode == 2 and "an input to compare" in p.stderr
+    assert after.read_bytes()[:2] == b"\x1f\x8b"  # still the trace

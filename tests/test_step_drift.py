@@ -104,7 +104,10 @@ def test_two_interleaved_levels_are_bimodal_in_their_phase() -> None:
 
 def test_a_stall_every_fifth_step_stays_periodic_stall() -> None:
     rep = _run(lambda i: 0.1 if i % 5 == 4 else 0.005)
-    assert "periodic_stall" in _ids(rep)
+    f = _finding(rep, "periodic_stall")
+    # named with its period and the phase it comes from (the sleep is in forward)
+    assert f.evidence["period_steps"] == 5 and f.evidence["phase"] == "forward"
+    assert 80 < f.evidence["extra_ms_per_slow_step"] < 150  # 95 ms designed
     assert not DRIFT_IDS & _ids(rep)
 
 

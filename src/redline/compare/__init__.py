@@ -2,12 +2,13 @@
 each run's own step-time spread, then the phases, findings, host metrics, kernels and operators
 that changed. Reads redline's JSON documents and Kineto traces; no torch."""
 
-from redline.compare.inputs import CompareInputError, compare_paths
+from redline.compare.inputs import compare_paths
 from redline.compare.model import (
     IMPROVEMENT,
     NO_CHANGE,
     REGRESSION,
     UNKNOWN,
+    CompareInputError,
     Comparison,
     Difference,
     FindingChange,

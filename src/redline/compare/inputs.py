@@ -5,14 +5,15 @@ Anything else is refused with what was received and what is expected."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-from redline.compare.model import ALPHA, MIN_EFFECT_FRACTION, Comparison
+from redline.compare.model import ALPHA, MIN_EFFECT_FRACTION, CompareInputError, Comparison
 from redline.compare.plan import PLAN_SCHEMA_PREFIX, compare_plan
 from redline.compare.reports import compare_reports
+from redline.compare.shape import REWRITE
 from redline.compare.traces import compare_traces
-from redline.core.errors import RedlineError
 from redline.core.report import SCHEMA_VERSION
 
 REPORT_SCHEMA_PREFIX = SCHEMA_VERSION.rsplit("/", 1)[0] + "/"
@@ -23,11 +24,6 @@ HEAD_BYTES = 1 << 16
 EXPECTED = ("two doctor reports (`redline doctor --json PATH`), two profiler traces (Kineto "
             "JSON files, .json or .json.gz, or folders of per-rank files), or a plan (`redline "
             "plan --json PATH`) and a doctor report of the run")
-
-
-class CompareInputError(RedlineError, ValueError):
-    """An input ``redline compare`` cannot use, or a pair it cannot compare: the message says
-    what was received and what is expected."""
 
 
 def kind_of(path: str) -> tuple[str, dict[str, Any] | None]:
@@ -48,10 +44,13 @@ def kind_of(path: str) -> tuple[str, dict[str, Any] | None]:
     if head[:2] == b"\x1f\x8b" or b'"traceEvents"' in head:
         return "trace", None
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CompareInputError(f"{path}: not a JSON document ({type(e).__name__}: {e}); "
-                                f"expected {EXPECTED}") from None
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise CompareInputError(f"{path}: not UTF-8 text ({e}); expected {EXPECTED}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CompareInputError(_not_json(path, text, e)) from None
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if isinstance(schema, str) and schema.startswith(REPORT_SCHEMA_PREFIX):
         return "report", doc
@@ -66,6 +65,25 @@ def kind_of(path: str) -> tuple[str, dict[str, Any] | None]:
            f"a JSON {type(doc).__name__}" + (f" with keys {sorted(doc)[:6]}"
                                             if isinstance(doc, dict) else ""))
     raise CompareInputError(f"{path}: {got}; expected {EXPECTED}")
+
+
+_SCHEMA_IN_TEXT = re.compile(r'"schema"\s*:\s*"((?:redline\.report|redline\.parallel-plan)/[^"]*)"')
+
+
+def _not_json(path: str, text: str, e: json.JSONDecodeError) -> str:
+    """Why ``text`` is not JSON, naming a redline document cut short as one (its schema is
+    written first, so the head of a cut report still says what it was)."""
+    m = _SCHEMA_IN_TEXT.search(text[:HEAD_BYTES])
+    if m is None:
+        return f"{path}: not a JSON document (JSONDecodeError: {e}); expected {EXPECTED}"
+    kind = "report" if m[1].startswith(REPORT_SCHEMA_PREFIX) else "plan"
+    where = f"at character {e.pos:,} of {len(text):,}"
+    if not text[e.pos:].strip():
+        return (f"{path}: a redline {kind} (schema {m[1]!r}) that ends early: not valid JSON "
+                f"{where} (cut short? a copy or a write that did not finish): re-copy it or "
+                f"{REWRITE[kind]}")
+    return (f"{path}: a redline {kind} (schema {m[1]!r}) that is not valid JSON {where} (line "
+            f"{e.lineno}, column {e.colno}: {e.msg}; edited by hand?): {REWRITE[kind]}")
 
 
 def compare_paths(before: str, after: str, *, min_effect_fraction: float = MIN_EFFECT_FRACTION,

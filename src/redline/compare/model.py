@@ -8,6 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from redline.core.errors import RedlineError
+
+
+class CompareInputError(RedlineError, ValueError):
+    """An input ``redline compare`` cannot use, or a pair it cannot compare: the message says
+    what was received and what is expected."""
+
+
 REGRESSION = "regression"
 IMPROVEMENT = "improvement"
 NO_CHANGE = "no significant change"

@@ -10,6 +10,7 @@ minimum effect.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from redline.compare.model import (
@@ -21,19 +22,21 @@ from redline.compare.model import (
     PhaseDelta,
 )
 from redline.compare.reports import BATCH_CHANGE_FRACTION, step_times, world_size
+from redline.compare.shape import PLAN_SCHEMA_READ, check_plan, check_report
 from redline.compare.stats import Sample, one_sample
 from redline.compare.verdict import projection_test, verdict_of
 
-PLAN_SCHEMA_PREFIX = "redline.parallel-plan/"
-"""Schema of ``redline plan --json`` (``report/plan_render.py``'s PLAN_SCHEMA, checked equal by
-the tests)."""
+PLAN_SCHEMA_PREFIX = PLAN_SCHEMA_READ.rsplit("/", 1)[0] + "/"
+"""Any version of the schema of ``redline plan --json``."""
 
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 """Measured phases that the plan's compute term projects."""
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
 
 
 def _phase_means_s(report: dict[str, Any]) -> dict[str, float]:
@@ -57,7 +60,13 @@ def compare_plan(plan: dict[str, Any], report: dict[str, Any], *, plan_source: s
 
     Returns:
         The comparison (before = the projection, after = the measured run).
+
+    Raises:
+        CompareInputError: a plan or report of a newer schema, or with a field that holds
+            something else than theirs (cut short or edited), naming its source and the field.
     """
+    check_plan(plan, plan_source)
+    check_report(report, report_source)
     chosen = plan.get("chosen") or {}
     time = chosen.get("time") or {}
     step_s = _num(time.get("step_s"))
@@ -95,7 +104,7 @@ def compare_plan(plan: dict[str, Any], report: dict[str, Any], *, plan_source: s
             field="device_name", before=str(cluster.get("gpu_name")), after=str(dev.get("name")),
             consequence="the run's device is not the one planned for: the projection's peak "
             "and bandwidths are another device's"))
-    precision = (report.get("measurements") or {}).get("config", {}).get("precision")
+    precision = ((report.get("measurements") or {}).get("config") or {}).get("precision")
     if training.get("precision") and precision and training["precision"] not in precision:
         differences.append(Difference(
             field="precision", before=str(training["precision"]), after=str(precision),

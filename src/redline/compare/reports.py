@@ -8,6 +8,7 @@ lacks is said, never guessed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,12 +22,19 @@ from redline.compare.model import (
     MetricDelta,
     PhaseDelta,
 )
+from redline.compare.shape import check_report
 from redline.compare.stats import Sample, batch_sample, summary_sample
 from redline.compare.verdict import step_test, verdict_of
 from redline.core.report import SCHEMA_VERSION
 
 METRIC_CHANGE_FRACTION = 0.10
 """A host or device metric is listed when it moved by at least this share of its value."""
+METRIC_MIN_CHANGE = {"_fraction": 0.01, "_pct": 1.0, "_cores": 0.05}
+"""…and, for a share or a core count (by its name's unit), by at least this much: a share that
+moved by less than 1 point is below the smallest share any rule acts on (1 %:
+``WORKER_RESPAWN_MIN_FRACTION``, ``PAGEABLE_H2D_MIN_FRACTION`` in diagnose/thresholds.py), and
+0.05 of a core is a fifth of the smallest core count one does (``OTHERS_MIN_CORES``, 0.25).
+Without it a share of 0.0001 that read 0 in the other run was listed as −100 %."""
 CEILING_CHANGE_FRACTION = 0.10
 """A finding present in both runs is 'changed' when its ceiling moved by this share."""
 CONTENTION_CHANGE_FRACTION = 0.10
@@ -39,7 +47,10 @@ BATCH_CHANGE_FRACTION = 0.01
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    """A finite number as a float; anything else (null, text, NaN) is unknown."""
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
 
 
 def _at(d: Any, *path: str) -> Any:
@@ -113,7 +124,13 @@ def compare_reports(before: dict[str, Any], after: dict[str, Any], *, before_sou
 
     Returns:
         The comparison, its verdict first.
+
+    Raises:
+        CompareInputError: a report of a newer schema, or with a field that holds something
+            else than a report's (cut short or edited), naming its source and the field.
     """
+    check_report(before, before_source)
+    check_report(after, after_source)
     notes: list[str] = []
     differences = context_differences(before, after)
     tb, ta = (_at(d, "measurements", "timing") or {} for d in (before, after))
@@ -281,6 +298,10 @@ def metric_deltas(before: dict[str, Any], after: dict[str, Any],
             if b is not None and a is not None:
                 rel = (a - b) / abs(b) if b else None
                 if (rel is None and a == b) or (rel is not None and abs(rel) < min_change):
+                    continue
+                floor = next((v for unit, v in METRIC_MIN_CHANGE.items() if key.endswith(unit)),
+                             0.0)
+                if abs(a - b) < floor:
                     continue
                 out.append(MetricDelta(name=name, before=b, after=a, delta=a - b,
                                        delta_fraction=rel))

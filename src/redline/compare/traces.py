@@ -31,6 +31,7 @@ from redline.compare.model import (
 from redline.compare.stats import batch_sample
 from redline.compare.verdict import step_test, verdict_of
 from redline.trace.analyze import analyze_rank
+from redline.trace.events import RankTrace
 from redline.trace.load import STREAM_MIN_BYTES, load_trace, trace_files
 from redline.trace.select import filter_iterations
 
@@ -50,6 +51,9 @@ class TraceSide:
     source: str
     ranks: list[int]
     devices: list[str | None]
+    world_size: int | None = None
+    """The job's number of ranks as its first trace declares it (``distributedInfo``); None
+    where it does not say."""
     steps: int
     """Profiler steps analysed on the first rank (the last, incomplete one dropped)."""
     step_times_s: list[float]
@@ -108,6 +112,12 @@ def _ops(raw: list[Any]) -> dict[str, list[float]]:
     return dict(ops)
 
 
+def _declared_world_size(trace: RankTrace) -> int | None:
+    info = trace.metadata.get("distributedInfo")
+    ws = info.get("world_size") if isinstance(info, dict) else None
+    return ws if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0 else None
+
+
 def read_side(paths: list[str], source: str) -> TraceSide:
     """Read a set of traces (files or folders, one job's ranks) for comparison.
 
@@ -117,7 +127,9 @@ def read_side(paths: list[str], source: str) -> TraceSide:
     files = trace_files(list(paths))
     traces = sorted((load_trace(f) for f in files), key=lambda t: t.rank)
     side = TraceSide(source=source, ranks=[t.rank for t in traces],
-                     devices=[t.device_name for t in traces], steps=0, step_times_s=[])
+                     devices=[t.device_name for t in traces], steps=0, step_times_s=[],
+                     world_size=next((ws for ws in map(_declared_world_size, traces)
+                                      if ws is not None), None))
     kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     operators: dict[str, list[float]] | None = defaultdict(lambda: [0.0, 0.0])
     for i, t in enumerate(traces):
@@ -183,6 +195,10 @@ def _op_deltas(before: dict[str, list[float]], after: dict[str, list[float]], ki
     return sorted(out, key=lambda d: (-abs(d.delta_us), d.name))
 
 
+def _text(v: int | None) -> str | None:
+    return None if v is None else str(v)
+
+
 def compare_sides(before: TraceSide, after: TraceSide, *,
                   min_effect_fraction: float = MIN_EFFECT_FRACTION,
                   alpha: float = ALPHA) -> Comparison:
@@ -211,11 +227,20 @@ def compare_sides(before: TraceSide, after: TraceSide, *,
     notes.append("step times are the first rank's ProfilerStep annotations (host clock); "
                  "the batch size is not in a trace: throughput is unknown")
     differences = []
+    if before.world_size != after.world_size:
+        differences.append(Difference(
+            field="world_size", before=_text(before.world_size), after=_text(after.world_size),
+            consequence="jobs of different numbers of ranks (as their traces declare): each "
+            "rank's share of the work, its collectives and their waits differ with it"))
     if len(before.ranks) != len(after.ranks):
         differences.append(Difference(
-            field="world_size", before=str(len(before.ranks)), after=str(len(after.ranks)),
-            consequence="a different number of ranks: kernel and operator numbers are summed "
-            "over each side's ranks"))
+            field="ranks_given", before=str(len(before.ranks)), after=str(len(after.ranks)),
+            consequence="traces of different numbers of ranks: kernel and operator numbers are "
+            "summed over each side's ranks"))
+    for name, side in (("before", before), ("after", after)):
+        if side.world_size is not None and len(side.ranks) < side.world_size:
+            notes.append(f"{name}: traces of {len(side.ranks)} of the job's {side.world_size} "
+                         "ranks given: its kernels and operators are those ranks' only")
     if before.devices[:1] != after.devices[:1]:
         differences.append(Difference(
             field="device_name", before=str(before.devices[0]), after=str(after.devices[0]),
