@@ -61,8 +61,10 @@ class BatchChangeKnob(TuneKnob):
             to_batch, scale = ratio * eff, rule.scale(ratio)
             checks = path.agree.run(functools.partial(
                 check_batch_change, setup.model, setup.optimizer, batches[:GUARD_STEPS * ratio],
-                batches[-1], eff, ratio, plan.micro_batch, to_batch, setup.loss_fn, scale,
-                path.cfg.tolerance.batch_change_min_progress, path.device),
+                heldout=batches[-1], effective=eff, ratio=ratio, micro=plan.micro_batch,
+                to_micro=to_batch, loss_fn=setup.loss_fn, lr_scale=scale,
+                min_progress=path.cfg.tolerance.batch_change_min_progress,
+                device=path.device),
                 f"batch change to {to_batch}")
             check = next((rank_check for rank_check in checks if not rank_check.passed), checks[0])
             path.log(f"  effective batch {to_batch}: {check.reason}")
