@@ -185,9 +185,11 @@ def test_local_names_say_what_they_hold(layer: str) -> None:
 # -- the library names fields; only cli/ names flags -----------------------------------------
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*")
-COMMANDS = ("redline", "torchrun", "docker")
-"""A flag after one of these words, in the same string, is part of a command the user is told
+COMMAND = re.compile(r"\b(redline|torchrun|docker)\b", re.IGNORECASE)
+"""A flag after one of these words, in the same clause, is part of a command the user is told
 to run (``redline doctor --trace``), not the name of an input of the call that raised."""
+CLAUSE_END = re.compile(r";|: |(?<!\.)\. ")
+"""Where a clause ends: a command's own ``...`` does not end one."""
 
 
 def _docstrings(tree: ast.Module) -> set[int]:
@@ -219,8 +221,8 @@ def flags_named(tree: ast.Module) -> list[str]:
         if FLAG.fullmatch(text):
             continue
         for match in FLAG.finditer(text):
-            before = text[:match.start()].lower()
-            if not any(command in before for command in COMMANDS):
+            clause = CLAUSE_END.split(text[:match.start()])[-1]
+            if not COMMAND.search(clause):
                 found.append(match.group())
     return found
 
@@ -230,8 +232,9 @@ def test_the_flag_checker_finds_a_flag_named_as_an_input() -> None:
                      'def f(port):\n    """--ok in a docstring."""\n'
                      '    args = ["--no-python"]\n'
                      '    hint = "profile it (redline doctor --trace)"\n'
+                     '    note = "redline doctor: the loop starves; timing it (--tune-loader)"\n'
                      '    raise ValueError(f"port {port} taken; pick another with --metrics-port")\n')
-    assert flags_named(tree) == ["--metrics-port"]
+    assert flags_named(tree) == ["--tune-loader", "--metrics-port"]
 
 
 def test_the_library_names_fields_and_only_cli_names_flags() -> None:
