@@ -81,7 +81,7 @@ def test_command_runs_without_importing_torch(name: str, tmp_path: Path) -> None
 
 
 NOT_FOR_A_TRACE = ["redline.diagnose.engine", "redline.core.measurements", "redline.plan.search",
-                   "redline.plan.memory", "redline.report.build", "redline.doctor.options",
+                   "redline.plan.memory", "redline.runs.build", "redline.doctor.options",
                    "redline.tune.config", "redline.measure.config", "rich.console"]
 """What ``redline trace`` has no use for: the rules over a watch's measurements and their
 records, the planner, the report builder, the doctor's and the tuner's settings, and rich (its

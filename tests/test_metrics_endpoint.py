@@ -79,10 +79,27 @@ def test_a_taken_port_is_an_error_that_names_it_and_leaves_nothing_installed() -
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(redline.RedlineError, match=f"127.0.0.1:{port}.*--metrics-port"), \
+        with pytest.raises(redline.RedlineError, match=f"127.0.0.1:{port}.*`metrics_port`"), \
                 redline.watch(metrics_port=port):
             pass
     assert (DataLoader.__iter__, _BaseDataLoaderIter.__next__) == before
+
+
+def test_doctor_names_a_taken_port_by_its_flag(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The library names the field (`metrics_port`); the command shows its flag."""
+    from redline.cli.main import main
+
+    script = tmp_path / "never_runs.py"
+    script.write_text("raise SystemExit('the script ran')\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        code = main(["doctor", "--metrics-port", str(port), "--", "python", str(script)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"127.0.0.1:{port}" in err and "pick a free port with --metrics-port" in err, err
 
 
 def test_doctor_serves_the_script_its_metrics(tmp_path: Path) -> None:

@@ -20,10 +20,10 @@ from factories import FakeNvml
 from html_docs import embedded
 from redline.measure.nvml import NvmlSampler
 from redline.measure.timeline import PHASES
-from redline.report.build import step_timeline
 from redline.report.html import render_html
 from redline.report.json_io import to_dict
 from redline.report.perfetto import chrome_trace, rank_timeline
+from redline.runs.build import step_timeline
 from redline.trace.load import load_trace
 
 SCRIPTS = Path(__file__).parent / "scripts"

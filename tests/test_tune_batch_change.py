@@ -121,10 +121,10 @@ def test_the_guard_refuses_a_rate_that_diverges() -> None:
     it = iter(DataLoader(_data(), batch_size=16))
     batches = [next(it) for _ in range(17)]
     w0 = [p.detach().clone() for p in s.model.parameters()]
-    ok = check_batch_change(s.model, s.optimizer, batches[:-1], batches[-1], 16, 4, 16, 64,
-                            s.loss_fn, 4.0, 0.5)
-    bad = check_batch_change(s.model, s.optimizer, batches[:-1], batches[-1], 16, 4, 16, 64,
-                             s.loss_fn, 400.0, 0.5)
+    guard = {"heldout": batches[-1], "effective": 16, "ratio": 4, "micro": 16, "to_micro": 64,
+             "loss_fn": s.loss_fn, "min_progress": 0.5}
+    ok = check_batch_change(s.model, s.optimizer, batches[:-1], lr_scale=4.0, **guard)
+    bad = check_batch_change(s.model, s.optimizer, batches[:-1], lr_scale=400.0, **guard)
     assert ok.passed and ok.samples == 256 and ok.progress >= 0.5, ok.reason
     assert ok.heldout_loss_before < ok.heldout_loss_start
     assert not bad.passed and bad.reason.startswith("refused:"), bad.reason

@@ -124,6 +124,8 @@ def test_bad_input_gives_a_clear_error(tmp_path: Path, script: Path, factory: st
     assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
     assert message in r.stderr
     assert "Traceback" not in r.stderr
+    if factory == "no_such_setup":  # the library's `name` shown as this command's flag
+        assert "pick one with --factory" in r.stderr
     if factory == "huge_setup":  # what `redline plan` needs, filled in
         assert f"redline plan {script} --gpus N --gpu GPU --global-batch 32 (or --params " \
                f"{512 * 16 + 512 + 2 * 512 + 512 * 4 + 4} " in r.stderr

@@ -92,7 +92,9 @@ def dest_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
             if a.option_strings and a.dest != "help"}
 
 
-def flag_words(message: str, flags: Mapping[str, str]) -> str:
+def flag_words(message: str, flags: Mapping[str, str], *, keep_unknown: bool = False) -> str:
     """A library message, which names fields in backquotes (`` `steps` ``), with each field
-    shown as the command's flag (a field without a flag loses only its backquotes)."""
-    return re.sub(r"`([a-z_]+)`", lambda m: flags.get(m[1], m[1]), message)
+    shown as the command's flag. A field without a flag loses only its backquotes, or with
+    ``keep_unknown`` keeps them: for messages that also quote code (an `` `if` ``)."""
+    return re.sub(r"`([a-z_]+)`",
+                  lambda m: flags.get(m[1], m[0] if keep_unknown else m[1]), message)

@@ -284,6 +284,19 @@ def _trace(args: argparse.Namespace) -> int:
     return 0
 
 
+TUNE_FLAGS = {"steps_per_trial": "--steps", "rounds": "--rounds", "run_steps": "--run-steps",
+              "price_per_device_hour": "--price-per-hour",
+              "allow_batch_change": "--allow-batch-change", "name": "--factory"}
+"""The tuner's field names (of ``TuneConfig``, and ``load_factory``'s ``name``) that its
+messages and progress lines name → this command's flags."""
+
+
+def _tune_words(message: str) -> str:
+    """A tuner's message or progress line with its fields shown as ``redline tune``'s flags;
+    other quoted words (code, such as an `` `if` ``) are left as they are."""
+    return flag_words(message, TUNE_FLAGS, keep_unknown=True)
+
+
 def _tune(args: argparse.Namespace) -> int:
     import json
 
@@ -303,16 +316,16 @@ def _tune(args: argparse.Namespace) -> int:
                          run_steps=args.run_steps, price_per_device_hour=args.price_per_hour,
                          try_compile=not args.no_compile, reuse=not args.fresh,
                          allow_batch_change=args.allow_batch_change)
-        result = tune(factory, cfg, log=lambda s: print(s, flush=True))
+        result = tune(factory, cfg, log=lambda line: print(_tune_words(line), flush=True))
     except BatchDoesNotFitError as e:
         hint = ""
         if e.params is not None and e.global_batch is not None:
             hint = (f" To spread it over more devices, plan it: redline plan {args.script} "
                     f"--gpus N --gpu GPU --global-batch {e.global_batch} (or --params "
                     f"{e.params} with its shape instead of the script)")
-        return _fail("tune", str(e) + hint, 2)
+        return _fail("tune", _tune_words(str(e)) + hint, 2)
     except RedlineError as e:
-        return _fail("tune", str(e), 2)
+        return _fail("tune", _tune_words(str(e)), 2)
     except KeyboardInterrupt:
         return _fail("tune", "interrupted; no plan written", 130)
     if rank_info().rank != 0:

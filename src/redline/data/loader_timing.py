@@ -147,11 +147,13 @@ def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         # Trials may deliberately use more workers than cores (I/O-bound fetches); torch's
         # advice against that is what the measurement itself settles.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-        return _measure(make_loader, consume, settings, torch_threads, batches, skip,
-                        whole_epochs, proc, threads, t_start, window_s, asked)
+        return _measure(make_loader=make_loader, consume=consume, settings=settings,
+                        torch_threads=torch_threads, batches=batches, skip=skip,
+                        whole_epochs=whole_epochs, proc=proc, threads=threads,
+                        t_start=t_start, window_s=window_s, asked=asked)
 
 
-def _measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
+def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
              consume: Callable[[Any], None], settings: LoaderSettings, torch_threads: int,
              batches: int, skip: int,
              whole_epochs: bool | None, proc: psutil.Process, threads: int, t_start: float,

@@ -126,7 +126,7 @@ def default_placement(max_bytes: int, *, shm: str | None = None,
         note = (f"{shm} has {have / 2**20:,.0f} MiB free (Docker's default is 64 MiB), and the "
                 f"cache takes at most {SAFE_FRACTION:.0%} of it so DataLoader workers keep the "
                 f"shared memory they pass batches through: the store is on disk, at "
-                f"{disk_dir()} (give store= to choose; --shm-size raises a container's)")
+                f"{disk_dir()} (give store= to choose; `docker run --shm-size` raises a container's)")
         return Placement(path=disk_dir(), ephemeral=False, note=note)
     return Placement(path=disk_dir(), ephemeral=False, note=None)
 

@@ -108,8 +108,9 @@ def _why(slow: RankEntry, others: list[RankEntry], step_s: float
     computes = (f"it computes {compute_excess * 1e3:,.1f} ms more per step (forward + backward "
                 "+ optimizer, less its wait) than the median rank")
     if slow.device == "cpu" and compute_excess > 0:
-        return _on_shared_cpus(slow, others, computes, compute_excess, cpu_excess,
-                               delay_excess, numbers)
+        return _on_shared_cpus(slow, others, computes=computes, compute_excess=compute_excess,
+                               cpu_excess=cpu_excess, delay_excess=delay_excess,
+                               numbers=numbers)
     starved = (slow.main_cpu_cores is not None and cpu_med is not None
                and slow.main_cpu_cores < 0.8 * cpu_med)
     # runnable without a CPU for at least half of its extra compute: the scheduler, not its
@@ -137,7 +138,7 @@ def _why(slow: RankEntry, others: list[RankEntry], step_s: float
                           ": NVML readings absent") + ").", numbers, True)
 
 
-def _on_shared_cpus(slow: RankEntry, others: list[RankEntry], computes: str,
+def _on_shared_cpus(slow: RankEntry, others: list[RankEntry], *, computes: str,
                     compute_excess: float, cpu_excess: float | None, delay_excess: float | None,
                     numbers: dict[str, float | None]) -> tuple[str, str, dict[str, float | None],
                                                                 bool]:

@@ -354,7 +354,7 @@ def run_doctor(cmd: list[str], options: DoctorOptions | None = None, *,
                 if show and any(f.id == "data_starvation" and f.rank in (None, 0)
                                 for f in report.findings):
                     print("redline doctor: the loop starves for data; timing DataLoader settings in "
-                          "it (--tune-loader)...", file=sys.stderr)
+                          "it...", file=sys.stderr)
                 # Rank 0 times its own loader for the job; ranks on one host share its CPUs, so
                 # its workers get its share of them.
                 share = cpu_budget().cpus / info.local_world_size if info.distributed else None

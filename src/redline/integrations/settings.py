@@ -65,7 +65,7 @@ def _common_code(plan: TunePlan, *, compile_arg: bool) -> list[str]:
     if plan.user_effective_batch:
         code.append(
             f"# the effective batch changed {plan.user_effective_batch} → "
-            f"{plan.effective_batch} (--allow-batch-change): learning rate × "
+            f"{plan.effective_batch} (the tuning was allowed to change it): learning rate × "
             f"{plan.lr_scale:.4g} ({plan.lr_rule} rule)"
             + (f", a linear warm-up from your rate over {plan.lr_warmup_steps} steps"
                if plan.lr_warmup_steps else "")

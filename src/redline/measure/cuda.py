@@ -63,7 +63,7 @@ class CudaStepTimer:
         self.device_window: dict[int, tuple[float, float]] = {}
         """Step index → (first work, end) in device seconds since the timer's first event.
         A device-bound loop's host runs ahead of the device, so its host step times are not
-        the device's: the span fraction needs the device's own clock (see report.build)."""
+        the device's: the span fraction needs the device's own clock (see measure/stats.py)."""
 
     def work_begins(self) -> None:
         """Called at each forward/copy; opens a segment unless one is open."""

@@ -121,8 +121,8 @@ def host_headroom() -> tuple[int | None, str | None]:
     return avail, src
 
 
-def _curve(kind: str, process: str, pid: int | None,
-           rows: list[tuple[float, int, int]], window_start: float | None, t0: float,
+def _curve(rows: list[tuple[float, int, int]], *, kind: str, process: str, pid: int | None,
+           window_start: float | None, origin_s: float,
            limit: int | None, limit_source: str | None) -> MemoryCurve | None:
     """One curve from (t, steps, bytes) rows in time order."""
     if not rows:
@@ -140,7 +140,7 @@ def _curve(kind: str, process: str, pid: int | None,
     shown = [rows[i] for i in evenly(len(rows), POINTS_REPORTED)]
     return MemoryCurve(
         kind=kind, process=process, pid=pid,
-        t_s=[round(row[0] - t0, 3) for row in shown], steps=[row[1] for row in shown],
+        t_s=[round(row[0] - origin_s, 3) for row in shown], steps=[row[1] for row in shown],
         bytes=[row[2] for row in shown],
         start_bytes=inside[0][2], end_bytes=end, peak_bytes=max(row[2] for row in rows),
         window_s=inside[-1][0] - inside[0][0],
@@ -170,21 +170,23 @@ def memory_timeline(sampler: MemorySampler, *, t_enter: float, window_start: flo
         return None if headroom is None else end + headroom
 
     main = [(row[0], row[1], row[2]) for row in rows]
-    curves.append(_curve("host_rss", "main", pid, main, start, origin_s,
-                         host_limit(main[-1][2]), src))
+    curves.append(_curve(main, kind="host_rss", process="main", pid=pid, window_start=start,
+                         origin_s=origin_s, limit=host_limit(main[-1][2]), limit_source=src))
     workers: dict[int, list[tuple[float, int, int]]] = {}
     for row in rows:
         for pid, rss in row[5].items():
             workers.setdefault(pid, []).append((row[0], row[1], rss))
     longest = sorted(workers.items(), key=lambda kv: -len(kv[1]))[:WORKERS_REPORTED]
     for pid, pts in sorted(longest):
-        curves.append(_curve("host_rss", "worker", pid, pts, start, origin_s,
-                             host_limit(pts[-1][2]), src))
+        curves.append(_curve(pts, kind="host_rss", process="worker", pid=pid,
+                             window_start=start, origin_s=origin_s, limit=host_limit(pts[-1][2]),
+                             limit_source=src))
     dev = [(row[0], row[1], row[3], row[4]) for row in rows if row[3] is not None and row[4] is not None]
     if dev:
         dsrc = "device total memory" if device_total_bytes is not None else None
         for kind, k in (("cuda_allocated", 2), ("cuda_reserved", 3)):
             pts = [(dev_row[0], dev_row[1], int(dev_row[k] or 0)) for dev_row in dev]
-            curves.append(_curve(kind, "main", None, pts, start, origin_s, device_total_bytes, dsrc))
+            curves.append(_curve(pts, kind=kind, process="main", pid=None, window_start=start,
+                                 origin_s=origin_s, limit=device_total_bytes, limit_source=dsrc))
     return MemoryTimeline(interval_s=interval_s, samples=len(rows),
                           curves=[curve for curve in curves if curve is not None])

@@ -147,7 +147,7 @@ def build_measurements(w: Recorder) -> Measurements:
             notes.append(
                 f"Step time unknown: the only {w.step_counts[2]} step(s) that ran were slowed "
                 "on purpose (FLOP counting or a trace) and are left out of the statistics; run "
-                "more steps, or without FLOP counting (count_flops=False, doctor --no-flops), "
+                "more steps, or without FLOP counting (count_flops=False, redline doctor --no-flops), "
                 "to time them."
             )
     stride = w.tracker.stride

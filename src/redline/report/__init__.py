@@ -1,10 +1,11 @@
-"""Reports: built from a recorder (measurements, diagnosis), written as JSON, rendered in the
-terminal and as HTML. Presentation only: the public :class:`~redline.runs.watch.Watch`, the
-ranks' exchange and the metrics server live in :mod:`redline.runs`.
+"""Reports, presentation only: a run's report written as JSON and rendered in the terminal,
+and every document rendered as HTML. What measures and diagnoses a run into a report
+(:func:`redline.runs.build_report`), the public :class:`~redline.runs.watch.Watch`, the ranks'
+exchange and the metrics server live in :mod:`redline.runs`.
 
 The names are imported lazily (on first attribute access), so a command that only renders a
 trace or a plan (``redline trace``, ``redline plan``) loads ``redline.report.trace_render`` or
-``plan_render`` without importing torch through :mod:`redline.report.build`.
+``plan_render`` and not the renderers of a run's report.
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from redline.report.build import build_report
     from redline.report.json_io import schema, to_dict, write_json
     from redline.report.terminal import print_report
 
-__all__ = ["build_report", "print_report", "schema", "to_dict", "write_json"]
+__all__ = ["print_report", "schema", "to_dict", "write_json"]
 
 _LAZY = {
-    "build_report": "redline.report.build",
     "print_report": "redline.report.terminal",
     "schema": "redline.report.json_io",
     "to_dict": "redline.report.json_io",

@@ -126,7 +126,7 @@ def render(out: PlanOutcome, console: Console | None = None, top: int = 5) -> No
             con.print(Text(
                 f"job of {projection.steps:,} steps: {_dur(projection.job_time_s)}"
                 + (f", cost {projection.cost:,.0f} at {cluster.price_per_gpu_hour:g} per GPU-hour"
-                   if projection.cost is not None else ", cost unknown (pass --price-per-gpu-hour)")
+                   if projection.cost is not None else ", cost unknown (no price per GPU-hour given)")
                 + (f", energy ≤ {projection.energy_kwh:,.0f} kWh (every GPU at its "
                    f"{cluster.power_w:g} W limit)" if projection.energy_kwh is not None else "")))
         con.print(Text(f"run: {out.torchrun}"))

@@ -66,8 +66,7 @@ def rows(r: TuneResult) -> list[tuple[str, str, str, str]]:
          if before_projection.job_time_s and after_projection.job_time_s else ""),
         ("cost", "unknown" if before_projection.cost is None else f"{before_projection.cost:,.2f}",
          "unknown" if after_projection.cost is None else f"{after_projection.cost:,.2f}",
-         f"at {price:g} per device-hour" if price is not None else
-         "pass --price-per-hour"),
+         f"at {price:g} per device-hour" if price is not None else "no price given"),
         ("energy",
          "unknown" if before_projection.energy_kwh is None
          else f"{before_projection.energy_kwh:,.3f} kWh",

@@ -131,7 +131,7 @@ class MetricsServer:
         except OSError as e:
             raise MetricsServerError(
                 f"cannot serve metrics on {self.address}:{self.port} ({e.strerror or e}); "
-                "pick a free port with --metrics-port (each process of a job uses port + its "
+                "pick a free port with `metrics_port` (each process of a job uses port + its "
                 "LOCAL_RANK)") from e
         if self.port == 0:
             self.port = int(self._server.server_address[1])

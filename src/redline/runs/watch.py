@@ -18,9 +18,9 @@ from redline.core.report import Report
 from redline.measure.config import WatchConfig
 from redline.measure.ranks import GATHER_TIMEOUT_S
 from redline.measure.recorder import Recorder
-from redline.report.build import build_report
 from redline.report.perfetto import rank_timeline, write_timeline
 from redline.report.terminal import print_report
+from redline.runs.build import build_report
 from redline.runs.metrics_server import MetricsServer
 from redline.runs.ranks import exchange
 

@@ -123,7 +123,7 @@ def _heldout(model: torch.nn.Module, batch: Any,
 
 
 def check_batch_change(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                       batches: Sequence[Any], heldout: Any, effective: int, ratio: int,
+                       batches: Sequence[Any], *, heldout: Any, effective: int, ratio: int,
                        micro: int, to_micro: int,
                        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
                        lr_scale: float, min_progress: float,

@@ -124,8 +124,9 @@ class TunePath:
         batches = [map_tensors(batch, lambda tensor: tensor.to(self.device))
                    for batch in first_batches(setup.loader, self.effective, self.cfg.numerics_steps)]
         chk = worst_check(self.agree.run(
-            lambda: check_numerics(setup.model, setup.optimizer, batches, plan.micro_batch, setup.loss_fn,
-                                   plan.precision, self.device, self.cfg.tolerance),
+            lambda: check_numerics(setup.model, setup.optimizer, batches, plan.micro_batch,
+                                   setup.loss_fn, precision=plan.precision, device=self.device,
+                                   tolerance=self.cfg.tolerance),
             f"numerics {plan.precision}"))
         self.log(f"  numerics of the remembered plan ({plan.precision}): {chk.reason}")
         return None if chk.passed else chk.reason
@@ -137,4 +138,5 @@ class TunePath:
     def tuned_loop(self, plan: TunePlan, setup: TrainSetup) -> TunedLoop:
         """``plan`` applied to a fresh ``setup`` on this tuning's device."""
         return TunedLoop(plan, setup.model, setup.optimizer, setup.loader, setup.loss_fn,
-                         self.device, setup.cache_split, setup.jpeg_split)
+                         device=self.device, cache_split=setup.cache_split,
+                         jpeg_split=setup.jpeg_split)

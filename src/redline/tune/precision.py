@@ -113,7 +113,7 @@ def _grad_norm(params: Sequence[torch.nn.Parameter]) -> float:
     return float(torch.stack(norms).norm()) if norms else 0.0
 
 
-def _run(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[Any],
+def _run(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[Any], *,
          micro: int, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
          precision: str, device: torch.device, seed: int) -> tuple[list[float], list[float], int]:
     torch.manual_seed(seed)  # same dropout masks in both runs
@@ -190,7 +190,8 @@ def check_numerics(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """
     tol = tolerance or NumericsTolerance()
     with restored(model, optimizer) as reset:
-        ref = _run(model, optimizer, batches, micro, loss_fn, "fp32", device, seed)
+        ref = _run(model, optimizer, batches, micro=micro, loss_fn=loss_fn, precision="fp32",
+                   device=device, seed=seed)
         bad = [i for i, loss in enumerate(ref[0]) if not math.isfinite(loss)]
         if bad:
             raise NonFiniteLossError(
@@ -199,7 +200,8 @@ def check_numerics(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 "inputs, labels out of range), the learning rate and the loss function; "
                 "torch.autograd.set_detect_anomaly(True) names the op that produced it.")
         reset()
-        cand = _run(model, optimizer, batches, micro, loss_fn, precision, device, seed)
+        cand = _run(model, optimizer, batches, micro=micro, loss_fn=loss_fn,
+                    precision=precision, device=device, seed=seed)
 
     def rel(a: float, b: float) -> float:
         if not math.isfinite(b):

@@ -113,7 +113,7 @@ def _tune(factory: Factory, config: TuneConfig | None, log: Callable[[str], None
         if reused is not None and reused.user_effective_batch and not cfg.allow_batch_change:
             log(f"not reusing the remembered plan {store.path(path.key)}: it changes the effective "
                 f"batch ({reused.user_effective_batch} → {reused.effective_batch}) and "
-                "--allow-batch-change was not given; searching again")
+                "`allow_batch_change` was not given; searching again")
             reused = None
         if reused is not None:
             refused = path.numerics_refuse(reused)

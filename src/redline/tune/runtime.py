@@ -146,8 +146,8 @@ class TunedLoop:
         for transform in self._transforms:
             batch = transform(batch)
         return train_step(self.forward_model, self.optimizer, batch,
-                          micro_batch or self._micro_batch, self.loss_fn, self._autocast,
-                          self.scaler)
+                          micro_batch or self._micro_batch, self.loss_fn,
+                          autocast=self._autocast, scaler=self.scaler)
 
     def close(self) -> None:
         """Undo process-wide settings (TF32 and cudnn.benchmark flags, thread count)."""
@@ -223,6 +223,7 @@ def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Op
                                   rank_info().world_size))
 
     to_scale = _schedulers_to_scale(plan, optimizer, schedulers)
-    tuned = TunedLoop(plan, model, optimizer, loader, loss_fn, dev, cache_split, jpeg_split)
+    tuned = TunedLoop(plan, model, optimizer, loader, loss_fn, device=dev,
+                      cache_split=cache_split, jpeg_split=jpeg_split)
     _scale_schedulers(plan, tuned, to_scale)
     return tuned

@@ -360,5 +360,5 @@ def load_factory(script: str, name: str = "redline_setup") -> Factory:
                        and getattr(value, "__module__", None) == "__redline_tune__")
         raise SetupError(f"{script} defines no function {name}(); expected one that returns "
                          f"redline.tune.TrainSetup (functions found: {', '.join(found) or 'none'}"
-                         "; pick one with --factory)")
+                         "; pick one with `name`)")
     return factory  # type: ignore[no-any-return]

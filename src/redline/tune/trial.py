@@ -38,8 +38,8 @@ def counted_peak(factory: Factory, plan: TunePlan) -> int:
     """Peak live bytes of one steady-state step, counted by the simulated budget (no limit)."""
     setup = fresh(factory)
     loop = TunedLoop(plan, setup.model, setup.optimizer, setup.loader, setup.loss_fn,
-                     torch.device(setup.device),
-                     setup.cache_split, setup.jpeg_split)
+                     device=torch.device(setup.device), cache_split=setup.cache_split,
+                     jpeg_split=setup.jpeg_split)
     try:
         batches = endless(loop.loader)
         loop.step(next(batches))  # builds lazy optimizer state
@@ -106,8 +106,9 @@ def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup
     shard; they agree on how many steps to run, see :func:`_train_watched`)."""
     setup = fresh(factory)
     device = torch.device(setup.device)
-    loop = TunedLoop(plan, setup.model, setup.optimizer, setup.loader, setup.loss_fn, device,
-                     setup.cache_split, setup.jpeg_split)
+    loop = TunedLoop(plan, setup.model, setup.optimizer, setup.loader, setup.loss_fn,
+                     device=device, cache_split=setup.cache_split,
+                     jpeg_split=setup.jpeg_split)
     source: Any = loop.loader
     if step_only:
         # From a worker-less copy of the loader: no worker processes competing for the CPUs.
@@ -135,8 +136,8 @@ def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup
     try:
         try:
             recorder, joules, rapl_steps, rapl_s = _train_watched(
-                loop, source, cfg, total, measured, step_only, rapl, restart,
-                agree or Agreement())
+                loop, source, cfg=cfg, total=total, steps=measured, step_only=step_only,
+                rapl=rapl, restart=restart, agree=agree or Agreement())
         finally:
             loop.close()
         measurements = build_measurements(recorder)
@@ -183,7 +184,7 @@ def _measure(factory: Factory, plan: TunePlan, label: str, *, steps: int, warmup
                         device_busy_kernels_fraction=kbusy, device_busy_kernels_source=ksrc)
 
 
-def _train_watched(loop: TunedLoop, source: Any, cfg: WatchConfig, total: int, steps: int,
+def _train_watched(loop: TunedLoop, source: Any, *, cfg: WatchConfig, total: int, steps: int,
                    step_only: bool, rapl: RaplMeter, restart: bool,
                    agree: Agreement) -> tuple[Recorder, float | None, int, float]:
     """Run ``total`` steps under a watch, the last ``steps`` measured: (the watch, RAPL joules

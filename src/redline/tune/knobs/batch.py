@@ -37,7 +37,7 @@ def largest_micro(path: TuningPath, plan: TunePlan, max_batch: int) -> tuple[Bat
 
     def step(batch_size: int) -> None:
         train_step(model, setup.optimizer, make(batch_size), batch_size, setup.loss_fn,
-                   autocast, scaler)
+                   autocast=autocast, scaler=scaler)
 
     limit = path.memory_limit
     if limit is None and device.type == "cuda":

@@ -30,7 +30,7 @@ class BatchChangeKnob(TuneKnob):
     plan_fields = ("effective_batch", "lr_scale", "lr_rule", "lr_warmup_steps",
                    "user_effective_batch")
     switches = ("tune_batch", "allow_batch_change")
-    heading = "effective batch (allowed to change: --allow-batch-change)"
+    heading = "effective batch (allowed to change: `allow_batch_change`)"
     words: ClassVar[FrameworkWords] = FrameworkWords(
         lightning=("batch_size", "accumulate_grad_batches"),
         hf=("per_device_train_batch_size", "gradient_accumulation_steps", "warmup_steps"))
@@ -61,8 +61,10 @@ class BatchChangeKnob(TuneKnob):
             to_batch, scale = ratio * eff, rule.scale(ratio)
             checks = path.agree.run(functools.partial(
                 check_batch_change, setup.model, setup.optimizer, batches[:GUARD_STEPS * ratio],
-                batches[-1], eff, ratio, plan.micro_batch, to_batch, setup.loss_fn, scale,
-                path.cfg.tolerance.batch_change_min_progress, path.device),
+                heldout=batches[-1], effective=eff, ratio=ratio, micro=plan.micro_batch,
+                to_micro=to_batch, loss_fn=setup.loss_fn, lr_scale=scale,
+                min_progress=path.cfg.tolerance.batch_change_min_progress,
+                device=path.device),
                 f"batch change to {to_batch}")
             check = next((rank_check for rank_check in checks if not rank_check.passed), checks[0])
             path.log(f"  effective batch {to_batch}: {check.reason}")
@@ -89,8 +91,8 @@ class BatchChangeKnob(TuneKnob):
                                                 details=details))
         if kept is cand:
             cand.notes.append(
-                f"The optimization changed: effective batch {eff} → {to_batch} (allowed by "
-                f"--allow-batch-change), learning rate × {scale:.3g} ({rule.name} rule, "
+                f"The optimization changed: effective batch {eff} → {to_batch} (the tuning was "
+                f"allowed to change it), learning rate × {scale:.3g} ({rule.name} rule, "
                 f"{rule.source})" + (f", reached over {cand.lr_warmup_steps:,} warm-up steps"
                                      if cand.lr_warmup_steps else "")
                 + f"; the same samples take {steps:,} steps instead of {path.run_steps:,}. "

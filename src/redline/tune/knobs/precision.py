@@ -47,7 +47,8 @@ class PrecisionKnob(TuneKnob):
                        first_batches(setup.loader, path.effective, path.cfg.numerics_steps)]
             check = worst_check(path.agree.run(functools.partial(
                 check_numerics, setup.model, setup.optimizer, batches, plan.micro_batch,
-                setup.loss_fn, prec, path.device, path.cfg.tolerance), f"numerics {prec}"))
+                setup.loss_fn, precision=prec, device=path.device,
+                tolerance=path.cfg.tolerance), f"numerics {prec}"))
             checks.append(check)
             path.log(f"  numerics {prec}: {check.reason}")
             if not check.passed:
