@@ -40,7 +40,7 @@ from redline.tune.knobs import KNOBS, PATH
 from redline.tune.knobs.decode_cache import DECODE_CACHE
 from redline.tune.knobs.gpu_decode import GPU_DECODE
 from redline.tune.path import TunePath, baseline_plan
-from redline.tune.tuned import PlanMismatchError, TunePlan
+from redline.tune.tuned import TunePlan, TunePlanMismatchError
 from redline.workloads.vision import SyntheticJpegDataset, VisionConfig
 from test_tune_path import speeds
 
@@ -250,7 +250,7 @@ def test_a_plan_that_decodes_on_the_device_trains_a_plain_loop(tmp_path: Path) -
     _, base = _path(tmp_path)
     plan = dataclasses.replace(base, gpu_decode=True)
     s = _factory()()
-    with pytest.raises(PlanMismatchError, match="no JPEG split was given"):
+    with pytest.raises(TunePlanMismatchError, match="no JPEG split was given"):
         apply_plan(plan, s.model, s.optimizer, s.loader, s.loss_fn)
     tuned = apply_plan(plan, s.model, s.optimizer, s.loader, s.loss_fn,
                        jpeg_split=s.jpeg_split)

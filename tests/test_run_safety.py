@@ -21,12 +21,12 @@ from factories import plan_key
 from redline.cli.main import main
 from redline.runs import watch as watch_module
 from redline.tune import (
-    PlanError,
-    PlanMismatchError,
     SetupError,
     TrainSetup,
     TuneConfig,
     TunePlan,
+    TunePlanError,
+    TunePlanMismatchError,
     apply_plan,
     load_factory,
     tune,
@@ -177,7 +177,7 @@ def test_switching_the_implementation_after_a_step_is_refused_with_what_to_do() 
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     _mse(m, next(iter(loader))).backward()
     opt.step()  # momentum buffers: state kept per implementation
-    with pytest.raises(PlanError, match=r"already stepped.*call apply_plan before"):
+    with pytest.raises(TunePlanError, match=r"already stepped.*call apply_plan before"):
         apply_plan(TunePlan(key=plan_key(), effective_batch=8, micro_batch=8,
                             optimizer_impl="foreach"), m, opt, loader, _mse, check=False)
 
@@ -190,7 +190,7 @@ def _scaled_plan() -> TunePlan:
 def test_a_scaled_rate_with_a_scheduler_built_before_is_refused_unless_passed() -> None:
     m, opt, loader = _pieces()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.9 ** k)
-    with pytest.raises(PlanMismatchError, match=r"× 4 .*a learning-rate scheduler was already"
+    with pytest.raises(TunePlanMismatchError, match=r"× 4 .*a learning-rate scheduler was already"
                                                 r".*schedulers=\[your_scheduler\]"):
         apply_plan(_scaled_plan(), m, opt, loader, _mse, check=False)
     tuned = apply_plan(_scaled_plan(), m, opt, loader, _mse, check=False, schedulers=[sched])
@@ -231,7 +231,7 @@ def test_a_scheduler_of_another_optimizer_is_refused() -> None:
     m, opt, loader = _pieces()
     _, other, _ = _pieces()
     sched = torch.optim.lr_scheduler.StepLR(other, step_size=1)
-    with pytest.raises(PlanMismatchError, match="built on another optimizer"):
+    with pytest.raises(TunePlanMismatchError, match="built on another optimizer"):
         apply_plan(_scaled_plan(), m, opt, loader, _mse, check=False, schedulers=[sched])
 
 

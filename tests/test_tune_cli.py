@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from redline.tune import apply_plan, load_plan
-from redline.tune.tuned import PlanMismatchError
+from redline.tune.tuned import TunePlanMismatchError
 
 SCRIPT = Path(__file__).parent / "scripts" / "tune_tiny.py"
 
@@ -105,7 +105,7 @@ def test_plan_from_another_model_is_refused(tmp_path: Path) -> None:
         loss = tuned.step(next(iter(tuned.loader)))
         assert torch.isfinite(loss)
     other = tune_tiny.redline_setup(width=32)
-    with pytest.raises(PlanMismatchError, match="model_signature"):
+    with pytest.raises(TunePlanMismatchError, match="model_signature"):
         apply_plan(loaded, other.model, other.optimizer, other.loader, other.loss_fn)
 
 

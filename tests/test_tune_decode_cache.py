@@ -22,7 +22,7 @@ from redline.tune.config import TuneConfig
 from redline.tune.decision import Knob
 from redline.tune.knobs.decode_cache import DECODE_CACHE
 from redline.tune.path import TunePath, baseline_plan
-from redline.tune.tuned import PlanMismatchError
+from redline.tune.tuned import TunePlanMismatchError
 from redline.workloads.vision import SyntheticJpegDataset, VisionConfig
 from test_tune_path import speeds
 
@@ -158,7 +158,7 @@ def test_a_plan_with_the_cache_needs_the_split_to_be_applied(tmp_path: Path) -> 
     plan = dataclasses.replace(base, decode_cache=True,
                                decode_cache_store=str(tmp_path / "store"))
     s = _factory()()
-    with pytest.raises(PlanMismatchError, match="no cache split was given"):
+    with pytest.raises(TunePlanMismatchError, match="no cache split was given"):
         apply_plan(plan, s.model, s.optimizer, s.loader, s.loss_fn)
     tuned = apply_plan(plan, s.model, s.optimizer, s.loader, s.loss_fn,
                        cache_split=s.cache_split)

@@ -16,12 +16,12 @@ from redline.core.loader import LoaderSettings
 from redline.measure.agree import NoJobStoreError
 from redline.tune import (
     NonFiniteLossError,
-    PlanError,
-    PlanMismatchError,
     SetupError,
     TrainSetup,
     TuneConfig,
     TunePlan,
+    TunePlanError,
+    TunePlanMismatchError,
     apply_plan,
     load_plan,
     save_plan,
@@ -107,7 +107,7 @@ def test_apply_plan_refuses_a_loader_of_another_batch_size(tmp_path: Path) -> No
     plan = TunePlan(key=plan_key(s.model, torch.device("cpu"), "fp32", first),
                     effective_batch=32, micro_batch=16, source_batch_size=8)
     other = _setup(batch=16)
-    with pytest.raises(PlanMismatchError, match=r"batch_size=16; the plan was made for "
+    with pytest.raises(TunePlanMismatchError, match=r"batch_size=16; the plan was made for "
                                                 r"batch_size=8, an effective batch of 32"):
         apply_plan(plan, other.model, other.optimizer, other.loader, other.loss_fn)
     tuned = apply_plan(plan, s.model, s.optimizer, s.loader, s.loss_fn)
@@ -148,14 +148,14 @@ def test_load_plan_checks_every_field_and_names_the_file(tmp_path: Path, change:
     change(d)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(d))
-    with pytest.raises(PlanError, match=rf"bad\.json is not a usable redline plan: .*{message}"):
+    with pytest.raises(TunePlanError, match=rf"bad\.json is not a usable redline plan: .*{message}"):
         load_plan(bad)
 
 
 def test_load_plan_names_a_file_that_is_not_text(tmp_path: Path) -> None:
     p = tmp_path / "plan.json"
     p.write_bytes(b'{"schema": "\xff\xfe"}')
-    with pytest.raises(PlanError, match=r"plan\.json is not UTF-8 text"):
+    with pytest.raises(TunePlanError, match=r"plan\.json is not UTF-8 text"):
         load_plan(p)
     save_plan(TunePlan.from_dict(_plan_dict()), p)
     assert load_plan(p).loader.num_workers == 2

@@ -10,7 +10,7 @@ import pytest
 from factories import plan_key as _key
 from redline.core.loader import LoaderSettings
 from redline.tune.decision import Decision, Knob
-from redline.tune.tuned import PlanError, PlanStore, TunePlan, load_plan, save_plan
+from redline.tune.tuned import PlanStore, TunePlan, TunePlanError, load_plan, save_plan
 
 
 def test_plan_roundtrip_store_and_bad_files(tmp_path: Path) -> None:
@@ -40,10 +40,10 @@ def test_plan_roundtrip_store_and_bad_files(tmp_path: Path) -> None:
         TunePlan(key=_key(), effective_batch=8, micro_batch=16)
     old = plan.to_dict() | {"schema": "redline.plan/1"}
     (tmp_path / "v1.json").write_text(json.dumps(old))
-    with pytest.raises(PlanError, match=r"v1\.json.*earlier redline.*redline tune"):
+    with pytest.raises(TunePlanError, match=r"v1\.json.*earlier redline.*redline tune"):
         load_plan(tmp_path / "v1.json")
     unknown = plan.to_dict()
     unknown["decisions"][0]["knob"] = "warp drive"
     (tmp_path / "knob.json").write_text(json.dumps(unknown))
-    with pytest.raises(PlanError, match=r"knob\.json.*warp drive"):
+    with pytest.raises(TunePlanError, match=r"knob\.json.*warp drive"):
         load_plan(tmp_path / "knob.json")

@@ -22,10 +22,10 @@ if TYPE_CHECKING:
     from redline.tune.runtime import TunedLoop, apply_plan
     from redline.tune.setup import SetupError, TrainSetup, load_factory
     from redline.tune.tuned import (
-        PlanError,
-        PlanMismatchError,
         PlanStore,
         TunePlan,
+        TunePlanError,
+        TunePlanMismatchError,
         load_plan,
         save_plan,
     )
@@ -38,7 +38,8 @@ _LAZY = {
     "Decision": "decision", "Knob": "decision",
     "MemoryBudget": "memory_budget",
     "tune": "run",
-    "PlanError": "tuned", "PlanMismatchError": "tuned", "PlanStore": "tuned", "TunePlan": "tuned",
+    "TunePlanError": "tuned", "TunePlanMismatchError": "tuned", "PlanStore": "tuned",
+    "TunePlan": "tuned",
     "load_plan": "tuned", "save_plan": "tuned",
     "NonFiniteLossError": "precision", "check_numerics": "precision",
     "Projection": "result", "TuneResult": "result",
@@ -48,8 +49,9 @@ _LAZY = {
 
 __all__ = [
     "BatchDoesNotFitError", "BatchSearch", "Decision", "Knob", "MemoryBudget",
-    "NonFiniteLossError", "NumericsTolerance", "PlanError", "PlanMismatchError", "PlanStore",
-    "Projection", "SetupError", "TrainSetup", "TuneConfig", "TunePlan", "TuneResult", "TunedLoop",
+    "NonFiniteLossError", "NumericsTolerance", "PlanStore", "Projection", "SetupError",
+    "TrainSetup", "TuneConfig", "TunePlan", "TunePlanError", "TunePlanMismatchError", "TuneResult",
+    "TunedLoop",
     "accumulate", "apply_plan", "check_numerics", "find_batch_size", "load_factory", "load_plan",
     "micro_sizes", "save_plan", "split_batch", "train_step", "tune",
 ]

@@ -28,7 +28,7 @@ from redline.tune.accumulate import train_step
 from redline.tune.knob import LoopParts
 from redline.tune.knobs import KNOBS
 from redline.tune.knobs.batch_change import lr_factor
-from redline.tune.tuned import PlanMismatchError, TunePlan, check_plan, plan_key
+from redline.tune.tuned import TunePlan, TunePlanMismatchError, check_plan, plan_key
 
 
 def _schedulers_to_scale(plan: TunePlan, optimizer: torch.optim.Optimizer,
@@ -39,14 +39,14 @@ def _schedulers_to_scale(plan: TunePlan, optimizer: torch.optim.Optimizer,
     passed = list(schedulers)
     for sch in passed:
         if getattr(sch, "optimizer", None) is not optimizer:
-            raise PlanMismatchError(
+            raise TunePlanMismatchError(
                 f"the scheduler {type(sch).__name__} passed to apply_plan was built on another "
                 "optimizer: pass the schedulers of the optimizer given to apply_plan")
     # a plan applied before set initial_lr itself, to the scaled rate (see _scale_schedulers)
     ours = getattr(optimizer, "_redline_lr_scale", None) is not None
     if plan.lr_scale != 1.0 and not passed and not ours and any(
             "initial_lr" in group for group in optimizer.param_groups):
-        raise PlanMismatchError(
+        raise TunePlanMismatchError(
             f"the plan scales the learning rate × {plan.lr_scale:.4g} (its effective batch is "
             f"{plan.effective_batch}) and a learning-rate scheduler was already built on this "
             "optimizer: its base rates are the unscaled ones, so its next step would undo the "
@@ -199,16 +199,16 @@ def apply_plan(plan: TunePlan, model: torch.nn.Module, optimizer: torch.optim.Op
         The :class:`TunedLoop`: its ``loader``, ``model``, ``optimizer`` and ``step``.
 
     Raises:
-        PlanMismatchError: the plan was made for another model, device or input shapes, or for
+        TunePlanMismatchError: the plan was made for another model, device or input shapes, or for
             a loader of another batch size (the effective batch would change); a scheduler
             of another optimizer; a scheduler built before, not passed, on a plan that scales
             the rate.
-        PlanError: the optimizer has already stepped, or cannot take the plan's
+        TunePlanError: the optimizer has already stepped, or cannot take the plan's
             implementation.
     """
     dev = torch.device(device)
     if check and plan.source_batch_size is not None and loader.batch_size != plan.source_batch_size:
-        raise PlanMismatchError(
+        raise TunePlanMismatchError(
             f"this DataLoader has batch_size={loader.batch_size}; the plan was made for "
             f"batch_size={plan.source_batch_size}, an effective batch of "
             f"{plan.effective_batch} ({plan.source_batch_size} × "

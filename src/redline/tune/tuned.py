@@ -31,11 +31,11 @@ PLAN_SCHEMA = "redline.plan/2"
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
-class PlanError(RedlineError, ValueError):
+class TunePlanError(RedlineError, ValueError):
     """A plan file that cannot be used; the message names the file and the field."""
 
 
-class PlanMismatchError(PlanError):
+class TunePlanMismatchError(TunePlanError):
     """A plan applied to a model, device or inputs it was not made for."""
 
 
@@ -215,7 +215,7 @@ def load_plan(path: str | os.PathLike[str]) -> TunePlan:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        PlanError: the file is not a usable plan; the message names it and says why.
+        TunePlanError: the file is not a usable plan; the message names it and says why.
     """
     try:
         with open(path, encoding="utf-8") as file:
@@ -224,17 +224,17 @@ def load_plan(path: str | os.PathLike[str]) -> TunePlan:
         raise FileNotFoundError(f"no plan at {str(path)!r}: run `redline tune SCRIPT` to make "
                                 "one") from None
     except UnicodeDecodeError as e:
-        raise PlanError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); expected a "
+        raise TunePlanError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); expected a "
                         "plan written by redline tune") from None
     except json.JSONDecodeError as e:
-        raise PlanError(f"{path} is not JSON ({e}); expected a plan written by redline tune") \
+        raise TunePlanError(f"{path} is not JSON ({e}); expected a plan written by redline tune") \
             from None
     if not isinstance(data, dict):
-        raise PlanError(f"{path} holds a JSON {type(data).__name__}, expected a redline plan")
+        raise TunePlanError(f"{path} holds a JSON {type(data).__name__}, expected a redline plan")
     try:
         return TunePlan.from_dict(data)
     except (TypeError, ValueError) as e:
-        raise PlanError(f"{path} is not a usable redline plan: {e}") from None
+        raise TunePlanError(f"{path} is not a usable redline plan: {e}") from None
 
 
 def model_signature(model: torch.nn.Module) -> tuple[str, str]:
@@ -273,7 +273,7 @@ def plan_key(model: torch.nn.Module, device: torch.device, precision: str,
 
 
 def check_plan(plan: TunePlan, key: PlanKey) -> None:
-    """Raise :class:`PlanMismatchError` naming every field that differs; warn when only the
+    """Raise :class:`TunePlanMismatchError` naming every field that differs; warn when only the
     world size does (the per-rank batch still fits; the loader's share of CPUs and the DDP
     settings were measured for another job)."""
     if plan.key.world_size != key.world_size:
@@ -287,7 +287,7 @@ def check_plan(plan: TunePlan, key: PlanKey) -> None:
              for name in ("model_signature", "device", "input_shapes")
              if getattr(plan.key, name) != getattr(key, name)]
     if diffs:
-        raise PlanMismatchError(
+        raise TunePlanMismatchError(
             "this plan was made for another configuration (" + "; ".join(diffs) + "). Its batch "
             "and memory decisions do not carry over: run `redline tune` for this one.")
 

@@ -18,7 +18,7 @@ from redline.tune.decision import Decision, Detail, Knob
 from redline.tune.decode_cache import trial_store
 from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
 from redline.tune.samples import fresh
-from redline.tune.tuned import PlanMismatchError, TunePlan
+from redline.tune.tuned import TunePlan, TunePlanMismatchError
 
 _NO_ARGUMENT = ("no argument: the dataset is served from redline.data.CachedDataset(source, "
                 "deterministic, random), the split the tuned setup declared (a code line)")
@@ -30,7 +30,7 @@ def plan_dataset(plan: TunePlan, loader: DataLoader[Any], cache_split: CacheSpli
     if not plan.decode_cache:
         return loader.dataset
     if cache_split is None:
-        raise PlanMismatchError(
+        raise TunePlanMismatchError(
             "the plan serves the loader from a decode cache (decode_cache: true) and no cache "
             "split was given: pass cache_split=redline.data.CacheSplit(...) (the setup's) to "
             "apply_plan, or set decode_cache to false in the plan to train without the cache")

@@ -29,7 +29,7 @@ from redline.data.device_decode import (
 from redline.tune.decision import Decision, Detail, Knob
 from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
 from redline.tune.knobs.decode_cache import plan_dataset
-from redline.tune.tuned import PlanMismatchError, TunePlan
+from redline.tune.tuned import TunePlan, TunePlanMismatchError
 
 _NO_ARGUMENT = ("no argument: the loader reads redline.data.device_decode.EncodedJpegs with "
                 "collate_encoded, and each batch goes through DeviceDecoder(jpeg_split, device) "
@@ -51,12 +51,12 @@ def plan_data(plan: TunePlan, loader: DataLoader[Any], cache_split: CacheSplit |
         (dataset, collate_fn or None for the loader's own).
 
     Raises:
-        PlanMismatchError: the plan decodes on the device and no ``jpeg_split`` was given.
+        TunePlanMismatchError: the plan decodes on the device and no ``jpeg_split`` was given.
     """
     if not plan.gpu_decode:
         return plan_dataset(plan, loader, cache_split), None
     if jpeg_split is None:
-        raise PlanMismatchError(
+        raise TunePlanMismatchError(
             "the plan decodes JPEGs on the device (gpu_decode: true) and no JPEG split was "
             "given: pass jpeg_split=redline.data.JpegSplit(...) (the setup's) to apply_plan, "
             "or set gpu_decode to false in the plan to decode on the CPU")

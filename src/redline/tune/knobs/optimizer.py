@@ -13,7 +13,7 @@ import torch
 
 from redline.tune.decision import Decision, Knob
 from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
-from redline.tune.tuned import PlanError, TunePlan
+from redline.tune.tuned import TunePlan, TunePlanError
 
 
 def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str | None) -> torch.optim.Optimizer:
@@ -23,20 +23,20 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str | None) -> tor
     driving the optimizer that steps. Only before the first step: there is no state to carry.
 
     Raises:
-        PlanError: the optimizer already holds state, or its class has no such
+        TunePlanError: the optimizer already holds state, or its class has no such
             implementation (or refuses it for these parameters: a probe built over the same
             parameter groups says why).
     """
     if impl is None:
         return optimizer
     if optimizer.state:
-        raise PlanError(
+        raise TunePlanError(
             f"the plan switches the optimizer to its {impl} implementation and this "
             f"{type(optimizer).__name__} has already stepped (it holds state, kept per "
             "implementation): call apply_plan before the first optimizer step")
     accepted = inspect.signature(type(optimizer).__init__).parameters
     if impl not in accepted or impl not in optimizer.defaults:
-        raise PlanError(f"{type(optimizer).__name__} has no {impl!r} implementation: set "
+        raise TunePlanError(f"{type(optimizer).__name__} has no {impl!r} implementation: set "
                         "optimizer_impl to null in the plan")
     groups = [{key: value for key, value in group.items() if key not in ("fused", "foreach")}
               for group in optimizer.param_groups]
@@ -51,7 +51,7 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str | None) -> tor
         # then what the step reads (each group's "fused"/"foreach" and a few attributes)
         probe = type(optimizer)(groups, **defaults)
     except (RuntimeError, ValueError, TypeError) as e:
-        raise PlanError(f"{type(optimizer).__name__} refuses {impl}=True here ({e}): set "
+        raise TunePlanError(f"{type(optimizer).__name__} refuses {impl}=True here ({e}): set "
                         "optimizer_impl to null in the plan") from None
     for group, probe_group in zip(optimizer.param_groups, probe.param_groups, strict=True):
         group["fused"], group["foreach"] = probe_group.get("fused"), probe_group.get("foreach")
