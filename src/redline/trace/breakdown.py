@@ -130,13 +130,15 @@ def kernel_types(device: list[Event], merged: DeviceTime | None = None) -> dict[
             points.append((s, 1 << bit))
             points.append((e, -(1 << bit)))
     points.sort(key=lambda p: p[0])
+    # the label of each set of types running, named once (not once per interval boundary)
+    labels = [" overlapping ".join(n for b, n in enumerate(KERNEL_TYPES) if running & (1 << b))
+              for running in range(1 << len(KERNEL_TYPES))]
     out: dict[str, float] = defaultdict(float)
     running = 0
     for k, (t, delta) in enumerate(points):
         running += delta
         if running > 0 and k + 1 < len(points):
-            label = " overlapping ".join(n for b, n in enumerate(KERNEL_TYPES) if running & (1 << b))
-            out[label] += points[k + 1][0] - t
+            out[labels[running]] += points[k + 1][0] - t
     return dict(out)
 
 
