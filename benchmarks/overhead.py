@@ -174,7 +174,11 @@ def counting(rounds: int, steps: int = 12) -> None:
         print(f"{m:<18} {run_s:>9.2f}s {run_s / bare_whole:>7.3f}× {p50 * 1e3:>7.1f}ms "
               f"{p50 / bare_step:>7.3f}×")
     cost = statistics.median(whole["watch (counting)"]) / bare_whole - 1
+    own = statistics.median(whole["watch (counting)"]) / statistics.median(
+        whole["watch (no count)"]) - 1
     drift = statistics.median(step_p50["watch (counting)"]) / bare_step - 1
+    print(f"of which counting itself (watch counting vs watch without): {own:+.1%}; the watch "
+          f"without counting: {statistics.median(whole['watch (no count)']) / bare_whole - 1:+.1%}")
     print(f"FLOPs per step counted: {flops[0] if flops else None}")
     print(f"target counting ≤ 5 % of the whole run: {'MET' if cost <= 0.05 else 'NOT MET'} "
           f"({cost:+.1%}); step time within 10 % of bare: "
