@@ -34,7 +34,8 @@ Run: .venv/bin/python benchmarks/overhead.py [--rounds 101] [--steps 100] [--set
      [--scrape-interval 1] [--counting-rounds 5]
 Targets: watch, with or without the metrics endpoint, adds ≤ 50 µs per step (≤ 0.5 % of a 10 ms
 step) and ≤ 0.4× what torch.profiler adds in the same run; FLOP counting adds ≤ 5 % to the
-recurrent job's whole run, and its step time is within 10 % of the bare median.
+recurrent job's whole run, and its step time is within 10 % of the bare median. Measured
+figures: docs/report.md, "Cost of the watch".
 """
 
 from __future__ import annotations
