@@ -33,8 +33,9 @@ counted step out (its p50 against the bare median).
 Run: .venv/bin/python benchmarks/overhead.py [--rounds 101] [--steps 100] [--settle 80]
      [--scrape-interval 1] [--counting-rounds 5]
 Targets: watch, with or without the metrics endpoint, adds ≤ 50 µs per step (≤ 0.5 % of a 10 ms
-step); FLOP counting adds ≤ 5 % to the recurrent job's whole run, and its step time is within
-10 % of the bare median.
+step) and ≤ 0.4× what torch.profiler adds in the same run; FLOP counting adds ≤ 5 % to the
+recurrent job's whole run, and its step time is within 10 % of the bare median. Measured
+figures: docs/report.md, "Cost of the watch".
 """
 
 from __future__ import annotations
@@ -174,7 +175,11 @@ def counting(rounds: int, steps: int = 12) -> None:
         print(f"{m:<18} {run_s:>9.2f}s {run_s / bare_whole:>7.3f}× {p50 * 1e3:>7.1f}ms "
               f"{p50 / bare_step:>7.3f}×")
     cost = statistics.median(whole["watch (counting)"]) / bare_whole - 1
+    own = statistics.median(whole["watch (counting)"]) / statistics.median(
+        whole["watch (no count)"]) - 1
     drift = statistics.median(step_p50["watch (counting)"]) / bare_step - 1
+    print(f"of which counting itself (watch counting vs watch without): {own:+.1%}; the watch "
+          f"without counting: {statistics.median(whole['watch (no count)']) / bare_whole - 1:+.1%}")
     print(f"FLOPs per step counted: {flops[0] if flops else None}")
     print(f"target counting ≤ 5 % of the whole run: {'MET' if cost <= 0.05 else 'NOT MET'} "
           f"({cost:+.1%}); step time within 10 % of bare: "
@@ -279,9 +284,11 @@ def main() -> None:
           f"{(quiet['watch'] - quiet['watch-nostack']) * 1e6:+.1f} µs quiet, "
           f"{(typical['watch'] - typical['watch-nostack']) * 1e6:+.1f} µs paired medians")
     for name in ("watch", "watch+metrics"):
-        verdict = "MET" if quiet[name] <= 50e-6 else "NOT MET"
-        print(f"target {name} ≤ 50 µs/step: {verdict} ({quiet[name] * 1e6:.1f} µs quiet-machine "
-              f"shift; {typical[name] * 1e6:.1f} µs median of paired rounds)")
+        share = quiet[name] / quiet["profiler"] if quiet["profiler"] > 0 else float("nan")
+        verdict = "MET" if quiet[name] <= 50e-6 and share <= 0.4 else "NOT MET"
+        print(f"target {name} ≤ 50 µs/step and ≤ 0.4× torch.profiler's: {verdict} "
+              f"({quiet[name] * 1e6:.1f} µs quiet-machine shift, {share:.2f}× the profiler's; "
+              f"{typical[name] * 1e6:.1f} µs median of paired rounds)")
     if args.counting_rounds:
         counting(args.counting_rounds)
 

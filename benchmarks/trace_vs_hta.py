@@ -37,6 +37,8 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -129,24 +131,30 @@ def command(argv: list[str], timeout: float, memory_gb: float | None = None) -> 
             limit = int(memory_gb * 2**30)
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    t = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
-                         preexec_fn=cap if memory_gb is not None else None)
-    deadline = t + timeout
-    why = ""
-    while True:
-        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.perf_counter() > deadline:
+    # stderr to a file, not a pipe: a chatty child cannot block on it. A blocking wait4 returns
+    # at the child's exit (a polling loop adds up to its period to every run: a few % of a
+    # 60 ms command); a timer kills it at the limit.
+    killed = threading.Event()
+    with tempfile.TemporaryFile() as errors:
+        t = time.perf_counter()
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errors, cwd=ROOT,
+                             preexec_fn=cap if memory_gb is not None else None)
+
+        def stop() -> None:
+            killed.set()
             p.kill()
+
+        timer = threading.Timer(timeout, stop)
+        timer.start()
+        try:
             _, status, usage = os.wait4(p.pid, 0)
-            why = f"killed at the {timeout:.0f} s limit"
-            break
-        time.sleep(0.005)
-    s = time.perf_counter() - t
+            s = time.perf_counter() - t
+        finally:
+            timer.cancel()
+        errors.seek(0)
+        err = errors.read().decode(errors="replace")
+    why = f"killed at the {timeout:.0f} s limit" if killed.is_set() else ""
     p.returncode = os.waitstatus_to_exitcode(status)
-    err = p.stderr.read().decode(errors="replace") if p.stderr else ""
     if p.returncode != 0 and not why:
         last = err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"
         why = last[-160:]

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from redline.cli.main import main
-from redline.trace import TraceError, analyze_paths
-from trace_fixtures import _x, synthetic_events, write_trace
+from redline.trace import TraceError, analyze_paths, load_trace
+from redline.trace.kineto_fast import ORJSON_MIN_BYTES
+from trace_fixtures import _x, kineto_text, synthetic_events, write_trace
 
 
 def _with_bad_kernels() -> list[dict[str, object]]:
@@ -142,3 +143,21 @@ def test_float_timestamps_near_1e18_are_said_to_have_lost_their_digits(
     out = capsys.readouterr()
     assert "resolve only 128 µs there" in out.out + out.err
     assert "Traceback" not in out.err
+
+
+@pytest.mark.parametrize("padding", [0, 12_000])
+def test_nan_and_infinity_in_kineto_layout_read_the_same_at_any_size(
+        tmp_path: Path, padding: int) -> None:
+    """A file of more than ORJSON_MIN_BYTES of text is parsed by orjson, which refuses NaN and
+    Infinity; the standard library then reads it, so the bad kernels are left out as in a small
+    file, not taken for a broken file."""
+    unused = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1,
+               "ts": 1000 + i, "dur": 1, "args": {"External id": i}} for i in range(padding)]
+    path = tmp_path / "bad.json"
+    path.write_text(kineto_text(_with_bad_kernels() + unused))
+    assert (path.stat().st_size >= ORJSON_MIN_BYTES) == (padding > 0)
+    t = load_trace(path)
+    assert t.read_counts is not None  # read by the block reader, not whole
+    (r,) = analyze_paths([path]).ranks
+    assert r.left_out == {"negative duration": 1, "NaN or infinite start or duration": 2,
+                          "missing start or duration": 1}

@@ -67,6 +67,31 @@ def test_the_block_reader_gives_the_numbers_of_a_full_parse(tmp_path: Path) -> N
     assert k.device_name == d.device_name == "NVIDIA H100 80GB HBM3"
 
 
+def test_names_holding_braces_quotes_and_separator_text_read_as_in_a_full_parse(
+        tmp_path: Path) -> None:
+    """A kept event's text is matched up to the layout's separator: braces, escaped quotes and
+    the separators' own text inside a name do not end it; an event of a kept category but
+    another phase (an instant) is not parsed, as the analyses read complete events only."""
+    events = synthetic_events() + _unused(5)
+    kernels = [e for e in events if e["cat"] == "kernel"]
+    kernels[0]["name"] = 'void f<{1}, "q">() }, {"ph": "X", "cat": "kernel"} }'
+    kernels[1]["name"] = "g\n  },\n  {\n    }"  # the Kineto separator, escaped in JSON
+    events.append({"ph": "i", "cat": "kernel", "name": "instant", "pid": 1, "tid": 1,
+                   "ts": 50, "s": "t"})
+    doc_text = kineto_text(events)
+    kineto = tmp_path / "kineto.json"
+    kineto.write_text(doc_text)
+    compact = tmp_path / "compact.json"
+    compact.write_text(json.dumps(json.loads(doc_text)))
+    dense = tmp_path / "dense.json"
+    dense.write_text(json.dumps(json.loads(doc_text), separators=(",", ":")))
+    k, c, d = load_trace(kineto), load_trace(compact), load_trace(dense)
+    assert k.read_counts is not None and c.read_counts is not None and d.read_counts is None
+    assert k.events == c.events == d.events
+    assert {e.name for e in k.events} >= {kernels[0]["name"], kernels[1]["name"]}
+    assert k.read_counts.parsed == c.read_counts.parsed == _kept(events) - 1  # not the instant
+
+
 def test_a_compact_file_cut_inside_a_kept_event_is_parsed_whole(tmp_path: Path) -> None:
     """An argument holding objects keyed "ph" puts the compact separator inside a kernel: the
     cut fails to parse, and the file is read whole instead, with the same numbers."""

@@ -6,9 +6,10 @@ the main process fetching alone, then goes straight to the workers that Little's
 the consumer fed (the fetch's time per batch over the consumer's), and adds workers while each
 step gains beyond the noise of its timing windows and repays its extra start-up. It stops once
 the loop waits for data ≤ 2 % of the step, the usable CPUs are saturated, the consumer's
-rate is within the noise, a gain is within the windows' spread, more workers would not repay
-their start-up, the search's time budget would be passed, or /dev/shm / RAM / open files would
-not hold more. Each trial is :func:`redline.data.loader_timing.measure`.
+rate (over whole epochs: with each epoch's refill) is within the noise, a gain is within the
+windows' spread, more workers would not repay their start-up, the search's time budget would
+be passed, or /dev/shm / RAM / open files would not hold more. Each trial is
+:func:`redline.data.loader_timing.measure`.
 """
 
 from __future__ import annotations
@@ -166,6 +167,19 @@ def _process_bound(t: Trial, consume_s: float, per_batch: int | None,
     if t.ready_fetch_s is None or not per_batch:
         return None
     return ranks * per_batch / max(1e-12, consume_s + t.ready_fetch_s)
+
+
+def _refilled_ceiling(t: Trial, ceiling: float | None, epoch: int | None, consume_s: float,
+                      fetch_s: float) -> float | None:
+    """The consumer's rate over whole epochs, for a trial timed over them: each epoch's batches
+    at the consumer's rate plus one batch's fetch before the first of them. PyTorch's DataLoader
+    starts an epoch's fetches when its iterator is made, every worker at once, so the first
+    batch takes a whole fetch however many workers there are (``fetch_s``, as the main process
+    timed it: a worker's is no shorter). None for a trial timed inside an epoch."""
+    if not t.whole_epochs or ceiling is None or not epoch:
+        return None
+    epoch_s = epoch * consume_s
+    return ceiling * epoch_s / (epoch_s + fetch_s)
 
 
 def _predicted_trial_s(s: LoaderSettings, rate_batches: float, per_worker_startup_s: float,
@@ -331,6 +345,16 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                           f"≥ {noise:.0%} (the larger of {MIN_GAIN:.0%} and the windows' "
                           "spread)")
                 break
+            refilled = _refilled_ceiling(best, ceiling, epoch, consume_s, fetch_s)
+            if refilled is not None and best.samples_per_s * (1 + noise) >= refilled:
+                # timed over whole epochs, each paying a refill no worker count shortens
+                reason = (f"{best.settings.num_workers} workers reach "
+                          f"{best.samples_per_s:,.0f} samples/s of the {refilled:,.0f} the "
+                          f"consumer can take over whole epochs of {epoch} batches, each "
+                          f"starting with one batch's fetch ({fetch_s:.2f} s) that more "
+                          f"workers do not shorten: no more workers can gain ≥ {noise:.0%} "
+                          f"(the larger of {MIN_GAIN:.0%} and the windows' spread)")
+                break
             taken = _process_bound(best, consume_s, per_batch, job.world_size)
             if taken is not None and best.samples_per_s * (1 + noise) >= taken:
                 # the training process itself (consuming + receiving each batch) is what
@@ -402,7 +426,8 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             workers = max(workers + 1, math.ceil(workers * IO_STEP))
         else:
             workers = workers + 1 if workers < budget else workers * 2
-    bounds = [b for b in (ceiling, _process_bound(best, consume_s, per_batch, job.world_size))
+    bounds = [b for b in (ceiling, _process_bound(best, consume_s, per_batch, job.world_size),
+                          _refilled_ceiling(best, ceiling, epoch, consume_s, fetch_s))
               if b is not None]
     room = not bounds or \
         best.samples_per_s * (1 + max(MIN_GAIN, best.spread_fraction)) < min(bounds)

@@ -26,6 +26,8 @@ MIN_WRAPPED_WIDTH = 12
 
 @dataclass(slots=True, kw_only=True)
 class Column:
+    """A table column: its header, justification and whether its text wraps."""
+
     header: str
     right: bool = False
     """Right-justified (numbers)."""

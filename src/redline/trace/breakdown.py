@@ -60,11 +60,17 @@ def intersection(a: list[Interval], b: list[Interval]) -> float:
     """Total length of the intersection of two merged interval lists."""
     i = j = 0
     inter = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+    na, nb = len(a), len(b)
+    while i < na and j < nb:
+        # comparisons rather than max()/min() calls: this loop runs once per interval of
+        # both lists (thousands per rank) and the calls were most of its time
+        a_start, a_end = a[i]
+        b_start, b_end = b[j]
+        lo = a_start if a_start > b_start else b_start
+        hi = a_end if a_end < b_end else b_end
         if hi > lo:
             inter += hi - lo
-        if a[i][1] < b[j][1]:
+        if a_end < b_end:
             i += 1
         else:
             j += 1
@@ -130,13 +136,15 @@ def kernel_types(device: list[Event], merged: DeviceTime | None = None) -> dict[
             points.append((s, 1 << bit))
             points.append((e, -(1 << bit)))
     points.sort(key=lambda p: p[0])
+    # the label of each set of types running, named once (not once per interval boundary)
+    labels = [" overlapping ".join(n for b, n in enumerate(KERNEL_TYPES) if running & (1 << b))
+              for running in range(1 << len(KERNEL_TYPES))]
     out: dict[str, float] = defaultdict(float)
     running = 0
     for k, (t, delta) in enumerate(points):
         running += delta
         if running > 0 and k + 1 < len(points):
-            label = " overlapping ".join(n for b, n in enumerate(KERNEL_TYPES) if running & (1 << b))
-            out[label] += points[k + 1][0] - t
+            out[labels[running]] += points[k + 1][0] - t
     return dict(out)
 
 

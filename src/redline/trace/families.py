@@ -14,15 +14,26 @@ from redline.trace.breakdown import DeviceTime, device_time, intersection, merge
 from redline.trace.events import Event
 from redline.trace.select import COMMUNICATION, COMPUTATION
 
+# The patterns are lower case and matched against the lower-cased name: with re.IGNORECASE,
+# CPython's engine cannot search for a pattern's literal prefixes and tries every position of
+# names that run to thousands of characters (templated kernels): ~9x slower on real traces.
 MEMORY_BOUND = re.compile(
-    r"elementwise|reduce_kernel|norm|softmax|CatArray|copy_kernel|fill_kernel|gather|scatter|"
-    r"index_|dropout", re.IGNORECASE)
+    r"elementwise|reduce_kernel|norm|softmax|catarray|copy_kernel|fill_kernel|gather|scatter|"
+    r"index_|dropout")
 """Kernel families that move more bytes than they compute (PyTorch's at::native elementwise,
 reduction, normalization, concat/copy kernels): fusing them saves memory round trips."""
 
-GEMM = re.compile(r"gemm|matmul|xmma|cutlass|cublas|bmm", re.IGNORECASE)
-FP32_GEMM = re.compile(r"sgemm|f32f32|fp32|_s\d{3,4}gemm", re.IGNORECASE)
-LOW_PRECISION = re.compile(r"tf32|bf16|f16|h\d{3,4}gemm|hgemm|fp16|e4m3|e5m2", re.IGNORECASE)
+GEMM = re.compile(r"gemm|matmul|xmma|cutlass|cublas|bmm")
+FP32_GEMM = re.compile(r"sgemm|f32f32|fp32|_s\d{3,4}gemm")
+LOW_PRECISION = re.compile(r"tf32|bf16|f16|h\d{3,4}gemm|hgemm|fp16|e4m3|e5m2")
+
+
+def _family(name: str) -> tuple[bool, bool, bool]:
+    """(memory-bound, GEMM, fp32 GEMM) of a kernel name, case-insensitively."""
+    low = name.lower()
+    gemm = GEMM.search(low) is not None
+    fp32 = gemm and FP32_GEMM.search(low) is not None and LOW_PRECISION.search(low) is None
+    return MEMORY_BOUND.search(low) is not None, gemm, fp32
 
 
 @dataclass(slots=True, kw_only=True)
@@ -47,32 +58,30 @@ class KernelFamilies:
 
 def kernel_families(device: list[Event], merged: DeviceTime | None = None) -> KernelFamilies:
     """The families of ``device`` (one rank's device events)."""
-    cache: dict[tuple[str, str], bool] = {}
-
-    def matches(pattern: re.Pattern[str], name: str) -> bool:
-        # Once per distinct name: a trace repeats a few hundred names thousands of times.
-        key = (pattern.pattern, name)
-        hit = cache.get(key)
-        if hit is None:
-            hit = cache[key] = pattern.search(name) is not None
-        return hit
-
-    kernels = [e for e in device if e.cat == "kernel"]
+    # Once per distinct name: a trace repeats a few hundred names thousands of times.
+    family: dict[str, tuple[bool, bool, bool]] = {}
+    kernels: list[tuple[Event, tuple[bool, bool, bool]]] = []
+    for e in device:
+        if e.cat == "kernel":
+            f = family.get(e.name)
+            if f is None:
+                f = family[e.name] = _family(e.name)
+            kernels.append((e, f))
     out = KernelFamilies()
-    memory_bound = [e for e in kernels if matches(MEMORY_BOUND, e.name)]
+    memory_bound = [e for e, (mem, _, _) in kernels if mem]
     out.memory_bound_us = total(merge([(e.ts, e.end) for e in memory_bound]))
     out.memory_bound_examples = sorted({e.name.split("<")[0][:60] for e in memory_bound})[:3]
-    fp32_gemms = [e for e in kernels if matches(GEMM, e.name) and matches(FP32_GEMM, e.name)
-                  and not matches(LOW_PRECISION, e.name)]
+    fp32_gemms = [e for e, (_, _, fp32) in kernels if fp32]
     out.fp32_gemm_us = total(merge([(e.ts, e.end) for e in fp32_gemms]))
     out.fp32_gemm_kernels = len(fp32_gemms)
     out.fp32_gemm_example = fp32_gemms[0].name[:80] if fp32_gemms else None
-    by_stream: dict[int, list[Event]] = {}
-    for e in sorted(kernels, key=lambda e: e.ts):
-        by_stream.setdefault(e.stream, []).append(e)
+    by_stream: dict[int, list[tuple[Event, tuple[bool, bool, bool]]]] = {}
+    for k in sorted(kernels, key=lambda k: k[0].ts):
+        by_stream.setdefault(k[0].stream, []).append(k)
     for evs in by_stream.values():
-        for a, b, c in zip(evs, evs[1:], evs[2:], strict=False):
-            if "softmax" in b.name.lower() and matches(GEMM, a.name) and matches(GEMM, c.name):
+        for (_, (_, gemm_a, _)), (b, _), (_, (_, gemm_c, _)) in zip(evs, evs[1:], evs[2:],
+                                                                    strict=False):
+            if gemm_a and gemm_c and "softmax" in b.name.lower():
                 out.unfused_attention += 1
                 out.unfused_attention_softmax_us += b.dur
     merged = device_time(device) if merged is None else merged

@@ -32,6 +32,8 @@ LAUNCH_DELAY_CUTOFF_US = 100.0
 
 @dataclass(slots=True, kw_only=True)
 class KernelStat:
+    """One kernel name's launches on a rank: count, time, share of the busy time."""
+
     name: str
     count: int
     total_us: float
@@ -109,6 +111,8 @@ def launch_stats(events: list[Event]) -> LaunchStats:
 
 @dataclass(slots=True, kw_only=True)
 class CopyStat:
+    """Memcpy or memset of one kind on a rank: count, time, bytes and bandwidth."""
+
     kind: str
     """'Memcpy HtoD', 'Memcpy DtoH', 'Memcpy DtoD', 'Memcpy PtoP', 'Memset'."""
     count: int
@@ -191,6 +195,8 @@ def host_syncs(events: list[Event],
 
 @dataclass(slots=True, kw_only=True)
 class Straggler:
+    """How late one rank arrives at the collectives it shares with the others."""
+
     rank: int
     collectives: int
     last_arrivals: int

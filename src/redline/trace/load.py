@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from redline.trace.events import (
     GPU_CATEGORIES,
     KEPT_CATEGORIES,
@@ -37,10 +35,12 @@ from redline.trace.events import (
 )
 from redline.trace.kineto_fast import (
     COMPACT,
+    ORJSON_MIN_BYTES,
     KinetoEvents,
     LayoutError,
     block_layout,
     gunzip_blocks,
+    loads,
     plain_blocks,
 )
 
@@ -71,17 +71,7 @@ def _read_bytes(path: Path) -> bytes:
 
 def _parse_json(path: Path, raw: bytes) -> dict[str, Any]:
     try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        pass  # re-parse with the stdlib for its line/column error message
-    else:
-        if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-            got = type(doc).__name__ if not isinstance(doc, dict) else f"keys {sorted(doc)[:6]}"
-            raise TraceError(f"{path}: expected a Chrome-trace object with a 'traceEvents' list "
-                             f"(torch.profiler / Kineto JSON), got {got}")
-        return doc
-    try:
-        doc = json.loads(raw)
+        doc = loads(raw, fast=len(raw) >= ORJSON_MIN_BYTES)
     except json.JSONDecodeError as e:
         # A cut-off file fails at (or in a string running to) its very end.
         truncated = e.pos >= len(raw) - 2 or e.msg.startswith("Unterminated")
@@ -105,6 +95,17 @@ parsed whole, so memory follows the events kept, not the file size."""
 def _is_gzip(path: Path) -> bool:
     with open(path, "rb") as f:
         return f.read(2) == b"\x1f\x8b"
+
+
+def _text_bytes(path: Path, gz: bool, size: int) -> int:
+    """The file's JSON text in bytes (``size``: on disk): a gzip file's ISIZE trailer (RFC
+    1952, 2.3.1: the last member's input size modulo 2**32; a file larger on disk is larger
+    still)."""
+    if not gz or size < 4:
+        return size
+    with open(path, "rb") as f:
+        f.seek(-4, os.SEEK_END)
+        return max(size, int.from_bytes(f.read(4), "little"))
 
 
 def _stream_meta(path: Path, gz: bool) -> dict[str, Any]:
@@ -182,10 +183,12 @@ def _kineto_events(path: Path, reader: KinetoEvents, raw: Any, size: int) -> Ite
         raw.close()
 
 
-def _open_kineto(path: Path, gz: bool) -> tuple[dict[str, Any], Iterator[Any], ReadCounts] | None:
+def _open_kineto(path: Path, gz: bool,
+                 fast: bool) -> tuple[dict[str, Any], Iterator[Any], ReadCounts] | None:
     """(metadata, kept events, counts) of a file in Kineto's layout, streamed from one open of
-    the file (memory follows the events kept); None for another layout, or a file whose start
-    does not read (the general reader says what is wrong with it)."""
+    the file (memory follows the events kept), parsed through orjson when ``fast``; None for
+    another layout, or a file whose start does not read (the general reader says what is
+    wrong with it)."""
     raw = open(path, "rb")  # noqa: SIM115 (closed by _kineto_events, or below)
     blocks = gunzip_blocks(raw) if gz else plain_blocks(raw)
     try:
@@ -193,7 +196,7 @@ def _open_kineto(path: Path, gz: bool) -> tuple[dict[str, Any], Iterator[Any], R
         if block_layout(head) is None:
             raw.close()
             return None
-        reader = KinetoEvents(head, blocks)
+        reader = KinetoEvents(head, blocks, fast)
     except (OSError, EOFError, zlib.error, LayoutError):
         raw.close()
         return None
@@ -385,13 +388,14 @@ def load_trace(path: str | Path, hta_compat: bool = False) -> RankTrace:
     """
     p = Path(path)
     try:
-        big = p.stat().st_size >= STREAM_MIN_BYTES
+        size = p.stat().st_size
     except OSError as err:
         if err.errno == errno.ELOOP or (p.is_symlink() and not p.exists()):
             raise TraceError(_missing(p)) from err
         raise TraceError(f"{p}: cannot read the file ({err.strerror})") from err
+    big = size >= STREAM_MIN_BYTES
     gz = _is_gzip(p)
-    kineto = _open_kineto(p, gz)
+    kineto = _open_kineto(p, gz, _text_bytes(p, gz, size) >= ORJSON_MIN_BYTES)
     counts: ReadCounts | None = None
     done: _Converted | None = None
     if kineto is not None:  # a known layout, block by block at any size
