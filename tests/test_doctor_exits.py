@@ -340,3 +340,64 @@ def test_an_optional_section_that_fails_is_unknown_and_said_not_a_lost_report(
     assert report.measurements.timing.steps_measured == 3
     write_json(report, tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["measurements"]["fsdp"] is None
+
+
+def test_ctrl_c_inside_a_garbage_collection_callback_is_not_lost() -> None:
+    """A signal handler runs wherever the main thread is; raised inside a gc callback (such as
+    redline's GC pause timer) its KeyboardInterrupt would be printed as "Exception ignored" and
+    dropped. The handler delivers it again once the callback has returned."""
+    import gc
+    import signal as signals_module
+    import time
+
+    from redline.doctor.exits import Signals
+
+    fired: list[bool] = []
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and not fired:
+            fired.append(True)
+            signals_module.raise_signal(signals_module.SIGINT)  # handled here, inside the callback
+            for _ in range(100):  # bytecode for the pending signal to be handled at
+                pass
+
+    gc.callbacks.append(callback)
+    try:
+        with Signals() as received, pytest.raises(KeyboardInterrupt):
+            gc.collect()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the script goes on: the signal comes again
+                time.sleep(0.001)
+        assert fired and received.received == signals_module.SIGINT
+    finally:
+        gc.callbacks.remove(callback)
+
+
+def test_ctrl_c_inside_the_watchs_gc_callback_reaches_the_users_script(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under redline.watch in the user's own script (Python's own Ctrl-C handler), a
+    KeyboardInterrupt raised while redline's GC pause timer runs is sent again, not dropped."""
+    import gc
+    import signal as signals_module
+    import time
+
+    import redline
+    from redline.measure.stacks import GcPauses
+
+    raised: list[bool] = []
+    original = GcPauses._on_collection
+
+    def interrupted(self: GcPauses, phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and not raised:
+            raised.append(True)
+            raise KeyboardInterrupt  # as Python's handler does when Ctrl-C arrives here
+        original(self, phase, info)
+
+    monkeypatch.setattr(GcPauses, "_on_collection", interrupted)
+    assert signals_module.getsignal(signals_module.SIGINT) is signals_module.default_int_handler
+    with pytest.raises(KeyboardInterrupt), redline.watch(count_flops=False) as w:
+        gc.collect()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.001)
+    assert raised and w is not None

@@ -88,8 +88,9 @@ def test_ctrl_c_leaves_a_clean_terminal_and_the_report_of_the_steps_so_far() -> 
     assert code == 130, raw[-3000:]
     lines = [ln for ln in _screen(raw) if ln]
     assert not [ln for ln in lines if "redline live" in ln or "so far:" in ln]
-    assert any("redline ·" in ln for ln in lines)
-    assert any("interrupted" in ln.lower() for ln in lines)
+    screen = "\n".join(lines[-120:])  # what the user saw last, in the failure message
+    assert any("redline ·" in ln for ln in lines), screen
+    assert any("interrupted" in ln.lower() for ln in lines), screen
     assert "script done" not in "\n".join(lines)
     assert "\x1b[?25h" in raw.decode(errors="replace")
 

@@ -7,12 +7,15 @@ line saying why there is none (docs/reliability.md, "A report on every exit path
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
+
+from redline.measure.stacks import redeliver_signal
 
 REAL_EXIT = os._exit
 """``os._exit`` itself, taken at import: what a second signal and the guard below call."""
@@ -68,6 +71,14 @@ class Signals:
         self._raising = False
 
     def _first(self, signum: int, frame: object) -> None:
+        if self._raising and in_gc_callback(frame):
+            # Python runs a handler wherever the main thread is, a garbage-collection callback
+            # included (redline's GC pause timer is one), and an exception raised there is
+            # printed as "Exception ignored" and dropped: Ctrl-C during the script's start-up,
+            # when imports collect often, was lost and the run went on to its end. The signal
+            # is delivered again once the callback has returned.
+            redeliver_signal(signum)
+            return
         for s in self._previous:
             signal.signal(s, self._at_once)
         self.received = signum
@@ -81,6 +92,27 @@ class Signals:
     @staticmethod
     def _at_once(signum: int, frame: object) -> None:
         REAL_EXIT(128 + signum)
+
+
+def in_gc_callback(frame: Any) -> bool:
+    """Whether ``frame`` (where a signal handler was called) is inside one of the callbacks
+    registered in ``gc.callbacks``, or a function a few calls below one.
+
+    Args:
+        frame: the frame the handler received.
+
+    Returns:
+        True when an exception raised there would be swallowed by the garbage collector.
+    """
+    codes = {getattr(getattr(callback, "__func__", callback), "__code__", None)
+             for callback in gc.callbacks}
+    for _ in range(8):  # the callback and what it calls; deeper frames are the user's code
+        if frame is None:
+            return False
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _quiet_children() -> None:
