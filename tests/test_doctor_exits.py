@@ -342,62 +342,74 @@ def test_an_optional_section_that_fails_is_unknown_and_said_not_a_lost_report(
     assert json.loads((tmp_path / "r.json").read_text())["measurements"]["fsdp"] is None
 
 
-def test_ctrl_c_inside_a_garbage_collection_callback_is_not_lost() -> None:
-    """A signal handler runs wherever the main thread is; raised inside a gc callback (such as
-    redline's GC pause timer) its KeyboardInterrupt would be printed as "Exception ignored" and
-    dropped. The handler delivers it again once the callback has returned."""
+def _signal_inside(kind: str, fired: list[bool]) -> None:
+    """Raise SIGINT inside code whose exceptions Python drops: a gc callback, or a weakref
+    callback run by a collection (``fired`` is set when it was raised)."""
     import gc
     import signal as signals_module
+    import weakref
+
+    def raise_here() -> None:
+        if not fired:
+            fired.append(True)
+            signals_module.raise_signal(signals_module.SIGINT)  # handled here, in the callback
+            for _ in range(100):  # bytecode for the pending signal to be handled at
+                pass
+
+    if kind == "gc":
+        def callback(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                raise_here()
+
+        gc.callbacks.append(callback)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(callback)
+    else:
+        class Node:
+            pass
+
+        node = Node()
+        node.cycle = node  # type: ignore[attr-defined]  # freed only by the collector
+        keep = weakref.ref(node, lambda _ref: raise_here())
+        del node
+        gc.collect()
+        del keep
+
+
+@pytest.mark.parametrize("kind", ["gc", "weakref"])
+def test_ctrl_c_handled_where_python_drops_exceptions_is_not_lost(kind: str) -> None:
+    """A signal handler runs wherever the main thread is; in a gc or weakref callback what it
+    raises is printed as "Exception ignored" and dropped. Doctor's handler is put back and the
+    signal sent again, so the run still ends as interrupted."""
     import time
 
     from redline.doctor.exits import Signals
 
     fired: list[bool] = []
-
-    def callback(phase: str, info: dict[str, int]) -> None:
-        if phase == "start" and not fired:
-            fired.append(True)
-            signals_module.raise_signal(signals_module.SIGINT)  # handled here, inside the callback
-            for _ in range(100):  # bytecode for the pending signal to be handled at
-                pass
-
-    gc.callbacks.append(callback)
-    try:
-        with Signals() as received, pytest.raises(KeyboardInterrupt):
-            gc.collect()
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:  # the script goes on: the signal comes again
-                time.sleep(0.001)
-        assert fired and received.received == signals_module.SIGINT
-    finally:
-        gc.callbacks.remove(callback)
+    with Signals() as received, pytest.raises(KeyboardInterrupt):
+        _signal_inside(kind, fired)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the script goes on: the signal comes again
+            time.sleep(0.001)
+    assert fired and received.received == signal.SIGINT
 
 
-def test_ctrl_c_inside_the_watchs_gc_callback_reaches_the_users_script(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under redline.watch in the user's own script (Python's own Ctrl-C handler), a
-    KeyboardInterrupt raised while redline's GC pause timer runs is sent again, not dropped."""
-    import gc
-    import signal as signals_module
+@pytest.mark.parametrize("kind", ["gc", "weakref"])
+def test_ctrl_c_dropped_under_a_watch_reaches_the_users_script(kind: str) -> None:
+    """In the user's own script under redline.watch (Python's Ctrl-C handler), a
+    KeyboardInterrupt dropped in a gc or weakref callback (the watch's GC pause timer is one)
+    makes the same Ctrl-C arrive again."""
     import time
 
     import redline
-    from redline.measure.stacks import GcPauses
 
-    raised: list[bool] = []
-    original = GcPauses._on_collection
-
-    def interrupted(self: GcPauses, phase: str, info: dict[str, int]) -> None:
-        if phase == "start" and not raised:
-            raised.append(True)
-            raise KeyboardInterrupt  # as Python's handler does when Ctrl-C arrives here
-        original(self, phase, info)
-
-    monkeypatch.setattr(GcPauses, "_on_collection", interrupted)
-    assert signals_module.getsignal(signals_module.SIGINT) is signals_module.default_int_handler
-    with pytest.raises(KeyboardInterrupt), redline.watch(count_flops=False) as w:
-        gc.collect()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    fired: list[bool] = []
+    with pytest.raises(KeyboardInterrupt), redline.watch(count_flops=False):
+        _signal_inside(kind, fired)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             time.sleep(0.001)
-    assert raised and w is not None
+    assert fired

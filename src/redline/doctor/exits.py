@@ -7,7 +7,6 @@ line saying why there is none (docs/reliability.md, "A report on every exit path
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import signal
 import sys
@@ -15,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from redline.measure.stacks import redeliver_signal
+from redline.measure.interrupts import redeliver_signal
 
 REAL_EXIT = os._exit
 """``os._exit`` itself, taken at import: what a second signal and the guard below call."""
@@ -54,65 +53,59 @@ class Signals:
         self.received: int | None = None
         self._raising = True
         self._previous: dict[int, Any] = {}
+        self._raised: BaseException | None = None
+        self._hook_before: Any = None
 
     def __enter__(self) -> Signals:
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
             for s in self._previous:
                 signal.signal(s, self._first)
+            self._hook_before = sys.unraisablehook
+            sys.unraisablehook = self._unraisable
         return self
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+        if self._hook_before is not None and sys.unraisablehook == self._unraisable:
+            sys.unraisablehook = self._hook_before
 
     def reporting(self) -> None:
         """The script has ended: from now on a first signal does not interrupt the report."""
         self._raising = False
 
     def _first(self, signum: int, frame: object) -> None:
-        if self._raising and in_gc_callback(frame):
-            # Python runs a handler wherever the main thread is, a garbage-collection callback
-            # included (redline's GC pause timer is one), and an exception raised there is
-            # printed as "Exception ignored" and dropped: Ctrl-C during the script's start-up,
-            # when imports collect often, was lost and the run went on to its end. The signal
-            # is delivered again once the callback has returned.
-            redeliver_signal(signum)
-            return
         for s in self._previous:
             signal.signal(s, self._at_once)
         self.received = signum
         _quiet_children()
         if not self._raising:
             return
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise Terminated(signum)
+        self._raised = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+        raise self._raised
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """Python ran the handler where it drops exceptions (a garbage-collection or weakref
+        callback, a ``__del__``: redline's GC pause timer is one) and printed the one it
+        raised as "Exception ignored": the signal would be lost and the script would run on to
+        its end. The first signal's handler is put back and the signal sent again; it is
+        handled once the callback has returned (:mod:`redline.measure.interrupts`)."""
+        raised = self._raised
+        if raised is None or unraisable.exc_value is not raised:
+            self._hook_before(unraisable)
+            return
+        self._raised = None
+        if threading.current_thread() is threading.main_thread():
+            for s in self._previous:
+                signal.signal(s, self._first)
+        self.received = None
+        redeliver_signal(signal.SIGINT if isinstance(raised, KeyboardInterrupt)
+                         else raised.signum if isinstance(raised, Terminated) else signal.SIGTERM)
 
     @staticmethod
     def _at_once(signum: int, frame: object) -> None:
         REAL_EXIT(128 + signum)
-
-
-def in_gc_callback(frame: Any) -> bool:
-    """Whether ``frame`` (where a signal handler was called) is inside one of the callbacks
-    registered in ``gc.callbacks``, or a function a few calls below one.
-
-    Args:
-        frame: the frame the handler received.
-
-    Returns:
-        True when an exception raised there would be swallowed by the garbage collector.
-    """
-    codes = {getattr(getattr(callback, "__func__", callback), "__code__", None)
-             for callback in gc.callbacks}
-    for _ in range(8):  # the callback and what it calls; deeper frames are the user's code
-        if frame is None:
-            return False
-        if frame.f_code in codes:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _quiet_children() -> None:

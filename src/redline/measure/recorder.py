@@ -30,6 +30,7 @@ from redline.measure.cuda import CudaMemory, CudaStepTimer, SyncCounter, read_me
 from redline.measure.ddp import ParallelSnapshot, is_parallel, snapshot
 from redline.measure.flops import FlopWindow
 from redline.measure.hooks import Instrumentation
+from redline.measure.interrupts import KeepInterrupts
 from redline.measure.memory import MemorySampler, cuda_reader
 from redline.measure.nvml import NvmlSampler, import_pynvml
 from redline.measure.profile import TraceCapture
@@ -147,6 +148,8 @@ class Recorder:
                                         keep_loaders=self.config.keep_loaders, on_data=on_data)
             self.inst.install(stack)
             self._start_code_sampler(stack)
+            # the GC pause timer is a gc callback: a Ctrl-C handled inside it must not be lost
+            stack.enter_context(KeepInterrupts())
             self.cpu.start()
             stack.callback(self.cpu.stop)
             self._start_beacon(stack)

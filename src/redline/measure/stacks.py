@@ -19,10 +19,8 @@ import gc
 import linecache
 import os
 import re
-import signal
 import sys
 import sysconfig
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -333,23 +331,6 @@ def source_line(filename: str, line: int, limit: int = 120) -> str | None:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-REDELIVER_S = 0.005
-"""Delay before a signal that was handled inside a garbage-collection callback is sent again."""
-
-
-def redeliver_signal(signum: int) -> None:
-    """Send ``signum`` to this process again in :data:`REDELIVER_S`, from a timer thread: for a
-    signal whose handler ran inside a garbage-collection callback, where what it raised is
-    dropped.
-
-    Args:
-        signum: the signal to send again.
-    """
-    timer = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signum))
-    timer.daemon = True
-    timer.start()
-
-
 class GcPauses:
     """Garbage-collection pauses, exact: ``gc.callbacks`` brackets every collection.
 
@@ -396,16 +377,6 @@ class GcPauses:
             gc.callbacks.remove(self._callback)
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
-        try:
-            self._on_collection(phase, info)
-        except KeyboardInterrupt:
-            # Ctrl-C's handler runs wherever the main thread is, this callback included, and
-            # an exception raised in a GC callback is printed as "Exception ignored" and
-            # dropped: the user's Ctrl-C would be lost. Send it again for when the callback
-            # has returned.
-            redeliver_signal(signal.SIGINT)
-
-    def _on_collection(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._gen = gen = info["generation"]
             if gen == 2:
