@@ -312,3 +312,78 @@ def test_not_faster_at_first_it_is_measured_again_once_the_step_got_faster(
 def test_the_second_visit_comes_before_the_loaders_last() -> None:
     again = [visit.knob.name for visit in PATH if visit.again]
     assert again[-2:] == ["gpu_decode", "loader"]
+
+
+def _jpeg(width: int, height: int, mode: str, seed: int) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width]
+    rgb = np.stack([(xx * 255 // max(1, width - 1)), (yy * 255 // max(1, height - 1)),
+                    rng.integers(0, 255, (height, width))], -1).astype(np.uint8)
+    img = Image.fromarray(rgb).convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=85)
+    return buf.getvalue()
+
+
+class _UserFolder:
+    """A user's own dataset, unlike the built-in workload's: JPEG files of different sizes and
+    aspect ratios on disk, a grayscale and a CMYK one among them, read as (bytes, label)."""
+
+    def __init__(self, root: Path) -> None:
+        shapes = [(640, 480, "RGB"), (200, 300, "RGB"), (97, 61, "L"), (333, 333, "CMYK"),
+                  (1024, 200, "RGB"), (48, 64, "RGB")]
+        self.paths = []
+        for k, (width, height, mode) in enumerate(shapes):
+            path = root / f"{k}.jpg"
+            path.write_bytes(_jpeg(width, height, mode, k))
+            self.paths.append(path)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, k: int) -> tuple[bytes, int]:
+        return self.paths[k].read_bytes(), k % 3
+
+
+def test_a_users_folder_of_mixed_jpegs_trains_through_the_device_path(tmp_path: Path) -> None:
+    """Sizes from 48 × 64 to 1024 × 200, a grayscale and a CMYK JPEG, read from files, into a
+    model that is not a CNN: every sample comes out 3 × crop × crop, close to the CPU path's
+    pixels, and a plan that decodes on the device trains on it."""
+    source = _UserFolder(tmp_path)
+    split = JpegSplit(source=source, crop=32, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    agreement = compare_paths(split, "cpu", samples=6, decoder=DeviceDecoder(
+        split, "cpu", decode=_cpu_decode_stand_in))
+    assert agreement.images == 6 and agreement.close
+
+    class Folder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+        """The same files decoded on the CPU, as the user's script reads them."""
+
+        def __len__(self) -> int:
+            return len(source)
+
+        def __getitem__(self, k: int) -> tuple[torch.Tensor, int]:
+            blob, label = source[k]
+            image = decode_on_cpu(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+            x = torch.nn.functional.interpolate(image[None].float() / 255, size=(32, 32))[0]
+            return (x - 0.5) / 0.25, label
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 64), nn.GELU(), nn.Linear(64, 3))
+    opt = torch.optim.AdamW(model.parameters())
+    loader = DataLoader(Folder(), batch_size=3, shuffle=True)
+    from redline.tune.tuned import plan_key
+
+    key = plan_key(model, torch.device("cpu"), "fp32", next(iter(DataLoader(Folder(), 1))))
+    plan = TunePlan(key=key, effective_batch=3, micro_batch=3, source_batch_size=3,
+                    gpu_decode=True)
+    tuned = apply_plan(plan, model, opt, loader,
+                       lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]), jpeg_split=split)
+    losses = [float(tuned.step(batch)) for _ in range(3) for batch in tuned.loader]
+    assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses)))
+    assert tuned._transforms[0].stats.images_on_cpu == 18  # no CUDA here: the CPU decoded
+    tuned.close()
