@@ -164,6 +164,35 @@ def collate_encoded(items: Sequence[tuple[torch.Tensor, Any]]) -> tuple[EncodedB
     return EncodedBatch([blob for blob, _ in items]), default_collate([lab for _, lab in items])
 
 
+def pillow_rgb(data: bytes) -> Image.Image:
+    """An encoded image opened with Pillow (libjpeg-turbo for JPEG) and converted to RGB.
+
+    Args:
+        data: the encoded image.
+
+    Returns:
+        The RGB image.
+    """
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def pillow_resized_crop(img: Image.Image, box: CropBox, side: int) -> Image.Image:
+    """``img`` cropped at ``box`` and resized to ``side`` × ``side`` with Pillow's bilinear
+    filter (antialiased when it shrinks): the CPU path's crop.
+
+    Args:
+        img: the decoded image.
+        box: (left, top, width, height) of the crop.
+        side: the output's side in pixels.
+
+    Returns:
+        The resized crop.
+    """
+    left, top, width, height = box
+    return img.resize((side, side), Image.Resampling.BILINEAR,
+                      box=(left, top, left + width, top + height))
+
+
 def decode_on_cpu(blob: torch.Tensor) -> torch.Tensor:
     """One JPEG decoded to RGB on the CPU with Pillow (libjpeg-turbo), as the CPU path does.
 
@@ -173,7 +202,7 @@ def decode_on_cpu(blob: torch.Tensor) -> torch.Tensor:
     Returns:
         The pixels, 3 × H × W uint8.
     """
-    pixels = np.asarray(Image.open(io.BytesIO(blob.numpy().tobytes())).convert("RGB"))
+    pixels = np.asarray(pillow_rgb(blob.numpy().tobytes()))
     return torch.from_numpy(pixels.copy()).permute(2, 0, 1)
 
 
@@ -254,8 +283,11 @@ class DeviceDecoder:
         self.stats = DecodeStats()
         self._decode = decode
         self._why_cpu = device_decode_unavailable(self.device) if decode is None else None
-        self._mean = torch.tensor(split.mean, dtype=torch.float32).view(1, 3, 1, 1)
-        self._std = torch.tensor(split.std, dtype=torch.float32).view(1, 3, 1, 1)
+        # on the device once: a copy from host memory per batch would wait for the device
+        self._mean = torch.tensor(split.mean, dtype=torch.float32,
+                                  device=self.device).view(1, 3, 1, 1)
+        self._std = torch.tensor(split.std, dtype=torch.float32,
+                                 device=self.device).view(1, 3, 1, 1)
 
     def decode(self, blobs: list[torch.Tensor]) -> list[torch.Tensor]:
         """The batch's images decoded on the device (on the CPU where it cannot, counted).
@@ -303,16 +335,15 @@ class DeviceDecoder:
         """
         side = self.split.crop
         out = torch.empty(len(images), 3, side, side, dtype=torch.float32, device=self.device)
-        for k, (image, (left, top, width, height)) in enumerate(zip(images, boxes, strict=True)):
+        for k, (image, (left, top, width, height), flip) in enumerate(
+                zip(images, boxes, flips, strict=True)):
             region = image[:, top:top + height, left:left + width].unsqueeze(0).float()
-            out[k] = F.interpolate(region, size=(side, side), mode="bilinear",
-                                   align_corners=False, antialias=True)[0]
-        flipped = [k for k, flip in enumerate(flips) if flip]
-        if flipped:
-            rows = torch.tensor(flipped, device=self.device)
-            out[rows] = out[rows].flip(-1)
-        mean, std = self._mean.to(self.device), self._std.to(self.device)
-        return out.div_(255.0).sub_(mean).div_(std)
+            resized = F.interpolate(region, size=(side, side), mode="bilinear",
+                                    align_corners=False, antialias=True)[0]
+            # flipped image by image: an index tensor of the flipped rows would be a copy from
+            # host memory, which waits for the device
+            out[k] = resized.flip(-1) if flip else resized
+        return out.div_(255.0).sub_(self._mean).div_(self._std)
 
     def __call__(self, batch: Any) -> Any:
         if not (isinstance(batch, tuple | list) and len(batch) == 2
@@ -340,10 +371,7 @@ def cpu_sample(split: JpegSplit, blob: torch.Tensor, box: CropBox, flip: bool) -
     Returns:
         3 × crop × crop float32, normalized.
     """
-    left, top, width, height = box
-    img = Image.open(io.BytesIO(blob.numpy().tobytes())).convert("RGB")
-    img = img.resize((split.crop, split.crop), Image.Resampling.BILINEAR,
-                     box=(left, top, left + width, top + height))
+    img = pillow_resized_crop(pillow_rgb(blob.numpy().tobytes()), box, split.crop)
     if flip:
         img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     x = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1).float().div_(255)

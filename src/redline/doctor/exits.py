@@ -53,7 +53,8 @@ class Signals:
         self.received: int | None = None
         self._raising = True
         self._previous: dict[int, Any] = {}
-        self._raised: BaseException | None = None
+        self._raised: tuple[BaseException, int] | None = None
+        """What the first signal's handler raised, and the signal's number."""
         self._hook_before: Any = None
 
     def __enter__(self) -> Signals:
@@ -82,8 +83,9 @@ class Signals:
         _quiet_children()
         if not self._raising:
             return
-        self._raised = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
-        raise self._raised
+        exc = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+        self._raised = exc, signum
+        raise exc
 
     def _unraisable(self, unraisable: Any) -> None:
         """Python ran the handler where it drops exceptions (a garbage-collection or weakref
@@ -91,17 +93,16 @@ class Signals:
         raised as "Exception ignored": the signal would be lost and the script would run on to
         its end. The first signal's handler is put back and the signal sent again; it is
         handled once the callback has returned (:mod:`redline.measure.interrupts`)."""
-        raised = self._raised
-        if raised is None or unraisable.exc_value is not raised:
+        if self._raised is None or unraisable.exc_value is not self._raised[0]:
             self._hook_before(unraisable)
             return
+        signum = self._raised[1]
         self._raised = None
         if threading.current_thread() is threading.main_thread():
             for s in self._previous:
                 signal.signal(s, self._first)
         self.received = None
-        redeliver_signal(signal.SIGINT if isinstance(raised, KeyboardInterrupt)
-                         else raised.signum if isinstance(raised, Terminated) else signal.SIGTERM)
+        redeliver_signal(signum)
 
     @staticmethod
     def _at_once(signum: int, frame: object) -> None:

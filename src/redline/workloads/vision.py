@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from redline.core.loader import LoaderSettings
 from redline.data.cache_split import CacheSplit
-from redline.data.device_decode import JpegSplit, crop_box
+from redline.data.device_decode import JpegSplit, crop_box, pillow_resized_crop, pillow_rgb
 from redline.workloads.base import Workload
 from redline.workloads.resnet import ResNet50
 
@@ -109,7 +109,7 @@ def decode(item: tuple[bytes, int]) -> tuple[np.ndarray, int]:
     """The deterministic part of a sample: the JPEG decoded to RGB pixels (H × W × 3 uint8),
     with its label."""
     blob, label = item
-    return np.asarray(Image.open(io.BytesIO(blob)).convert("RGB")), label
+    return np.asarray(pillow_rgb(blob)), label
 
 
 class Augment:
@@ -224,9 +224,7 @@ def random_resized_crop(img: Image.Image, size: int, area: tuple[float, float] =
                         ratio: tuple[float, float] = RATIO) -> Image.Image:
     """torchvision-style RandomResizedCrop with Pillow only, at the box :func:`crop_box` draws
     (the rule the device path draws its boxes with too)."""
-    left, top, width, height = crop_box(*img.size, area, ratio)
-    return img.resize((size, size), Image.Resampling.BILINEAR,
-                      box=(left, top, left + width, top + height))
+    return pillow_resized_crop(img, crop_box(*img.size, area, ratio), size)
 
 
 class SmallCNN(nn.Module):
