@@ -287,9 +287,10 @@ def kernel_busy_trace() -> tuple[bool, str]:
     A host-bound step (tiny layers) must read below its CUDA-event span, a GPU-bound one ~1."""
     from torch.utils.data import DataLoader, TensorDataset
 
+    from redline.tune.knobs import TunePlan
     from redline.tune.setup import TrainSetup
     from redline.tune.trial import measure
-    from redline.tune.tuned import TunePlan, plan_key
+    from redline.tune.tuned import plan_key
 
     out = {}
     for name, width, depth, batch in (("tiny", 64, 12, 32), ("large", 4096, 4, 4096)):

@@ -11,7 +11,9 @@ import torch
 
 from redline.demo import run_demo
 from redline.tune import TuneConfig
-from redline.tune.decision import Knob
+from redline.tune.knobs.batch import BATCH_RECORD
+from redline.tune.knobs.loader import LOADER_RECORD
+from redline.tune.knobs.sdpa import SDPA_RECORD
 from redline.workloads import LMConfig, VisionConfig, build_lm, build_vision, train
 
 
@@ -120,9 +122,9 @@ def test_demo_ends_tuned_with_the_same_effective_batch(tmp_path: Path) -> None:
     assert rep.measurements.config.batch_size == 8
     assert res.plan.effective_batch == 8 * 4  # naive: micro 8 × 4 accumulation
     knobs = [d.knob for d in res.plan.decisions]
-    assert knobs[:2] == [Knob.LOADER, Knob.BATCH]
+    assert knobs[:2] == [LOADER_RECORD.label, BATCH_RECORD.label]
     # TinyGPT's hand-written attention, with its location
-    sdpa = next(d for d in res.plan.decisions if d.knob is Knob.SDPA)
+    sdpa = next(d for d in res.plan.decisions if d.knob == SDPA_RECORD.label)
     assert "lm.py:" in str(sdpa.details["location"]) and not sdpa.kept
     assert res.before.throughput_samples_per_s and res.after.throughput_samples_per_s
     assert res.before_projection.job_time_s is not None

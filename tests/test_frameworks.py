@@ -167,8 +167,9 @@ def _tune(tmp_path: Path, script: str, framework: str) -> dict:
                        cwd=SCRIPTS, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "REDLINE_CACHE_DIR": str(tmp_path / "cache")})
     assert p.returncode == 0, p.stderr[-3000:]
-    what = "L.Trainer(precision=" if framework == "lightning" else "TrainingArguments("
+    what = "L.Trainer(" if framework == "lightning" else "TrainingArguments("
     assert f"as {framework} settings:" in p.stdout and what in p.stdout
+    assert ("precision=" if framework == "lightning" else "bf16=") in p.stdout
     return json.loads(plan.read_text())
 
 

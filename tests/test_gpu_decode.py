@@ -35,12 +35,11 @@ from redline.data.device_decode import (
 from redline.data.prefetcher import map_tensors
 from redline.tune import TrainSetup, apply_plan
 from redline.tune.config import TuneConfig
-from redline.tune.decision import Knob
-from redline.tune.knobs import KNOBS, PATH
+from redline.tune.knobs import KNOBS, PATH, TunePlan
 from redline.tune.knobs.decode_cache import DECODE_CACHE
-from redline.tune.knobs.gpu_decode import GPU_DECODE
+from redline.tune.knobs.gpu_decode import GPU_DECODE, GPU_DECODE_RECORD
 from redline.tune.path import TunePath, baseline_plan
-from redline.tune.tuned import TunePlan, TunePlanMismatchError
+from redline.tune.tuned import TunePlanMismatchError
 from redline.workloads.vision import SyntheticJpegDataset, VisionConfig
 from test_tune_path import speeds
 
@@ -196,7 +195,7 @@ def test_the_knob_is_not_tried_without_a_device_decoder(tmp_path: Path) -> None:
     p, base = _path(tmp_path)
     plan = GPU_DECODE.run(p, base)
     (d,) = plan.decisions
-    assert d.knob is Knob.GPU_DECODE and not d.kept and not plan.gpu_decode
+    assert d.knob == GPU_DECODE_RECORD.label and not d.kept and not plan.gpu_decode
     assert d.reason == "not tried: decoding JPEGs on the device needs a CUDA device " \
                        "(training on cpu)"
 
@@ -296,15 +295,15 @@ def test_not_faster_at_first_it_is_measured_again_once_the_step_got_faster(
     assert not plan.gpu_decode and plan.decisions[-1].measured == "end to end"
     assert GPU_DECODE.again(p, plan) is plan  # no later knob kept: nothing to look at again
     plan = dataclasses.replace(plan, precision="bf16", decisions=[
-        *plan.decisions, Decision(knob=Knob.PRECISION, kept=True, reason="faster")])
+        *plan.decisions, Decision(knob="precision", value_in_label=True, kept=True, reason="faster")])
     plan = GPU_DECODE.again(p, plan)
     d = plan.decisions[-1]
-    assert d.knob is Knob.GPU_DECODE and d.again and d.kept and plan.gpu_decode
+    assert d.knob == GPU_DECODE_RECORD.label and d.again and d.kept and plan.gpu_decode
     assert d.details["images_compared"] == 6  # the pixel check's figures carried over
     # refused before measuring (no device decoder): no second visit either
     q, base = _path(tmp_path)
     refused = GPU_DECODE.run(q, base)
-    refused.decisions.append(Decision(knob=Knob.PRECISION, kept=True, reason="faster"))
+    refused.decisions.append(Decision(knob="precision", value_in_label=True, kept=True, reason="faster"))
     monkeypatch.undo()
     assert GPU_DECODE.again(q, refused) is refused
 

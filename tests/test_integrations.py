@@ -20,7 +20,8 @@ from redline.integrations.session import FitWatch
 from redline.measure.config import WatchConfig
 from redline.measure.live import live_snapshot
 from redline.measure.timeline import DATA_WAIT
-from redline.tune.tuned import DdpSettings, TunePlan
+from redline.tune.ddp import DdpSettings
+from redline.tune.knobs import TunePlan
 
 
 def _plan(**kw: Any) -> TunePlan:
@@ -30,11 +31,11 @@ def _plan(**kw: Any) -> TunePlan:
 def test_the_batch_precision_and_loader_in_lightning_words() -> None:
     s = lightning_settings(_plan(precision="bf16", loader=LoaderSettings(
         num_workers=4, prefetch_factor=4, pin_memory=True, persistent_workers=True)))
-    assert s.arguments == {"precision": "bf16-mixed", "accumulate_grad_batches": 2}
+    assert s.arguments == {"accumulate_grad_batches": 2, "precision": "bf16-mixed"}
     assert s.dataloader == {"batch_size": 32, "num_workers": 4, "pin_memory": True,
                             "prefetch_factor": 4, "persistent_workers": True}
     assert s.effective_batch == 64 and s.code == []
-    assert "L.Trainer(precision='bf16-mixed', accumulate_grad_batches=2, ...)" in s.snippet()
+    assert "L.Trainer(accumulate_grad_batches=2, precision='bf16-mixed', ...)" in s.snippet()
 
 
 def test_a_micro_batch_that_does_not_divide_the_effective_batch_exports_exactly() -> None:
@@ -59,6 +60,18 @@ def test_what_lightning_has_no_argument_for_becomes_code() -> None:
         assert line in code
 
 
+def test_cuda_graphs_and_gpu_decode_are_said_in_both_frameworks() -> None:
+    plan = _plan(compile=True, compile_mode="reduce-overhead", gpu_decode=True)
+    lit, hf = lightning_settings(plan), hf_settings(plan)
+    assert "model = torch.compile(model, mode='reduce-overhead')  # before fit" in lit.code
+    assert not any(line == "model = torch.compile(model)  # before fit" for line in lit.code)
+    assert hf.arguments["torch_compile"] is True
+    assert hf.arguments["torch_compile_mode"] == "reduce-overhead"
+    for s in (lit, hf):
+        assert any("EncodedJpegs(jpeg_split, len(dataset))" in line for line in s.code)
+    assert "torch_compile_mode" not in hf_settings(_plan(compile=True)).arguments
+
+
 def test_a_changed_batch_and_the_decode_cache_are_said_in_both_frameworks() -> None:
     plan = _plan(effective_batch=256, micro_batch=128, user_effective_batch=64, lr_scale=4.0,
                  lr_rule="linear", lr_warmup_steps=25, decode_cache=True)
@@ -74,7 +87,8 @@ def test_a_changed_batch_and_the_decode_cache_are_said_in_both_frameworks() -> N
 
 def test_hf_training_arguments_accept_the_export() -> None:
     transformers = pytest.importorskip("transformers")
-    plan = _plan(micro_batch=16, precision="bf16", optimizer_impl="fused",
+    plan = _plan(micro_batch=16, precision="bf16", optimizer_impl="fused", compile=True,
+                 compile_mode="reduce-overhead",
                  ddp=DdpSettings(bucket_cap_mb=40.0), loader=LoaderSettings(
                      num_workers=2, prefetch_factor=3, pin_memory=True, persistent_workers=True))
     s = hf_settings(plan)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from factories import plan_key as _key
-from redline.tune.tuned import TunePlan
+from redline.tune.knobs import TunePlan
 
 
 def _after(wait: float | None, kernels: float | None, span: float | None) -> Any:

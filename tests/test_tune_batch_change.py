@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from redline.tune import TrainSetup, apply_plan
 from redline.tune.batch_change import LINEAR, SQRT, check_batch_change, concat, lr_rule
 from redline.tune.config import TuneConfig
-from redline.tune.decision import Knob
+from redline.tune.knobs.batch_change import BATCH_CHANGE_RECORD
 from redline.tune.run import tune
 from test_tune_path import speeds
 
@@ -69,14 +69,14 @@ def test_without_the_flag_the_effective_batch_is_never_changed(tmp_path: Path) -
                measure_fn=speeds(_larger_is_faster))
     assert res.plan.effective_batch == 16 and res.plan.lr_scale == 1.0
     assert res.plan.user_effective_batch is None and not res.plan.notes
-    assert Knob.BATCH_CHANGE not in {d.knob for d in res.plan.decisions}
+    assert BATCH_CHANGE_RECORD.label not in {d.knob for d in res.plan.decisions}
 
 
 def test_sgd_grows_with_a_linear_rate_and_warm_up_and_says_so(tmp_path: Path) -> None:
     res = tune(lambda: _setup("sgd"), _cfg(tmp_path, allow=True),
                measure_fn=speeds(_larger_is_faster))
     p = res.plan
-    d = next(d for d in p.decisions if d.knob is Knob.BATCH_CHANGE)
+    d = next(d for d in p.decisions if d.knob == BATCH_CHANGE_RECORD.label)
     assert d.kept and d.value == "128" and d.label == "effective batch 128"
     assert (p.effective_batch, p.user_effective_batch, p.lr_scale) == (128, 16, 8.0)
     assert p.lr_rule == "linear" and p.lr_warmup_steps == round(0.05 * 2000 / 8)
@@ -96,7 +96,7 @@ def test_adam_grows_by_the_square_root_to_the_largest_ratio_the_guard_passes(
     res = tune(lambda: _setup("adamw", lr=1e-3), _cfg(tmp_path, allow=True),
                measure_fn=speeds(_larger_is_faster))
     p = res.plan
-    d = next(d for d in p.decisions if d.knob is Knob.BATCH_CHANGE)
+    d = next(d for d in p.decisions if d.knob == BATCH_CHANGE_RECORD.label)
     assert d.kept and p.lr_rule == "sqrt" and p.lr_warmup_steps == 0
     assert p.effective_batch in (32, 64)
     assert p.lr_scale == pytest.approx(math.sqrt(p.effective_batch / 16))
@@ -106,12 +106,12 @@ def test_adam_grows_by_the_square_root_to_the_largest_ratio_the_guard_passes(
 def test_an_optimizer_without_a_rule_and_a_full_memory_are_refused(tmp_path: Path) -> None:
     res = tune(lambda: _setup("rprop"), _cfg(tmp_path, allow=True),
                measure_fn=speeds(_larger_is_faster))
-    d = next(d for d in res.plan.decisions if d.knob is Knob.BATCH_CHANGE)
+    d = next(d for d in res.plan.decisions if d.knob == BATCH_CHANGE_RECORD.label)
     assert not d.kept and "Rprop has no stated learning-rate rule" in d.reason
     # a memory budget that holds the user's batch and not twice it
     res = tune(lambda: _setup("sgd", limit=16_000), _cfg(tmp_path, allow=True),
                measure_fn=speeds(_larger_is_faster))
-    d = next(d for d in res.plan.decisions if d.knob is Knob.BATCH_CHANGE)
+    d = next(d for d in res.plan.decisions if d.knob == BATCH_CHANGE_RECORD.label)
     assert not d.kept and "no multiple of the effective batch 16" in d.reason
     assert res.plan.effective_batch == 16
 

@@ -92,7 +92,8 @@ def test_plan_from_another_model_is_refused(tmp_path: Path) -> None:
         import tune_tiny  # type: ignore[import-not-found]
     finally:
         sys.path.pop(0)
-    from redline.tune.tuned import TunePlan, plan_key, save_plan
+    from redline.tune.knobs import TunePlan
+    from redline.tune.tuned import plan_key, save_plan
 
     s = tune_tiny.redline_setup()
     first = next(iter(s.loader))

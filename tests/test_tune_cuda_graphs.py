@@ -15,11 +15,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from redline.tune import TrainSetup
 from redline.tune.config import TuneConfig
 from redline.tune.cuda_graphs import dynamic_shapes, graph_blockers, graph_refusal
-from redline.tune.decision import Knob
-from redline.tune.knobs.compile import COMPILE, compile_trial
-from redline.tune.knobs.cuda_graphs import CUDA_GRAPHS
+from redline.tune.knobs import TunePlan
+from redline.tune.knobs.compile import COMPILE, COMPILE_RECORD, compile_trial
+from redline.tune.knobs.cuda_graphs import CUDA_GRAPHS, CUDA_GRAPHS_RECORD
 from redline.tune.path import TunePath, baseline_plan
-from redline.tune.tuned import TunePlan
 from test_tune_path import speeds
 
 THIS = Path(__file__).name
@@ -111,9 +110,9 @@ def test_graphs_are_kept_when_the_run_pays_for_the_recording(tmp_path: Path) -> 
     p, base = _path(tmp_path, lambda pl: 0.004 if pl.compile_mode else
                     0.008 if pl.compile else 0.010)
     plan = COMPILE.run(p, base)
-    plan = compile_trial(p, plan, mode="reduce-overhead")
+    plan = compile_trial(p, plan, CUDA_GRAPHS_RECORD, mode="reduce-overhead")
     c, g = plan.decisions
-    assert (c.knob, g.knob) == (Knob.COMPILE, Knob.CUDA_GRAPHS) and c.kept and g.kept
+    assert (c.knob, g.knob) == (COMPILE_RECORD.label, CUDA_GRAPHS_RECORD.label) and c.kept and g.kept
     assert plan.compile and plan.compile_mode == "reduce-overhead"
     assert "vs 80 s compiled" in g.reason and "recording the graphs" in g.reason
     assert g.samples_per_s_before == 2000 and g.samples_per_s_after == 4000
@@ -126,9 +125,9 @@ def test_graphs_that_fail_to_capture_are_recorded_not_kept(tmp_path: Path) -> No
         return 0.01
 
     p, base = _path(tmp_path, rule)
-    plan = compile_trial(p, base, mode="reduce-overhead")
+    plan = compile_trial(p, base, CUDA_GRAPHS_RECORD, mode="reduce-overhead")
     (d,) = plan.decisions
-    assert d.knob is Knob.CUDA_GRAPHS and not d.kept and not plan.compile
+    assert d.knob == CUDA_GRAPHS_RECORD.label and not d.kept and not plan.compile
     assert d.reason.startswith("failed: RuntimeError: operator not supported")
 
 

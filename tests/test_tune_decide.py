@@ -9,9 +9,11 @@ from factories import plan_key as _key
 from redline.core.loader import LoaderSettings
 from redline.tune.config import TuneConfig
 from redline.tune.decide import ABPolicy, MeasureFn
-from redline.tune.decision import Decision, Knob
+from redline.tune.knobs import TunePlan
+from redline.tune.knobs.compile import COMPILE_RECORD
+from redline.tune.knobs.loader import LOADER_RECORD
+from redline.tune.knobs.precision import PRECISION_RECORD
 from redline.tune.result import TrialMetrics
-from redline.tune.tuned import TunePlan
 
 
 def test_rank_test_matches_scipy_and_knows_when_samples_are_too_few() -> None:
@@ -51,7 +53,7 @@ def test_a_gain_inside_the_noise_is_not_kept() -> None:
         base = TunePlan(key=_key(), effective_batch=8, micro_batch=8)
         cand = TunePlan(key=_key(), effective_batch=8, micro_batch=8, precision="bf16")
         policy = ABPolicy(TuneConfig(rounds=2), _fixed({id(base): a, id(cand): b}))
-        out = policy.decide(base, cand, Decision(knob=Knob.PRECISION, kept=False, reason="", value="bf16"))
+        out = policy.decide(base, cand, PRECISION_RECORD.decision(reason="", value="bf16"))
         assert (out is cand) is kept
         d = out.decisions[-1]
         assert d.kept is kept and d.measured == "step alone" and d.p_value is not None
@@ -63,7 +65,7 @@ def test_a_gain_inside_the_noise_is_not_kept() -> None:
     cand = TunePlan(key=_key(), effective_batch=8, micro_batch=8,
                     loader=LoaderSettings(num_workers=2))
     policy = ABPolicy(TuneConfig(), _fixed({id(base): noisy_a, id(cand): noisy_b}))
-    out = policy.decide(base, cand, Decision(knob=Knob.LOADER, kept=False, reason=""), step_only=False)
+    out = policy.decide(base, cand, LOADER_RECORD.decision(reason=""), step_only=False)
     assert out is cand and "threshold only" in out.decisions[-1].reason
     assert out.decisions[-1].p_value is None
 
@@ -75,7 +77,6 @@ def test_a_knob_that_cannot_run_is_refused_with_the_error() -> None:
     def broken(plan: TunePlan, label: str, step_only: bool) -> TrialMetrics:
         raise RuntimeError("no C compiler")
 
-    out = ABPolicy(TuneConfig(), broken).decide(base, cand, Decision(knob=Knob.COMPILE, kept=False,
-                                                                     reason=""))
+    out = ABPolicy(TuneConfig(), broken).decide(base, cand, COMPILE_RECORD.decision(reason=""))
     assert out is base and not out.decisions[-1].kept
     assert out.decisions[-1].reason == "failed: RuntimeError: no C compiler"

@@ -19,8 +19,7 @@ from redline.data import CachedDataset, CacheSplit
 from redline.data.cache_split import Reindexed, cached_dataset, fill
 from redline.tune import TrainSetup, apply_plan
 from redline.tune.config import TuneConfig
-from redline.tune.decision import Knob
-from redline.tune.knobs.decode_cache import DECODE_CACHE
+from redline.tune.knobs.decode_cache import DECODE_CACHE, DECODE_CACHE_RECORD
 from redline.tune.path import TunePath, baseline_plan
 from redline.tune.tuned import TunePlanMismatchError
 from redline.workloads.vision import SyntheticJpegDataset, VisionConfig
@@ -93,7 +92,7 @@ def test_the_cache_is_kept_when_the_run_pays_for_its_fill(tmp_path: Path) -> Non
         p.close()
     assert not Path(store).exists()  # the trials' store goes with the tuning
     (d,) = plan.decisions
-    assert d.knob is Knob.DECODE_CACHE and d.kept and plan.decode_cache
+    assert d.knob == DECODE_CACHE_RECORD.label and d.kept and plan.decode_cache
     assert d.details["items"] == ITEMS and d.details["fill_workers"] == 0
     fill_s = d.details["fill_s"]
     assert isinstance(fill_s, float) and ITEMS * DECODE_S * 0.9 <= fill_s < 5

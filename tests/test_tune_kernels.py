@@ -53,9 +53,9 @@ def test_the_tuned_loop_applies_each_kernel_knob_and_undoes_process_settings() -
     from torch.utils.data import DataLoader, TensorDataset
 
     from factories import plan_key
+    from redline.tune.knobs import TunePlan
     from redline.tune.knobs.channels_last import to_channels_last
     from redline.tune.runtime import TunedLoop
-    from redline.tune.tuned import TunePlan
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))

@@ -14,12 +14,15 @@ from torch import nn
 
 from factories import plan_key as _key
 from redline.tune.decide import MeasureFn
-from redline.tune.decision import Decision, Knob
+from redline.tune.decision import Decision
+from redline.tune.knobs import TunePlan
+from redline.tune.knobs.batch import BATCH_RECORD
 from redline.tune.knobs.channels_last import ChannelsLastKnob
+from redline.tune.knobs.compile import COMPILE_RECORD
+from redline.tune.knobs.cudnn_benchmark import CUDNN_BENCHMARK_RECORD
 from redline.tune.knobs.precision import PrecisionKnob
 from redline.tune.path import TunePath
 from redline.tune.result import TrialMetrics
-from redline.tune.tuned import TunePlan
 
 
 def speeds(rule: Callable[[TunePlan], float]) -> MeasureFn:
@@ -81,7 +84,7 @@ def test_batch_is_searched_again_after_a_16_bit_precision_is_kept(
     cfg = dataclasses.replace(cfg, tune_kernels=True, try_compile=False)
     res = tune(lambda: tune_tiny.redline_setup(limit=200_000, width=256), cfg,
                measure_fn=faster)
-    again = [d for d in res.plan.decisions if d.knob is Knob.BATCH and d.again]
+    again = [d for d in res.plan.decisions if d.knob == BATCH_RECORD.label and d.again]
     assert len(again) == 1 and again[0].kept and res.plan.micro_batch == 32
 
 
@@ -100,7 +103,7 @@ def test_compile_is_measured_against_the_eager_step_and_amortized(
                      tune_batch=False, tune_precision=False, reuse=False,
                      store_dir=str(tmp_path))
     res = tune(lambda: tune_tiny.redline_setup(limit=None), cfg)
-    d = next(x for x in res.plan.decisions if x.knob is Knob.COMPILE)
+    d = next(x for x in res.plan.decisions if x.knob == COMPILE_RECORD.label)
     assert "failed" not in d.reason, d.reason
     compile_s = d.details["compile_s"]
     assert isinstance(compile_s, float) and compile_s >= 0
@@ -179,7 +182,7 @@ def test_cudnn_benchmark_is_a_measured_knob_for_conv_nets_on_cuda(
                      tune_batch=False, tune_precision=False, try_compile=False, reuse=False,
                      store_dir=str(tmp_path))
     res = tune(factory, cfg, measure_fn=measure)
-    assert not any(d.knob is Knob.CUDNN_BENCHMARK for d in res.plan.decisions)
+    assert not any(d.knob == CUDNN_BENCHMARK_RECORD.label for d in res.plan.decisions)
     monkeypatch.setattr(cudnn_knob, "cudnn_benchmark_applies", lambda conv, dev: conv)
     res = tune(factory, cfg, measure_fn=measure)
     steps = by_label(res.plan)

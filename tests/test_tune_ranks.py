@@ -15,10 +15,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from redline.core.loader import LoaderSettings
 from redline.data.autotune import Trial, merge_rank_trials
-from redline.tune.ddp import bucket_candidate, cannot_rewrap, rewrap
+from redline.tune.ddp import DdpSettings, bucket_candidate, cannot_rewrap, rewrap
 from redline.tune.precision import NumericsCheck, worst_check
 from redline.tune.result import TrialMetrics, merge_ranks
-from redline.tune.tuned import DdpSettings
 
 
 def _m(tp: float, step: float, wait: float, peak: int, energy: float | None, times: list[float],
@@ -121,11 +120,12 @@ def test_the_tuned_loop_rewraps_a_ddp_model_with_the_plans_buckets(gloo: None) -
     from torch.utils.data import DataLoader, TensorDataset
 
     from factories import plan_key
+    from redline.tune.knobs import TunePlan
     from redline.tune.knobs.ddp import DDP as DDP_KNOB
+    from redline.tune.knobs.ddp import DdpFields
     from redline.tune.runtime import TunedLoop
-    from redline.tune.tuned import TunePlan
 
-    assert DDP_KNOB.records and "ddp" in DDP_KNOB.plan_fields
+    assert DDP_KNOB.records and DDP_KNOB.plan_fields is DdpFields
     net = nn.Linear(8, 2)
     user = DDP(net)
     loader = DataLoader(TensorDataset(torch.randn(16, 8), torch.randint(0, 2, (16,))),

@@ -27,7 +27,7 @@ from redline.tune import (
     save_plan,
     tune,
 )
-from redline.tune.decision import Decision, Knob
+from redline.tune.decision import Decision
 from redline.tune.tuned import PlanStore, plan_key
 
 
@@ -120,7 +120,7 @@ def _plan_dict() -> dict[str, Any]:
     plan = TunePlan(key=plan_key(s.model, torch.device("cpu"), "fp32", first),
                     effective_batch=32, micro_batch=16, source_batch_size=8,
                     loader=LoaderSettings(num_workers=2, prefetch_factor=2),
-                    decisions=[Decision(knob=Knob.BATCH, kept=True, reason="1.4×", value="16")])
+                    decisions=[Decision(knob="batch size", kept=True, reason="1.4×", value="16")])
     return plan.to_dict()
 
 
@@ -131,7 +131,8 @@ def _plan_dict() -> dict[str, Any]:
     (lambda d: d["loader"].update(num_workers=-1), r"loader: num_workers must be >= 0"),
     (lambda d: d["loader"].update(pin_memory="yes"),
      r"loader\.pin_memory: expected true or false, got 'yes'"),
-    (lambda d: d["decisions"][0].update(knob="warp"), r"decisions\[0\]\.knob: expected one of"),
+    (lambda d: d["decisions"][0].update(knob="warp"),
+     r"decisions\[0\]\.knob: 'warp' is not a knob of the tuning path"),
     (lambda d: d["decisions"][0].update(p_value="low"),
      r"decisions\[0\]\.p_value: expected a number or null, got 'low'"),
     (lambda d: d["key"].pop("device"), r"key\.device: missing"),

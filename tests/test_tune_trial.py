@@ -12,7 +12,7 @@ from torch import nn
 
 from factories import plan_key as _key
 from redline.core.loader import LoaderSettings
-from redline.tune.tuned import TunePlan
+from redline.tune.knobs import TunePlan
 
 
 class _SlowData(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):

@@ -9,12 +9,14 @@ import pytest
 
 from factories import plan_key as _key
 from redline.core.loader import LoaderSettings
-from redline.tune.decision import Decision, Knob
-from redline.tune.tuned import PlanStore, TunePlan, TunePlanError, load_plan, save_plan
+from redline.tune.decision import Decision
+from redline.tune.knobs import TunePlan
+from redline.tune.tuned import PlanStore, TunePlanError, load_plan, save_plan
 
 
 def test_plan_roundtrip_store_and_bad_files(tmp_path: Path) -> None:
-    decision = Decision(knob=Knob.PRECISION, kept=True, reason="1.30× throughput", value="bf16", again=True,
+    decision = Decision(knob="precision", value_in_label=True, kept=True,
+                        reason="1.30× throughput", value="bf16", again=True,
                         context="channels_last", p_value=0.01, details={"trials": 3})
     plan = TunePlan(key=_key(), effective_batch=64, micro_batch=24, precision="bf16",
                     loader=LoaderSettings(num_workers=2, prefetch_factor=2),
@@ -42,6 +44,11 @@ def test_plan_roundtrip_store_and_bad_files(tmp_path: Path) -> None:
     (tmp_path / "v1.json").write_text(json.dumps(old))
     with pytest.raises(TunePlanError, match=r"v1\.json.*earlier redline.*redline tune"):
         load_plan(tmp_path / "v1.json")
+    older = plan.to_dict()  # written before decisions stored value_in_label
+    del older["decisions"][0]["value_in_label"]
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert load_plan(tmp_path / "older.json").decisions[0].label == \
+        "precision bf16 (again, channels_last)"
     unknown = plan.to_dict()
     unknown["decisions"][0]["knob"] = "warp drive"
     (tmp_path / "knob.json").write_text(json.dumps(unknown))

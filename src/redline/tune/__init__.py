@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from redline.tune.accumulate import accumulate, micro_sizes, split_batch, train_step
     from redline.tune.batch_finder import BatchDoesNotFitError, BatchSearch, find_batch_size
     from redline.tune.config import NumericsTolerance, TuneConfig
-    from redline.tune.decision import Decision, Knob
+    from redline.tune.decision import Decision, KnobRecord
+    from redline.tune.knobs import TunePlan
     from redline.tune.memory_budget import MemoryBudget
     from redline.tune.precision import NonFiniteLossError, check_numerics
     from redline.tune.result import Projection, TuneResult
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from redline.tune.setup import SetupError, TrainSetup, load_factory
     from redline.tune.tuned import (
         PlanStore,
-        TunePlan,
         TunePlanError,
         TunePlanMismatchError,
         load_plan,
@@ -35,11 +35,11 @@ _LAZY = {
     "BatchDoesNotFitError": "batch_finder", "BatchSearch": "batch_finder",
     "find_batch_size": "batch_finder",
     "NumericsTolerance": "config", "TuneConfig": "config",
-    "Decision": "decision", "Knob": "decision",
+    "Decision": "decision", "KnobRecord": "decision",
     "MemoryBudget": "memory_budget",
     "tune": "run",
     "TunePlanError": "tuned", "TunePlanMismatchError": "tuned", "PlanStore": "tuned",
-    "TunePlan": "tuned",
+    "TunePlan": "knobs",
     "load_plan": "tuned", "save_plan": "tuned",
     "NonFiniteLossError": "precision", "check_numerics": "precision",
     "Projection": "result", "TuneResult": "result",
@@ -48,7 +48,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "BatchDoesNotFitError", "BatchSearch", "Decision", "Knob", "MemoryBudget",
+    "BatchDoesNotFitError", "BatchSearch", "Decision", "KnobRecord", "MemoryBudget",
     "NonFiniteLossError", "NumericsTolerance", "PlanStore", "Projection", "SetupError",
     "TrainSetup", "TuneConfig", "TunePlan", "TunePlanError", "TunePlanMismatchError", "TuneResult",
     "TunedLoop",

@@ -11,11 +11,10 @@ of every gradient less (DDP's documentation of the argument).
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from redline.tune.tuned import DdpSettings
 
 DDP_DEFAULT_BUCKET_MB = 25.0
 """DistributedDataParallel's default ``bucket_cap_mb``."""
@@ -23,6 +22,23 @@ MIN_BUCKETS_FOR_OVERLAP = 4
 """A model whose gradients fit one bucket is tried with buckets of a quarter of them."""
 LARGER_BUCKET_FACTOR = 4
 """A model of many buckets is tried with buckets this many times larger."""
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DdpSettings:
+    """DistributedDataParallel settings the tuned loop re-wraps the user's DDP model with
+    (:func:`redline.tune.ddp.rewrap`); None keeps what the user built."""
+
+    bucket_cap_mb: float | None = None
+    """Gradient bucket capacity in MiB (DDP's default is 25): smaller buckets start
+    all-reducing earlier in the backward pass, larger ones launch fewer collectives."""
+    gradient_as_bucket_view: bool | None = None
+    """Gradients as views into the communication buckets: one copy of every gradient less in
+    memory and no copy into the buckets per step."""
+
+    def __post_init__(self) -> None:
+        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be > 0 or None, got {self.bucket_cap_mb}")
+
 
 # Constructor arguments that DDP keeps as attributes of the same name (torch ≥ 2.1).
 _KEPT = ("device_ids", "output_device", "dim", "process_group", "find_unused_parameters",

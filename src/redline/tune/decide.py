@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from redline.measure.agree import RanksDivergedError
 from redline.tune.config import TuneConfig
@@ -18,9 +19,11 @@ from redline.tune.precision import NonFiniteLossError
 from redline.tune.rank_test import p_smaller, smallest_p
 from redline.tune.result import TrialMetrics
 from redline.tune.setup import SetupError
-from redline.tune.tuned import TunePlan
 
-MeasureFn = Callable[[TunePlan, str, bool], TrialMetrics]
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
+
+MeasureFn = Callable[["TunePlan", str, bool], TrialMetrics]
 """``measure(plan, label, step_only)``: one trial of ``plan`` (see :func:`redline.tune.trial.
 measure`; ``step_only`` times the training step alone, on batches fetched beforehand)."""
 

@@ -5,40 +5,52 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 Detail = str | int | float | bool | None
 
 
-class Knob(str, Enum):
-    """The path's knobs, in the order it visits them."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KnobRecord:
+    """A kind of decision a knob of the tuning path records, declared by the knob's own module
+    (:attr:`redline.tune.knob.TuneKnob.records`): its id in plan files, which is also its label
+    in the decisions table."""
 
-    GPU_DECODE = "GPU decode"
-    DECODE_CACHE = "decode cache"
-    LOADER = "data pipeline"
-    BATCH = "batch size"
-    BATCH_CHANGE = "effective batch"
-    PRECISION = "precision"
-    CHANNELS_LAST = "channels_last"
-    CUDNN_BENCHMARK = "cudnn.benchmark"
-    OPTIMIZER = "optimizer"
-    COMPILE = "torch.compile"
-    CUDA_GRAPHS = "CUDA graphs"
-    SDPA = "sdpa"
-    DDP_BUCKET = "DDP bucket_cap_mb"
-    DDP_BUCKET_VIEW = "DDP gradient_as_bucket_view"
+    label: str
+    """'precision', 'data pipeline', 'DDP bucket_cap_mb': unique across the path's knobs."""
+    value_in_label: bool = False
+    """The setting tried is part of the printed step ('precision bf16'); False where the value
+    is a detail (a micro-batch size, a cache folder)."""
 
+    def decision(self, *, reason: str = "", value: str | None = None, again: bool = False,
+                 context: str | None = None, numerics: str | None = None,
+                 details: dict[str, Detail] | None = None) -> Decision:
+        """A decision of this kind, not kept until the path's A/B policy or the knob says so.
 
-_VALUE_IN_LABEL = (Knob.PRECISION, Knob.OPTIMIZER, Knob.DDP_BUCKET, Knob.BATCH_CHANGE)
+        Args:
+            reason: why, in words and numbers ('' until measured).
+            value: the setting tried, or None for on/off knobs.
+            again: a second visit of the knob.
+            context: what changed since the first visit, for a second one.
+            numerics: the precision guard's verdict.
+            details: knob-specific numbers.
 
+        Returns:
+            The :class:`Decision`.
+        """
+        return Decision(knob=self.label, value_in_label=self.value_in_label, kept=False,
+                        reason=reason, value=value, again=again, context=context,
+                        numerics=numerics, details=dict(details or {}))
 
 
 @dataclass(slots=True, kw_only=True)
 class Decision:
     """One step of the path: a knob tried (or refused before trying) and the outcome."""
 
-    knob: Knob
+    knob: str
+    """The knob's record label ('precision'; :class:`KnobRecord`), as plan files store it."""
+    value_in_label: bool = False
+    """The value is part of the printed step, as the knob's record says."""
     kept: bool
     reason: str
     """Why, in words and numbers."""
@@ -63,8 +75,8 @@ class Decision:
     @property
     def label(self) -> str:
         """The step as the table prints it, e.g. 'precision bf16 (again, channels_last)'."""
-        label = self.knob.value
-        if self.knob in _VALUE_IN_LABEL and self.value is not None:
+        label = self.knob
+        if self.value_in_label and self.value is not None:
             label += f" {self.value}"
         if self.again:
             label += f" (again{', ' + self.context if self.context else ''})"
@@ -72,6 +84,5 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         as_dict = dataclasses.asdict(self)
-        as_dict["knob"] = self.knob.value
         return {"step": self.label, **as_dict}
 

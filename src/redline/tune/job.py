@@ -4,13 +4,15 @@ so every rank takes the same decision (:class:`redline.measure.agree.Agreement`)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redline.measure.agree import Agreement
 from redline.tune.result import TrialMetrics, merge_ranks
 from redline.tune.setup import Factory
 from redline.tune.trial import measure
-from redline.tune.tuned import TunePlan
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 
 def job_trial(factory: Factory, plan: TunePlan, label: str, agree: Agreement,

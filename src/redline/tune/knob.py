@@ -3,10 +3,10 @@
 A knob says when it applies (:meth:`TuneKnob.enabled`, the ``TuneConfig`` switches it
 needs), how its candidates are measured and decided (:meth:`TuneKnob.run`, through the path's
 A/B policy, and :meth:`TuneKnob.again` for a second visit), which fields of
-:class:`~redline.tune.tuned.TunePlan` hold its setting (:attr:`TuneKnob.plan_fields`), how a
+:class:`~redline.tune.knobs.TunePlan` hold its setting (:attr:`TuneKnob.plan_fields`), how a
 tuned loop applies it (the ``apply_*`` stages, called by :class:`~redline.tune.runtime.TunedLoop`
 for every knob in path order), the Lightning and Hugging Face arguments that carry it
-(:attr:`TuneKnob.words`, plain data read by ``redline.integrations.settings``), and the
+(:meth:`TuneKnob.framework_args`, their names in :attr:`TuneKnob.words`), and the
 labels its decisions and the plan line print (:attr:`TuneKnob.records`,
 :meth:`TuneKnob.summary`). One module per knob under :mod:`redline.tune.knobs`; the path is the
 list :data:`redline.tune.knobs.PATH`.
@@ -18,7 +18,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch.utils.data import DataLoader
@@ -30,11 +30,13 @@ from redline.measure.agree import Agreement
 from redline.tune.batch_finder import BatchSearch
 from redline.tune.config import TuneConfig
 from redline.tune.decide import ABPolicy
-from redline.tune.decision import Decision, Knob
+from redline.tune.decision import Decision, KnobRecord
 from redline.tune.kernels import AttentionSite
 from redline.tune.precision import AutocastFactory, NumericsCheck
 from redline.tune.setup import Factory, TrainSetup
-from redline.tune.tuned import TunePlan
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 
 class StepLoop(Protocol):
@@ -94,6 +96,26 @@ class FrameworkWords:
 
 
 @dataclass(slots=True, kw_only=True)
+class FrameworkArgs:
+    """A plan in one framework's words, filled by every knob in path order
+    (:meth:`TuneKnob.framework_args`; assembled by :mod:`redline.integrations.settings`)."""
+
+    framework: str
+    """'lightning' (``lightning.Trainer`` and its ``DataLoader``) or 'hf'
+    (``transformers.TrainingArguments``)."""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of ``lightning.Trainer`` or ``transformers.TrainingArguments``."""
+    dataloader: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the training ``DataLoader`` (Lightning only)."""
+    code: list[str] = field(default_factory=list)
+    """Lines to add to the script for settings the framework has no argument for."""
+
+    @property
+    def lightning(self) -> bool:
+        return self.framework == "lightning"
+
+
+@dataclass(slots=True, kw_only=True)
 class LoopParts:
     """The pieces of a tuned loop while the knobs apply a plan to them, stage by stage
     (data, model, optimizer, step): each stage runs every knob in path order."""
@@ -138,11 +160,13 @@ class TuneKnob(ABC):
 
     name: ClassVar[str]
     """The knob's module under :mod:`redline.tune.knobs`."""
-    records: ClassVar[tuple[Knob, ...]]
-    """The ids its decisions carry (:class:`~redline.tune.decision.Knob`): their values are the
-    labels the decisions table prints (:attr:`~redline.tune.decision.Decision.label`)."""
-    plan_fields: ClassVar[tuple[str, ...]]
-    """The :class:`TunePlan` fields that hold its setting (empty only with ``advice_only``)."""
+    records: ClassVar[tuple[KnobRecord, ...]]
+    """The kinds of decision it records, declared in its module: their labels are the ids plan
+    files store and the steps the decisions table prints
+    (:attr:`~redline.tune.decision.Decision.label`)."""
+    plan_fields: ClassVar[type[Any] | None]
+    """The dataclass of the :class:`~redline.tune.knobs.TunePlan` fields that hold its
+    setting, declared in its module (None only with ``advice_only``)."""
     switches: ClassVar[tuple[str, ...]]
     """The ``TuneConfig`` booleans that must all be on for it to be tried."""
     heading: ClassVar[str | None] = None
@@ -180,6 +204,11 @@ class TuneKnob(ABC):
         """Set how the step runs: the forward model, autocast, per-batch transforms, process
         settings."""
         return None  # a knob that needs no change at this stage
+
+    def framework_args(self, plan: TunePlan, out: FrameworkArgs) -> None:
+        """Add its setting to ``out`` in the framework's words (:attr:`words` names them):
+        arguments where the framework has one, else lines of code."""
+        return None  # a knob that changes no setting (advice only)
 
     def summary(self, plan: TunePlan) -> list[str]:
         """Its settings in the printed plan line ('channels_last True'), or nothing."""

@@ -30,6 +30,7 @@ from redline.tune.kernels import (
     has_conv2d,
     optimizer_impls,
 )
+from redline.tune.knobs import TunePlan
 from redline.tune.precision import (
     NumericsCheck,
     check_numerics,
@@ -39,7 +40,7 @@ from redline.tune.result import TrialMetrics
 from redline.tune.runtime import TunedLoop
 from redline.tune.samples import first_batches, fresh
 from redline.tune.setup import Factory, TrainSetup, check_tunable_loader
-from redline.tune.tuned import PlanKey, TunePlan, plan_key
+from redline.tune.tuned import PlanKey, plan_key
 
 
 def baseline_plan(key: PlanKey, micro: int, effective: int,

@@ -25,6 +25,11 @@ from redline.core.errors import RedlineError
 from redline.tune.accumulate import accumulate
 from redline.tune.config import NumericsTolerance
 
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+"""The precisions a plan trains in: TF32 matmuls in fp32 storage, or autocast to 16 bits."""
+SIXTEEN_BIT = ("bf16", "fp16")
+"""The 16-bit precisions (activations about half the bytes of fp32 ones)."""
+
 
 class NonFiniteLossError(RedlineError, RuntimeError):
     """The loss is NaN/inf already in fp32: a bug in the model or data, not in precision."""

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from redline.core.findings import Limit
 from redline.tune.batch_finder import BatchSearch
 from redline.tune.kernels import AttentionSite
 from redline.tune.precision import NumericsCheck
-from redline.tune.tuned import TunePlan
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 
 @dataclass(slots=True, kw_only=True)

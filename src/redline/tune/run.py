@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from redline.diagnose.limits import remaining_limits
 from redline.measure.agree import Agreement
@@ -19,7 +20,10 @@ from redline.tune.knobs import PATH
 from redline.tune.path import TunePath, baseline_plan
 from redline.tune.result import TrialMetrics, TuneResult, merge_trials, project
 from redline.tune.setup import Factory, dataset_failure
-from redline.tune.tuned import PlanStore, TunePlan
+from redline.tune.tuned import PlanStore
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 
 def compare(factory: Factory, before: TunePlan, after: TunePlan, cfg: TuneConfig,

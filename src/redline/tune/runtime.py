@@ -14,7 +14,7 @@ rate scheduler built on it keeps driving it).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -28,7 +28,10 @@ from redline.tune.accumulate import train_step
 from redline.tune.knob import LoopParts
 from redline.tune.knobs import KNOBS
 from redline.tune.knobs.batch_change import lr_factor
-from redline.tune.tuned import TunePlan, TunePlanMismatchError, check_plan, plan_key
+from redline.tune.tuned import TunePlanMismatchError, check_plan, plan_key
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 
 def _schedulers_to_scale(plan: TunePlan, optimizer: torch.optim.Optimizer,

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,7 +31,9 @@ from redline.tune.result import TrialMetrics
 from redline.tune.runtime import TunedLoop
 from redline.tune.samples import endless, first_batches, fresh, state_tensors
 from redline.tune.setup import Factory
-from redline.tune.tuned import TunePlan
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 
 def counted_peak(factory: Factory, plan: TunePlan) -> int:

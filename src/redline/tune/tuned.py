@@ -1,4 +1,5 @@
-"""The tuned settings (:class:`TunePlan`): what ``redline tune`` decided, as JSON, remembered per
+"""The tuned settings (:class:`~redline.tune.knobs.TunePlan`, whose fields are its knobs'
+and :class:`PlanCore`'s): what ``redline tune`` decided, as JSON, remembered per
 model and machine. (The parallelism planner, ``redline plan``, is :mod:`redline.plan`.)
 
 A plan is keyed by the model's signature (class and parameter names, shapes and dtypes), the
@@ -16,19 +17,20 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from redline.core.errors import RedlineError
 from redline.core.files import write_text_atomic
-from redline.core.loader import LoaderSettings
 from redline.core.typed_json import from_json
 from redline.tune.decision import Decision
 
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
+
 PLAN_SCHEMA = "redline.plan/2"
 """Version 2 embeds the DataLoader settings (``loader``) and types the decisions."""
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 class TunePlanError(RedlineError, ValueError):
@@ -62,110 +64,39 @@ class PlanKey:
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DdpSettings:
-    """DistributedDataParallel settings the tuned loop re-wraps the user's DDP model with
-    (:func:`redline.tune.ddp.rewrap`); None keeps what the user built."""
-
-    bucket_cap_mb: float | None = None
-    """Gradient bucket capacity in MiB (DDP's default is 25): smaller buckets start
-    all-reducing earlier in the backward pass, larger ones launch fewer collectives."""
-    gradient_as_bucket_view: bool | None = None
-    """Gradients as views into the communication buckets: one copy of every gradient less in
-    memory and no copy into the buckets per step."""
-
-    def __post_init__(self) -> None:
-        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
-            raise ValueError(f"bucket_cap_mb must be > 0 or None, got {self.bucket_cap_mb}")
+_Plan = TypeVar("_Plan", bound="PlanCore")
 
 
-@dataclass(slots=True, kw_only=True)
-class TunePlan:
-    """Settings to apply to the plain loop (see :func:`redline.tune.apply_plan`)."""
+@dataclass(kw_only=True)
+class PlanCore:
+    """The fields of a :class:`~redline.tune.knobs.TunePlan` that no knob owns: what the plan
+    was made for and what the path recorded. The knobs' fields come from their own modules
+    (each knob's ``plan_fields``), and :class:`~redline.tune.knobs.TunePlan` joins them."""
 
     key: PlanKey
-    effective_batch: int
-    """Samples per optimizer step: the user's, unchanged."""
-    micro_batch: int
-    """Samples per forward/backward; ``effective_batch`` is split into micro-batches of this
-    size, the last one weighted by its size."""
     source_batch_size: int | None = None
     """The DataLoader batch size of the configuration the plan was made from (its effective
     batch is this × the accumulation steps): :func:`redline.tune.apply_plan` refuses a loader
     of another batch size, which would change the effective batch without saying so."""
-    loader: LoaderSettings = field(default_factory=LoaderSettings)
-    """The DataLoader settings to rebuild the loader with (its batch size is the effective
-    batch)."""
-    torch_threads: int | None = None
-    """Intra-op threads of the training process; None = leave as is."""
-    prefetch_to_device: bool = False
-    """Wrap the loader in :class:`redline.data.DevicePrefetcher` (CUDA only)."""
-    decode_cache: bool = False
-    """Serve the loader from a cache of the deterministic part of each sample (the setup's
-    ``cache_split``, :class:`redline.data.CacheSplit`): filled on first access, kept."""
-    decode_cache_store: str | None = None
-    """The cache's folder; None = ``CachedDataset``'s default (``/dev/shm/redline-cache``
-    where /dev/shm has room for it, else ``~/.cache/redline/redline-cache``)."""
-    gpu_decode: bool = False
-    """The loader ships encoded JPEGs and the device decodes and augments them (the setup's
-    ``jpeg_split``, :class:`redline.data.JpegSplit`; :mod:`redline.data.device_decode`)."""
-    precision: str = "fp32"
-    """'fp32' | 'tf32' | 'bf16' (autocast) | 'fp16' (autocast + GradScaler)."""
-    channels_last: bool = False
-    cudnn_benchmark: bool = False
-    """``torch.backends.cudnn.benchmark`` on while the tuned loop runs: cuDNN times its
-    convolution algorithms for each new shape once and keeps the fastest (CUDA conv nets)."""
-    compile: bool = False
-    compile_mode: str | None = None
-    """torch.compile's mode: None (default) or 'reduce-overhead' (the step replayed as CUDA
-    graphs: :mod:`redline.tune.cuda_graphs`)."""
-    optimizer_impl: str | None = None
-    """'fused' | 'foreach' | None (the optimizer as built)."""
-    ddp: DdpSettings = field(default_factory=DdpSettings)
-    """DDP settings to re-wrap a DistributedDataParallel model with (ignored for others)."""
-    lr_scale: float = 1.0
-    """Every parameter group's learning rate × this (1: unchanged). Other than 1 only where
-    the effective batch was allowed to change (``redline tune --allow-batch-change``)."""
-    lr_rule: str | None = None
-    """The rule behind ``lr_scale``: 'linear' (SGD) or 'sqrt' (adaptive optimizers)."""
-    lr_warmup_steps: int = 0
-    """Optimizer steps over which the rate rises linearly from the user's to the scaled one."""
-    user_effective_batch: int | None = None
-    """The user's effective batch where the plan changed it (else None: unchanged)."""
-
     schema: str = PLAN_SCHEMA
     decisions: list[Decision] = field(default_factory=list)
     """One entry per step of the path: what was tried, measured numbers, kept or why not."""
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if not 1 <= self.micro_batch <= self.effective_batch:
-            raise ValueError(f"need 1 <= micro_batch <= effective_batch, got {self.micro_batch}"
-                             f" and {self.effective_batch}")
-        if self.compile_mode not in (None, "reduce-overhead"):
-            raise ValueError(f"compile_mode must be 'reduce-overhead' or None, got "
-                             f"{self.compile_mode!r}")
-        if self.optimizer_impl not in (None, "fused", "foreach"):
-            raise ValueError(f"optimizer_impl must be 'fused', 'foreach' or None, got "
-                             f"{self.optimizer_impl!r}")
-        if not self.lr_scale > 0 or self.lr_warmup_steps < 0:
-            raise ValueError(f"need lr_scale > 0 and lr_warmup_steps >= 0, got {self.lr_scale} "
-                             f"and {self.lr_warmup_steps}")
-        if self.lr_rule not in (None, "linear", "sqrt"):
-            raise ValueError(f"lr_rule must be 'linear', 'sqrt' or None, got {self.lr_rule!r}")
-        if self.torch_threads is not None and self.torch_threads < 1:
-            raise ValueError(f"torch_threads must be >= 1 or None, got {self.torch_threads}")
+        # Every class of the plan checks its own fields (``check_fields``), the knobs' included.
+        for cls in reversed(type(self).__mro__):
+            check = cls.__dict__.get("check_fields")
+            if check is not None:
+                check(self)
+
+    def check_fields(self) -> None:
+        """Raise ValueError naming the field whose value is out of range."""
         if self.source_batch_size is not None and self.source_batch_size < 1:
             raise ValueError(f"source_batch_size must be >= 1 or None, got "
                              f"{self.source_batch_size}")
         if self.schema != PLAN_SCHEMA:
             raise ValueError(f"schema must be {PLAN_SCHEMA!r}, got {self.schema!r}")
-
-    @property
-    def accumulation_steps(self) -> int:
-        return -(-self.effective_batch // self.micro_batch)
 
     def to_dict(self) -> dict[str, Any]:
         as_dict = dataclasses.asdict(self)
@@ -173,7 +104,7 @@ class TunePlan:
         return as_dict
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TunePlan:
+    def from_dict(cls: type[_Plan], data: dict[str, Any]) -> _Plan:
         """Every field checked (types, ranges); raises ValueError naming the field's path."""
         schema = data.get("schema")
         if schema == "redline.plan/1":
@@ -185,13 +116,22 @@ class TunePlan:
         data = dict(data)
         decisions = data.get("decisions")
         if isinstance(decisions, list):  # the printed label is derived, not data
-            data["decisions"] = [
-                {key: value for key, value in decision.items() if key != "step"}
-                if isinstance(decision, dict) else decision for decision in decisions]
+            data["decisions"] = [_decision_fields(decision) if isinstance(decision, dict)
+                                 else decision for decision in decisions]
         return from_json(cls, data)
 
 
-def save_plan(plan: TunePlan, path: str | os.PathLike[str]) -> None:
+def _decision_fields(decision: dict[str, Any]) -> dict[str, Any]:
+    """A stored decision's fields: its printed step dropped (derived from them), and where the
+    plan predates ``value_in_label``, that flag read back from the printed step."""
+    fields = {key: value for key, value in decision.items() if key != "step"}
+    step, value = decision.get("step"), decision.get("value")
+    if "value_in_label" not in fields and isinstance(step, str) and value is not None:
+        fields["value_in_label"] = step.startswith(f"{decision.get('knob')} {value}")
+    return fields
+
+
+def save_plan(plan: PlanCore, path: str | os.PathLike[str]) -> None:
     """Write the plan as JSON (atomically: a crash leaves no half-written file).
 
     Args:
@@ -232,6 +172,9 @@ def load_plan(path: str | os.PathLike[str]) -> TunePlan:
     if not isinstance(data, dict):
         raise TunePlanError(f"{path} holds a JSON {type(data).__name__}, expected a redline plan")
     try:
+        # The plan's fields are its knobs', whose modules import this one: hence the late import.
+        from redline.tune.knobs import TunePlan
+
         return TunePlan.from_dict(data)
     except (TypeError, ValueError) as e:
         raise TunePlanError(f"{path} is not a usable redline plan: {e}") from None
@@ -272,7 +215,7 @@ def plan_key(model: torch.nn.Module, device: torch.device, precision: str,
                    precision=precision, input_shapes=input_shapes(batch), world_size=world_size)
 
 
-def check_plan(plan: TunePlan, key: PlanKey) -> None:
+def check_plan(plan: PlanCore, key: PlanKey) -> None:
     """Raise :class:`TunePlanMismatchError` naming every field that differs; warn when only the
     world size does (the per-rank batch still fits; the loader's share of CPUs and the DDP
     settings were measured for another job)."""
@@ -318,7 +261,7 @@ class PlanStore:
             return None  # unreadable or from another version: tune again
         return plan if plan.key == key else None
 
-    def put(self, plan: TunePlan) -> Path:
+    def put(self, plan: PlanCore) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         file = self.path(plan.key)
         save_plan(plan, file)

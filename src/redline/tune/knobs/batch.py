@@ -5,21 +5,31 @@ again once a 16-bit precision is kept (16-bit activations take about half the me
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from redline.tune.accumulate import train_step
 from redline.tune.batch_finder import BatchDoesNotFitError, BatchSearch, find_batch_size
 from redline.tune.ddp import rewrap
-from redline.tune.decision import Decision, Detail, Knob
-from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
-from redline.tune.precision import autocast_for, make_scaler
+from redline.tune.decision import Detail, KnobRecord
+from redline.tune.knob import FrameworkArgs, FrameworkWords, LoopParts, TuneKnob, TuningPath
+from redline.tune.knobs.precision import PRECISION_RECORD
+from redline.tune.precision import SIXTEEN_BIT, autocast_for, make_scaler
 from redline.tune.samples import fresh, probe_batch, state_tensors
-from redline.tune.tuned import TunePlan
 
-SIXTEEN_BIT = ("bf16", "fp16")
-"""The 16-bit precisions (activations about half the bytes of fp32 ones)."""
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
+
+
+def exported_micro_batch(plan: TunePlan) -> int:
+    """The micro-batch to give a framework: the plan's, or where it does not divide the
+    effective batch (the plain loop's last micro-batch is then smaller), the largest one that
+    does. The frameworks take one micro-batch size × a whole number of accumulation steps, and
+    the effective batch is kept exactly."""
+    return max(size for size in range(1, plan.micro_batch + 1)
+               if plan.effective_batch % size == 0)
 
 
 def largest_micro(path: TuningPath, plan: TunePlan, max_batch: int) -> tuple[BatchSearch, str]:
@@ -59,10 +69,27 @@ def largest_micro(path: TuningPath, plan: TunePlan, max_batch: int) -> tuple[Bat
     return search, how
 
 
+@dataclass(kw_only=True)
+class BatchFields:
+    """The micro-batch in the plan. Part of :class:`~redline.tune.knobs.TunePlan`."""
+
+    micro_batch: int
+    """Samples per forward/backward; ``effective_batch`` is split into micro-batches of this
+    size, the last one weighted by its size."""
+
+    def check_fields(self) -> None:
+        """Raise ValueError naming the field whose value is out of range."""
+        if self.micro_batch < 1:
+            raise ValueError(f"micro_batch must be >= 1, got {self.micro_batch}")
+
+
+BATCH_RECORD = KnobRecord(label="batch size")
+
+
 class BatchKnob(TuneKnob):
     name = "batch"
-    records = (Knob.BATCH,)
-    plan_fields = ("micro_batch",)
+    records = (BATCH_RECORD,)
+    plan_fields = BatchFields
     switches = ("tune_batch",)
     heading = "2/4 batch size (effective batch kept)"
     words: ClassVar[FrameworkWords] = FrameworkWords(
@@ -78,7 +105,8 @@ class BatchKnob(TuneKnob):
         """Once a 16-bit precision is kept, search the batch again (once): 16-bit activations
         take about half the memory, so a larger micro-batch may fit."""
         if (plan.precision not in SIXTEEN_BIT or plan.micro_batch >= plan.effective_batch
-                or any(decision.knob is Knob.BATCH and decision.again for decision in plan.decisions)):
+                or any(decision.knob == BATCH_RECORD.label and decision.again
+                       for decision in plan.decisions)):
             return plan
         path.log("batch size, again (16-bit activations are smaller)")
         try:
@@ -88,16 +116,16 @@ class BatchKnob(TuneKnob):
             # memory budget the 16-bit step can need more than the fp32 one. The precision was
             # kept for speed on trials that do not enforce the budget; it does not fit: revert.
             kept = next(decision for decision in reversed(plan.decisions)
-                        if decision.knob is Knob.PRECISION and decision.kept)
+                        if decision.knob == PRECISION_RECORD.label and decision.kept)
             why = str(e).split(". Options")[0]
             kept.kept = False
             kept.reason += f"; reverted: {why} in {plan.precision}"
             path.log(f"  {plan.precision} reverted: {why}")
             before = next((decision.value for decision in reversed(plan.decisions)
-                           if decision.knob is Knob.PRECISION and decision.kept and decision.value), "fp32")
+                           if decision.knob == PRECISION_RECORD.label and decision.kept
+                           and decision.value), "fp32")
             plan = dataclasses.replace(plan, precision=before)
-            plan.decisions.append(Decision(
-                knob=Knob.BATCH, kept=False,
+            plan.decisions.append(BATCH_RECORD.decision(
                 reason=f"not searched again: {kept.value} was reverted (its step does not fit "
                        "the memory budget)", again=True))
             return plan
@@ -107,8 +135,7 @@ class BatchKnob(TuneKnob):
     def _search(self, path: TuningPath, plan: TunePlan, *, again: bool,
                 ) -> tuple[TunePlan, BatchSearch | None]:
         if plan.micro_batch >= plan.effective_batch:
-            plan.decisions.append(Decision(
-                knob=Knob.BATCH, kept=False,
+            plan.decisions.append(BATCH_RECORD.decision(
                 reason=f"the micro-batch already is the effective batch ({plan.effective_batch});"
                        " a larger one would change the optimization (set accumulation_steps in "
                        "the setup to allow a larger effective batch)", again=again))
@@ -117,22 +144,32 @@ class BatchKnob(TuneKnob):
         details: dict[str, Detail] = {"finder": search.reason, "trials": search.trials,
                                       "ooms": search.ooms, "probe_sample": how}
         if search.batch <= plan.micro_batch:
-            plan.decisions.append(Decision(
-                knob=Knob.BATCH, kept=False,
+            plan.decisions.append(BATCH_RECORD.decision(
                 reason=f"the largest micro-batch that fits is {search.batch} (now "
                        f"{plan.micro_batch})", value=str(search.batch), again=again,
                 details=details))
             return plan, search
         cand = dataclasses.replace(plan, micro_batch=search.batch, decisions=[])
         details["accumulation_steps"] = cand.accumulation_steps
-        return path.decide(plan, cand, Decision(knob=Knob.BATCH, kept=False, reason="",
-                                                value=str(search.batch), again=again,
-                                                details=details)), search
+        decision = BATCH_RECORD.decision(value=str(search.batch), again=again, details=details)
+        return path.decide(plan, cand, decision), search
 
     def apply_data(self, parts: LoopParts) -> None:
         # The tuned loader yields effective batches; the step splits them into micro-batches.
         parts.loader_batch_size = parts.plan.effective_batch
         parts.micro_batch = parts.plan.micro_batch
+
+    def framework_args(self, plan: TunePlan, out: FrameworkArgs) -> None:
+        micro = exported_micro_batch(plan)
+        if out.lightning:
+            out.arguments["accumulate_grad_batches"] = plan.effective_batch // micro
+        else:
+            out.arguments["per_device_train_batch_size"] = micro
+            out.arguments["gradient_accumulation_steps"] = plan.effective_batch // micro
+        if micro != plan.micro_batch:
+            out.code.append(f"# micro-batch {micro}: the largest that divides the effective "
+                            f"batch {plan.effective_batch} at or below the plan's "
+                            f"{plan.micro_batch}")
 
 
 BATCH = BatchKnob()

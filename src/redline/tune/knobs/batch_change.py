@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from redline.tune.batch_change import GUARD_STEPS, MAX_GROWTH, check_batch_change, lr_rule
-from redline.tune.decision import Decision, Detail, Knob
-from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
+from redline.tune.decision import Detail, KnobRecord
+from redline.tune.knob import FrameworkArgs, FrameworkWords, LoopParts, TuneKnob, TuningPath
 from redline.tune.knobs.batch import largest_micro
 from redline.tune.samples import first_batches, fresh
-from redline.tune.tuned import TunePlan
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 
 def lr_factor(plan: TunePlan, step: int) -> float:
@@ -24,11 +27,39 @@ def lr_factor(plan: TunePlan, step: int) -> float:
     return 1.0 if step >= warmup else (1 + (scale - 1) * step / warmup) / scale
 
 
+@dataclass(kw_only=True)
+class BatchChangeFields:
+    """The effective batch and its learning-rate rule in the plan. Part of
+    :class:`~redline.tune.knobs.TunePlan`."""
+
+    effective_batch: int
+    """Samples per optimizer step: the user's, unless the tuning was allowed to change it."""
+    lr_scale: float = 1.0
+    """Every parameter group's learning rate × this (1: unchanged). Other than 1 only where
+    the effective batch was allowed to change (``redline tune --allow-batch-change``)."""
+    lr_rule: str | None = None
+    """The rule behind ``lr_scale``: 'linear' (SGD) or 'sqrt' (adaptive optimizers)."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps over which the rate rises linearly from the user's to the scaled one."""
+    user_effective_batch: int | None = None
+    """The user's effective batch where the plan changed it (else None: unchanged)."""
+
+    def check_fields(self) -> None:
+        """Raise ValueError naming the field whose value is out of range."""
+        if not self.lr_scale > 0 or self.lr_warmup_steps < 0:
+            raise ValueError(f"need lr_scale > 0 and lr_warmup_steps >= 0, got {self.lr_scale} "
+                             f"and {self.lr_warmup_steps}")
+        if self.lr_rule not in (None, "linear", "sqrt"):
+            raise ValueError(f"lr_rule must be 'linear', 'sqrt' or None, got {self.lr_rule!r}")
+
+
+BATCH_CHANGE_RECORD = KnobRecord(label="effective batch", value_in_label=True)
+
+
 class BatchChangeKnob(TuneKnob):
     name = "batch_change"
-    records = (Knob.BATCH_CHANGE,)
-    plan_fields = ("effective_batch", "lr_scale", "lr_rule", "lr_warmup_steps",
-                   "user_effective_batch")
+    records = (BATCH_CHANGE_RECORD,)
+    plan_fields = BatchChangeFields
     switches = ("tune_batch", "allow_batch_change")
     heading = "effective batch (allowed to change: `allow_batch_change`)"
     words: ClassVar[FrameworkWords] = FrameworkWords(
@@ -39,8 +70,7 @@ class BatchChangeKnob(TuneKnob):
         setup = fresh(path.factory)
         rule = lr_rule(setup.optimizer)
         if rule is None:
-            plan.decisions.append(Decision(
-                knob=Knob.BATCH_CHANGE, kept=False,
+            plan.decisions.append(BATCH_CHANGE_RECORD.decision(
                 reason=f"not tried: {type(setup.optimizer).__name__} has no stated "
                        "learning-rate rule here (linear for SGD, square root for the Adam "
                        "family)"))
@@ -49,8 +79,7 @@ class BatchChangeKnob(TuneKnob):
         search, _ = largest_micro(path, plan, MAX_GROWTH * eff)
         ratio = search.batch // eff
         if ratio < 2:
-            plan.decisions.append(Decision(
-                knob=Knob.BATCH_CHANGE, kept=False,
+            plan.decisions.append(BATCH_CHANGE_RECORD.decision(
                 reason=f"the largest micro-batch that fits is {search.batch}: no multiple of "
                        f"the effective batch {eff} above it fits in memory"))
             return plan
@@ -77,8 +106,8 @@ class BatchChangeKnob(TuneKnob):
             "lr_scale": round(scale, 4), "guard": check.reason,
             "refused_larger": "; ".join(refused) or None}
         if not check.passed:
-            plan.decisions.append(Decision(knob=Knob.BATCH_CHANGE, kept=False,
-                                           reason=check.reason, value=str(to_batch), details=details))
+            plan.decisions.append(BATCH_CHANGE_RECORD.decision(
+                reason=check.reason, value=str(to_batch), details=details))
             return plan
         cand = dataclasses.replace(
             plan, effective_batch=to_batch, micro_batch=to_batch, lr_scale=scale, lr_rule=rule.name,
@@ -86,9 +115,8 @@ class BatchChangeKnob(TuneKnob):
         steps = path.steps_for(cand)  # the same samples in fewer, larger steps
         cand.lr_warmup_steps = rule.warmup_steps(steps)
         details["lr_warmup_steps"] = cand.lr_warmup_steps
-        kept = path.decide(plan, cand, Decision(knob=Knob.BATCH_CHANGE, kept=False, reason="",
-                                                value=str(to_batch), numerics=check.reason,
-                                                details=details))
+        kept = path.decide(plan, cand, BATCH_CHANGE_RECORD.decision(
+            value=str(to_batch), numerics=check.reason, details=details))
         if kept is cand:
             cand.notes.append(
                 f"The optimization changed: effective batch {eff} → {to_batch} (the tuning was "
@@ -120,6 +148,18 @@ class BatchChangeKnob(TuneKnob):
 
         warm(0)
         parts.before_step.append(warm)
+
+    def framework_args(self, plan: TunePlan, out: FrameworkArgs) -> None:
+        if plan.lr_warmup_steps and not out.lightning:
+            out.arguments["warmup_steps"] = plan.lr_warmup_steps
+        if plan.user_effective_batch:
+            out.code.append(
+                f"# the effective batch changed {plan.user_effective_batch} → "
+                f"{plan.effective_batch} (the tuning was allowed to change it): learning rate × "
+                f"{plan.lr_scale:.4g} ({plan.lr_rule} rule)"
+                + (f", a linear warm-up from your rate over {plan.lr_warmup_steps} steps"
+                   if plan.lr_warmup_steps else "")
+                + "; validate against your baseline before adopting it")
 
 
 BATCH_CHANGE = BatchChangeKnob()

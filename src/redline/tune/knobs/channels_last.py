@@ -5,14 +5,17 @@ tried only for models with a Conv2d, kept only if measured faster."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from redline.data.prefetcher import map_tensors
-from redline.tune.decision import Decision, Knob
-from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
-from redline.tune.tuned import TunePlan
+from redline.tune.decision import KnobRecord
+from redline.tune.knob import FrameworkArgs, FrameworkWords, LoopParts, TuneKnob, TuningPath
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 _CODE_LINE = ("none: model.to(memory_format=torch.channels_last) and the 4-D inputs too "
               "(a code line)")
@@ -24,10 +27,21 @@ def to_channels_last(batch: Any) -> Any:
                        if tensor.dim() == 4 and tensor.is_floating_point() else tensor)
 
 
+@dataclass(kw_only=True)
+class ChannelsLastFields:
+    """The memory format in the plan. Part of :class:`~redline.tune.knobs.TunePlan`."""
+
+    channels_last: bool = False
+    """The model and its 4-D inputs in NHWC memory format."""
+
+
+CHANNELS_LAST_RECORD = KnobRecord(label="channels_last")
+
+
 class ChannelsLastKnob(TuneKnob):
     name = "channels_last"
-    records = (Knob.CHANNELS_LAST,)
-    plan_fields = ("channels_last",)
+    records = (CHANNELS_LAST_RECORD,)
+    plan_fields = ChannelsLastFields
     switches = ("tune_kernels",)
     words: ClassVar[FrameworkWords] = FrameworkWords(lightning_none=_CODE_LINE,
                                                      hf_none=_CODE_LINE)
@@ -36,7 +50,7 @@ class ChannelsLastKnob(TuneKnob):
         if not path.conv:  # only 4-D convolutions read the layout
             return plan
         return path.decide(plan, dataclasses.replace(plan, channels_last=True, decisions=[]),
-                           Decision(knob=Knob.CHANNELS_LAST, kept=False, reason=""))
+                           CHANNELS_LAST_RECORD.decision())
 
     def apply_model(self, parts: LoopParts) -> None:
         if parts.plan.channels_last:
@@ -46,6 +60,11 @@ class ChannelsLastKnob(TuneKnob):
     def apply_step(self, parts: LoopParts) -> None:
         if parts.plan.channels_last:
             parts.batch_transforms.append(to_channels_last)
+
+    def framework_args(self, plan: TunePlan, out: FrameworkArgs) -> None:
+        if plan.channels_last:
+            out.code.append("model = model.to(memory_format=torch.channels_last)  # and 4-D "
+                            "inputs too")
 
     def summary(self, plan: TunePlan) -> list[str]:
         return [f"channels_last {plan.channels_last}"]

@@ -6,20 +6,35 @@ measured faster; the tuned loop re-wraps the user's DDP model with them
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
 from redline.tune.config import TuneConfig
-from redline.tune.ddp import as_ddp, bucket_candidate, cannot_rewrap, rewrap
-from redline.tune.decision import Decision, Knob
-from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
+from redline.tune.ddp import DdpSettings, as_ddp, bucket_candidate, cannot_rewrap, rewrap
+from redline.tune.decision import KnobRecord
+from redline.tune.knob import FrameworkArgs, FrameworkWords, LoopParts, TuneKnob, TuningPath
 from redline.tune.samples import fresh
-from redline.tune.tuned import TunePlan
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
+
+
+@dataclass(kw_only=True)
+class DdpFields:
+    """The DDP settings in the plan. Part of :class:`~redline.tune.knobs.TunePlan`."""
+
+    ddp: DdpSettings = field(default_factory=DdpSettings)
+    """DDP settings to re-wrap a DistributedDataParallel model with (ignored for others)."""
+
+
+DDP_BUCKET_RECORD = KnobRecord(label="DDP bucket_cap_mb", value_in_label=True)
+DDP_BUCKET_VIEW_RECORD = KnobRecord(label="DDP gradient_as_bucket_view")
 
 
 class DdpKnob(TuneKnob):
     name = "ddp"
-    records = (Knob.DDP_BUCKET, Knob.DDP_BUCKET_VIEW)
-    plan_fields = ("ddp",)
+    records = (DDP_BUCKET_RECORD, DDP_BUCKET_VIEW_RECORD)
+    plan_fields = DdpFields
     switches = ("tune_ddp",)
     heading = "DDP communication"
     words: ClassVar[FrameworkWords] = FrameworkWords(
@@ -35,8 +50,7 @@ class DdpKnob(TuneKnob):
             return plan
         why = cannot_rewrap(ddp)
         if why is not None:
-            plan.decisions.append(Decision(knob=Knob.DDP_BUCKET, kept=False,
-                                           reason=f"not tried: {why}"))
+            plan.decisions.append(DDP_BUCKET_RECORD.decision(reason=f"not tried: {why}"))
             return plan
         candidate_mb = bucket_candidate(ddp)
         view = bool(getattr(ddp, "gradient_as_bucket_view", False))
@@ -45,16 +59,33 @@ class DdpKnob(TuneKnob):
             bucket_mb, why = candidate_mb
             settings = dataclasses.replace(plan.ddp, bucket_cap_mb=round(bucket_mb, 4))
             plan = path.decide(plan, dataclasses.replace(plan, ddp=settings, decisions=[]),
-                               Decision(knob=Knob.DDP_BUCKET, kept=False, reason="",
-                                        value=f"{bucket_mb:.4g}", details={"why": why}))
+                               DDP_BUCKET_RECORD.decision(value=f"{bucket_mb:.4g}",
+                                                          details={"why": why}))
         if not view:
             settings = dataclasses.replace(plan.ddp, gradient_as_bucket_view=True)
             plan = path.decide(plan, dataclasses.replace(plan, ddp=settings, decisions=[]),
-                               Decision(knob=Knob.DDP_BUCKET_VIEW, kept=False, reason=""))
+                               DDP_BUCKET_VIEW_RECORD.decision())
         return plan
 
     def apply_model(self, parts: LoopParts) -> None:
         parts.model = rewrap(parts.model, parts.plan.ddp)
+
+    def framework_args(self, plan: TunePlan, out: FrameworkArgs) -> None:
+        ddp = plan.ddp
+        if out.lightning:
+            given = {name: value for name, value in (
+                ("bucket_cap_mb", ddp.bucket_cap_mb),
+                ("gradient_as_bucket_view", ddp.gradient_as_bucket_view)) if value is not None}
+            if given:
+                out.code.append("from lightning.pytorch.strategies import DDPStrategy")
+                out.arguments["strategy"] = "DDPStrategy(" + ", ".join(
+                    f"{name}={value!r}" for name, value in given.items()) + ")"
+            return
+        if ddp.bucket_cap_mb is not None:
+            out.arguments["ddp_bucket_cap_mb"] = max(1, round(ddp.bucket_cap_mb))
+        if ddp.gradient_as_bucket_view:
+            out.code.append("# DDP gradient_as_bucket_view=True has no TrainingArguments field: "
+                            "wrap the model yourself or leave it")
 
     def summary(self, plan: TunePlan) -> list[str]:
         return [f"{label} {value}" for label, value in (

@@ -8,17 +8,21 @@ pipeline, and kept only if the planned run is shorter with the fill
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch.utils.data import DataLoader
 
 from redline.data.cache_split import CacheSplit, cached_dataset, fill
 from redline.tune.decide import one_off_pays
-from redline.tune.decision import Decision, Detail, Knob
+from redline.tune.decision import Detail, KnobRecord
 from redline.tune.decode_cache import trial_store
-from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
+from redline.tune.knob import FrameworkArgs, FrameworkWords, LoopParts, TuneKnob, TuningPath
 from redline.tune.samples import fresh
-from redline.tune.tuned import TunePlan, TunePlanMismatchError
+from redline.tune.tuned import TunePlanMismatchError
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 _NO_ARGUMENT = ("no argument: the dataset is served from redline.data.CachedDataset(source, "
                 "deterministic, random), the split the tuned setup declared (a code line)")
@@ -38,23 +42,36 @@ def plan_dataset(plan: TunePlan, loader: DataLoader[Any], cache_split: CacheSpli
                           plan.decode_cache_store)
 
 
+@dataclass(kw_only=True)
+class DecodeCacheFields:
+    """The decode cache's settings in the plan. Part of :class:`~redline.tune.knobs.TunePlan`."""
+
+    decode_cache: bool = False
+    """Serve the loader from a cache of the deterministic part of each sample (the setup's
+    ``cache_split``, :class:`redline.data.CacheSplit`): filled on first access, kept."""
+    decode_cache_store: str | None = None
+    """The cache's folder; None = ``CachedDataset``'s default (``/dev/shm/redline-cache``
+    where /dev/shm has room for it, else ``~/.cache/redline/redline-cache``)."""
+
+
+DECODE_CACHE_RECORD = KnobRecord(label="decode cache")
+
+
 class DecodeCacheKnob(TuneKnob):
     name = "decode_cache"
-    records = (Knob.DECODE_CACHE,)
-    plan_fields = ("decode_cache", "decode_cache_store")
+    records = (DECODE_CACHE_RECORD,)
+    plan_fields = DecodeCacheFields
     switches = ("tune_loader",)
     words: ClassVar[FrameworkWords] = FrameworkWords(lightning_none=_NO_ARGUMENT,
                                                      hf_none=_NO_ARGUMENT)
 
     def run(self, path: TuningPath, plan: TunePlan) -> TunePlan:
         if path.dataset_cached:
-            plan.decisions.append(Decision(
-                knob=Knob.DECODE_CACHE, kept=False,
+            plan.decisions.append(DECODE_CACHE_RECORD.decision(
                 reason="not tried: the dataset already is a CachedDataset"))
             return plan
         if plan.gpu_decode:
-            plan.decisions.append(Decision(
-                knob=Knob.DECODE_CACHE, kept=False,
+            plan.decisions.append(DECODE_CACHE_RECORD.decision(
                 reason="not tried: the JPEGs are decoded on the device (GPU decode kept)"))
             return plan
         if path.cache_split is None:
@@ -72,8 +89,7 @@ class DecodeCacheKnob(TuneKnob):
                  f"({workers} workers)")
         details: dict[str, Detail] = {"fill_s": round(fill_s, 2), "items": items,
                                       "fill_workers": workers}
-        kept = path.decide(plan, cand, Decision(knob=Knob.DECODE_CACHE, kept=False, reason="",
-                                                details=details),
+        kept = path.decide(plan, cand, DECODE_CACHE_RECORD.decision(details=details),
                            step_only=False)
         if kept is plan:
             return plan
@@ -95,6 +111,12 @@ class DecodeCacheKnob(TuneKnob):
     def apply_data(self, parts: LoopParts) -> None:
         if parts.plan.decode_cache:
             parts.dataset = plan_dataset(parts.plan, parts.user_loader, parts.cache_split)
+
+    def framework_args(self, plan: TunePlan, out: FrameworkArgs) -> None:
+        if plan.decode_cache:
+            out.code.append("# decode cache: serve the dataset from redline.data.CachedDataset("
+                            "source, deterministic, random), the split your tuned setup "
+                            "declared")
 
     def summary(self, plan: TunePlan) -> list[str]:
         return ["decode cache"] if plan.decode_cache else []

@@ -9,68 +9,47 @@ longer decodes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
-from torch.utils.data import DataLoader
-
-from redline.data.cache_split import CacheSplit
 from redline.data.device_decode import (
     IMAGE_MEAN_LEVELS_MAX,
     MEAN_LEVELS_MAX,
     P99_LEVELS_MAX,
     DeviceDecoder,
-    EncodedJpegs,
-    JpegSplit,
-    collate_encoded,
     compare_paths,
     device_decode_unavailable,
 )
-from redline.tune.decision import Decision, Detail, Knob
-from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
-from redline.tune.knobs.decode_cache import plan_dataset
-from redline.tune.tuned import TunePlan, TunePlanMismatchError
+from redline.tune.decision import Detail, KnobRecord
+from redline.tune.knob import FrameworkArgs, FrameworkWords, LoopParts, TuneKnob, TuningPath
+from redline.tune.knobs.decode_cache import DECODE_CACHE_RECORD
+from redline.tune.knobs.loader import LOADER_RECORD, plan_data
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 _NO_ARGUMENT = ("no argument: the loader reads redline.data.device_decode.EncodedJpegs with "
                 "collate_encoded, and each batch goes through DeviceDecoder(jpeg_split, device) "
                 "before the step (code lines)")
 
+@dataclass(kw_only=True)
+class GpuDecodeFields:
+    """Whether the plan decodes JPEGs on the device. Part of :class:`~redline.tune.knobs.TunePlan`."""
 
-def plan_data(plan: TunePlan, loader: DataLoader[Any], cache_split: CacheSplit | None,
-              jpeg_split: JpegSplit | None) -> tuple[Any, Callable[[Any], Any] | None]:
-    """The dataset and collate the tuned loader reads: encoded JPEGs where the plan decodes on
-    the device, else the loader's own dataset or its decode cache (and the loader's collate).
-
-    Args:
-        plan: the tuned settings.
-        loader: the user's loader.
-        cache_split: the setup's decode-cache split, or None.
-        jpeg_split: the setup's JPEG split, or None.
-
-    Returns:
-        (dataset, collate_fn or None for the loader's own).
-
-    Raises:
-        TunePlanMismatchError: the plan decodes on the device and no ``jpeg_split`` was given.
-    """
-    if not plan.gpu_decode:
-        return plan_dataset(plan, loader, cache_split), None
-    if jpeg_split is None:
-        raise TunePlanMismatchError(
-            "the plan decodes JPEGs on the device (gpu_decode: true) and no JPEG split was "
-            "given: pass jpeg_split=redline.data.JpegSplit(...) (the setup's) to apply_plan, "
-            "or set gpu_decode to false in the plan to decode on the CPU")
-    return EncodedJpegs(jpeg_split, len(loader.dataset)), collate_encoded  # type: ignore[arg-type]
+    gpu_decode: bool = False
+    """The loader ships encoded JPEGs and the device decodes and augments them (the setup's
+    ``jpeg_split``, :class:`redline.data.JpegSplit`; :mod:`redline.data.device_decode`)."""
 
 
-_DATA_KNOBS = (Knob.LOADER, Knob.GPU_DECODE, Knob.DECODE_CACHE)
+GPU_DECODE_RECORD = KnobRecord(label="GPU decode")
+_DATA_KNOBS = (LOADER_RECORD.label, GPU_DECODE_RECORD.label, DECODE_CACHE_RECORD.label)
 """The input pipeline's own knobs: keeping one does not make the step faster."""
 
 
 class GpuDecodeKnob(TuneKnob):
     name = "gpu_decode"
-    records = (Knob.GPU_DECODE,)
-    plan_fields = ("gpu_decode",)
+    records = (GPU_DECODE_RECORD,)
+    plan_fields = GpuDecodeFields
     switches = ("tune_loader",)
     words: ClassVar[FrameworkWords] = FrameworkWords(lightning_none=_NO_ARGUMENT,
                                                      hf_none=_NO_ARGUMENT)
@@ -102,8 +81,7 @@ class GpuDecodeKnob(TuneKnob):
             rank, reason = refusals[0]
             why = f"on rank {rank}, {reason}"
         if why is not None:
-            plan.decisions.append(Decision(knob=Knob.GPU_DECODE, kept=False,
-                                           reason=f"not tried: {why}"))
+            plan.decisions.append(GPU_DECODE_RECORD.decision(reason=f"not tried: {why}"))
             path.log(f"  GPU decode: not tried ({why})")
             return plan
         assert agreement is not None
@@ -118,15 +96,14 @@ class GpuDecodeKnob(TuneKnob):
             "images_compared": agreement.images}
         cand = dataclasses.replace(plan, gpu_decode=True, decode_cache=False,
                                    decode_cache_store=None, decisions=[])
-        return path.decide(plan, cand, Decision(knob=Knob.GPU_DECODE, kept=False, reason="",
-                                                details=details),
+        return path.decide(plan, cand, GPU_DECODE_RECORD.decision(details=details),
                            step_only=False)
 
     def again(self, path: TuningPath, plan: TunePlan) -> TunePlan:
         """Measured and not kept at the start, where the step was slow enough for the CPUs to
         feed it: once a later knob made the step faster the decode may be what binds, so it is
         measured again (the loader's second visit then provisions the encoded pipeline)."""
-        first = [d for d in plan.decisions if d.knob is Knob.GPU_DECODE]
+        first = [d for d in plan.decisions if d.knob == GPU_DECODE_RECORD.label]
         if plan.gpu_decode or not first or first[-1].measured is None:
             return plan  # kept, or refused before measuring (no device decoder, pixels differ)
         if not any(d.kept for d in plan.decisions if d.knob not in _DATA_KNOBS):
@@ -134,9 +111,8 @@ class GpuDecodeKnob(TuneKnob):
         path.log("GPU decode, again (the step got faster)")
         cand = dataclasses.replace(plan, gpu_decode=True, decode_cache=False,
                                    decode_cache_store=None, decisions=[])
-        return path.decide(plan, cand, Decision(knob=Knob.GPU_DECODE, kept=False, reason="",
-                                                again=True, details=dict(first[-1].details)),
-                           step_only=False)
+        return path.decide(plan, cand, GPU_DECODE_RECORD.decision(
+            again=True, details=dict(first[-1].details)), step_only=False)
 
     def apply_data(self, parts: LoopParts) -> None:
         if parts.plan.gpu_decode:
@@ -149,6 +125,13 @@ class GpuDecodeKnob(TuneKnob):
         if parts.plan.gpu_decode:
             assert parts.jpeg_split is not None  # apply_data refused a plan without one
             parts.batch_transforms.insert(0, DeviceDecoder(parts.jpeg_split, parts.device))
+
+    def framework_args(self, plan: TunePlan, out: FrameworkArgs) -> None:
+        if plan.gpu_decode:
+            out.code.append(
+                "# GPU decode: the loader reads redline.data.device_decode.EncodedJpegs("
+                "jpeg_split, len(dataset)) with collate_fn=collate_encoded, and each batch goes "
+                "through DeviceDecoder(jpeg_split, device) before the step")
 
     def summary(self, plan: TunePlan) -> list[str]:
         return ["GPU decode"] if plan.gpu_decode else []

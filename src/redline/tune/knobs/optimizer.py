@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from redline.tune.decision import Decision, Knob
-from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
-from redline.tune.tuned import TunePlan, TunePlanError
+from redline.tune.decision import KnobRecord
+from redline.tune.knob import FrameworkArgs, FrameworkWords, LoopParts, TuneKnob, TuningPath
+from redline.tune.tuned import TunePlanError
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 
 def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str | None) -> torch.optim.Optimizer:
@@ -62,10 +66,27 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str | None) -> tor
     return optimizer
 
 
+@dataclass(kw_only=True)
+class OptimizerFields:
+    """The optimizer's implementation in the plan. Part of :class:`~redline.tune.knobs.TunePlan`."""
+
+    optimizer_impl: str | None = None
+    """'fused' | 'foreach' | None (the optimizer as built)."""
+
+    def check_fields(self) -> None:
+        """Raise ValueError naming the field whose value is out of range."""
+        if self.optimizer_impl not in (None, "fused", "foreach"):
+            raise ValueError(f"optimizer_impl must be 'fused', 'foreach' or None, got "
+                             f"{self.optimizer_impl!r}")
+
+
+OPTIMIZER_RECORD = KnobRecord(label="optimizer", value_in_label=True)
+
+
 class OptimizerKnob(TuneKnob):
     name = "optimizer"
-    records = (Knob.OPTIMIZER,)
-    plan_fields = ("optimizer_impl",)
+    records = (OPTIMIZER_RECORD,)
+    plan_fields = OptimizerFields
     switches = ("tune_kernels",)
     words: ClassVar[FrameworkWords] = FrameworkWords(
         lightning_none="none: build the optimizer with fused=True or foreach=True in "
@@ -76,13 +97,22 @@ class OptimizerKnob(TuneKnob):
         for impl in path.opt_impls:  # fused first: the first kept ends the knob
             before = plan
             plan = path.decide(plan, dataclasses.replace(plan, optimizer_impl=impl, decisions=[]),
-                               Decision(knob=Knob.OPTIMIZER, kept=False, reason="", value=impl))
+                               OPTIMIZER_RECORD.decision(value=impl))
             if plan is not before:
                 break
         return plan
 
     def apply_optimizer(self, parts: LoopParts) -> None:
         parts.optimizer = rebuild_optimizer(parts.optimizer, parts.plan.optimizer_impl)
+
+    def framework_args(self, plan: TunePlan, out: FrameworkArgs) -> None:
+        if plan.optimizer_impl is None:
+            return
+        if out.lightning:
+            out.code.append(f"# in configure_optimizers: build the optimizer with "
+                            f"{plan.optimizer_impl}=True")
+        elif plan.optimizer_impl == "fused":
+            out.arguments["optim"] = "adamw_torch_fused"  # the Trainer's own AdamW, fused
 
     def summary(self, plan: TunePlan) -> list[str]:
         return [f"optimizer {plan.optimizer_impl or 'as built'}"]

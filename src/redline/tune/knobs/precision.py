@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from redline.data.prefetcher import map_tensors
-from redline.tune.decision import Decision, Knob
-from redline.tune.knob import FrameworkWords, LoopParts, TuneKnob, TuningPath
-from redline.tune.knobs.batch import SIXTEEN_BIT
+from redline.tune.decision import KnobRecord
+from redline.tune.knob import FrameworkArgs, FrameworkWords, LoopParts, TuneKnob, TuningPath
 from redline.tune.precision import (
+    PRECISIONS,
+    SIXTEEN_BIT,
     autocast_for,
     check_numerics,
     make_scaler,
@@ -21,13 +23,37 @@ from redline.tune.precision import (
     worst_check,
 )
 from redline.tune.samples import first_batches, fresh
-from redline.tune.tuned import TunePlan
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
+
+
+@dataclass(kw_only=True)
+class PrecisionFields:
+    """The training precision in the plan. Part of :class:`~redline.tune.knobs.TunePlan`."""
+
+    precision: str = "fp32"
+    """'fp32' | 'tf32' | 'bf16' (autocast) | 'fp16' (autocast + GradScaler)."""
+
+    def check_fields(self) -> None:
+        """Raise ValueError naming the field whose value is out of range."""
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+
+
+LIGHTNING_PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed",
+                       "fp16": "16-mixed"}
+"""The plan's precision as Lightning's ``Trainer(precision=...)`` (TF32 is fp32 storage with
+TF32 matmuls, set by one line of code: Lightning has no flag for it)."""
+TF32_LINE = 'torch.set_float32_matmul_precision("high")  # TF32 matmuls'
+
+PRECISION_RECORD = KnobRecord(label="precision", value_in_label=True)
 
 
 class PrecisionKnob(TuneKnob):
     name = "precision"
-    records = (Knob.PRECISION,)
-    plan_fields = ("precision",)
+    records = (PRECISION_RECORD,)
+    plan_fields = PrecisionFields
     switches = ("tune_precision",)
     heading = "3/4 precision"
     words: ClassVar[FrameworkWords] = FrameworkWords(lightning=("precision",),
@@ -39,8 +65,7 @@ class PrecisionKnob(TuneKnob):
             if prec == "fp32":
                 continue
             if why is not None:
-                plan.decisions.append(Decision(knob=Knob.PRECISION, kept=False, reason=why,
-                                               value=prec))
+                plan.decisions.append(PRECISION_RECORD.decision(reason=why, value=prec))
                 continue
             setup = fresh(path.factory)
             batches = [map_tensors(batch, lambda tensor: tensor.to(path.device)) for batch in
@@ -52,12 +77,11 @@ class PrecisionKnob(TuneKnob):
             checks.append(check)
             path.log(f"  numerics {prec}: {check.reason}")
             if not check.passed:
-                plan.decisions.append(Decision(knob=Knob.PRECISION, kept=False,
-                                               reason=check.reason, value=prec))
+                plan.decisions.append(PRECISION_RECORD.decision(reason=check.reason, value=prec))
                 continue
             cand = dataclasses.replace(plan, precision=prec, decisions=[])
-            plan = path.decide(plan, cand, Decision(knob=Knob.PRECISION, kept=False, reason="",
-                                                    value=prec, numerics=check.reason))
+            plan = path.decide(plan, cand, PRECISION_RECORD.decision(value=prec,
+                                                                     numerics=check.reason))
         path.numerics_checks = checks
         return plan
 
@@ -69,14 +93,15 @@ class PrecisionKnob(TuneKnob):
         if not plan.channels_last or plan.precision not in ("fp32", "tf32"):
             return plan
         refused = [earlier for earlier in plan.decisions
-                   if earlier.knob is Knob.PRECISION and earlier.value in SIXTEEN_BIT and not earlier.kept
+                   if earlier.knob == PRECISION_RECORD.label and earlier.value in SIXTEEN_BIT
+                   and not earlier.kept
                    and earlier.numerics is not None and not earlier.again]
         for decision in refused:
             assert decision.value is not None
             cand = dataclasses.replace(plan, precision=decision.value, decisions=[])
             before = plan
-            plan = path.decide(plan, cand, Decision(
-                knob=Knob.PRECISION, kept=False, reason="", value=decision.value, again=True,
+            plan = path.decide(plan, cand, PRECISION_RECORD.decision(
+                value=decision.value, again=True,
                 context="channels_last", numerics=decision.numerics))
             if plan is not before:
                 break
@@ -88,6 +113,17 @@ class PrecisionKnob(TuneKnob):
         parts.scaler = make_scaler(plan.precision, device)
         if plan.precision == "tf32" and device.type == "cuda":
             parts.stack.enter_context(tf32(True))
+
+    def framework_args(self, plan: TunePlan, out: FrameworkArgs) -> None:
+        if out.lightning:
+            out.arguments["precision"] = LIGHTNING_PRECISION[plan.precision]
+        else:
+            out.arguments["bf16"] = plan.precision == "bf16"
+            out.arguments["fp16"] = plan.precision == "fp16"
+            if plan.precision == "tf32":
+                out.arguments["tf32"] = True  # accepted on Ampere or later GPUs only
+        if plan.precision == "tf32":
+            out.code.append(TF32_LINE)
 
     def summary(self, plan: TunePlan) -> list[str]:
         return [plan.precision]

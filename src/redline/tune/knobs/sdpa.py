@@ -5,22 +5,26 @@ neither applied nor measured."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from redline.data.prefetcher import map_tensors
-from redline.tune.decision import Decision, Knob
+from redline.tune.decision import KnobRecord
 from redline.tune.kernels import find_unfused_attention
 from redline.tune.knob import FrameworkWords, TuneKnob, TuningPath
 from redline.tune.samples import fresh
-from redline.tune.tuned import TunePlan
+
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 _CODE_CHANGE = "none: replacing hand-written attention is a change to the model's code"
+
+SDPA_RECORD = KnobRecord(label="sdpa")
 
 
 class SdpaKnob(TuneKnob):
     name = "sdpa"
-    records = (Knob.SDPA,)
-    plan_fields = ()
+    records = (SDPA_RECORD,)
+    plan_fields = None
     switches = ("tune_kernels",)
     heading = "4/4 kernels"
     words: ClassVar[FrameworkWords] = FrameworkWords(lightning_none=_CODE_CHANGE,
@@ -33,8 +37,7 @@ class SdpaKnob(TuneKnob):
         first = map_tensors(next(iter(setup.loader)), lambda tensor: tensor.to(path.device))
         sites = find_unfused_attention(setup.model, first, setup.loss_fn)
         for site in sites:
-            plan.decisions.append(Decision(
-                knob=Knob.SDPA, kept=False,
+            plan.decisions.append(SDPA_RECORD.decision(
                 reason=f"hand-written attention at {site.location} (scores "
                        f"{list(site.score_shape)}, {site.calls_per_forward}× per forward): "
                        "replace matmul→softmax→matmul with torch.nn.functional."
