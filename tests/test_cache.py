@@ -200,6 +200,11 @@ def test_cache_statistics_reach_the_report(tmp_path: Path) -> None:
         memory_format=torch.channels_last), torch.randn(5, 7).t(),
     torch.randn(4, 5).to(torch.bfloat16).t(), (torch.randn(6, 4, 3).permute(2, 0, 1), 1),
     torch.randn(4, 1, 3).permute(1, 2, 0), torch.randn(6, 4, 3).permute(2, 0, 1)[:, ::2],
+    # read from the data pointer: a view that starts inside its storage, a dimension of size 1
+    # with a stride no C tensor has, and views whose memory holds other numbers than they read
+    # as (a negative bit on a real tensor, a conjugate bit): the last two take the general path
+    torch.arange(10.0)[3:7], torch.arange(20.0).as_strided((1, 4), (100, 1)),
+    torch.randn(3, dtype=torch.cfloat).conj().imag, torch.randn(3, dtype=torch.cfloat).conj(),
 ])
 def test_encode_decode_round_trip(value: object) -> None:
     from redline.data.sample_codec import decode, encode
@@ -210,6 +215,16 @@ def test_encode_decode_round_trip(value: object) -> None:
         assert blob[:2] == b"S2"  # tensors in a structure stored raw, not through torch.save
     for b in (blob, memoryview(blob)):  # LMDB hands out views into its map
         _same_value(decode(b), value)
+
+
+def test_a_tensor_without_storage_is_refused_and_teaches_no_layout() -> None:
+    from redline.data.sample_codec import decode, encode
+
+    with pytest.raises(RuntimeError):  # the dataset says so once and passes it through
+        encode(torch._efficientzerotensor(5))
+    for _ in range(2):  # the same dtype, shape and strides still take the raw path
+        blob = encode(torch.ones(5))
+        assert blob[:2] == b"T1" and torch.equal(decode(blob), torch.ones(5))
 
 
 def _dense(t: torch.Tensor) -> bool:

@@ -266,3 +266,22 @@ def test_spawned_workers_read_and_count(tmp_path: Path) -> None:
         assert torch.cat(list(loader))[:, 0].tolist() == [2.0 * i for i in range(32)]
     s = ds.stats()
     assert (s.misses, s.hits, s.uncached) == (32, 32, 0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_knows_its_own_process_id() -> None:
+    """The cache's per-sample paths read the process id from a value renewed at fork: a child
+    that kept its parent's would use the parent's writer thread and store handles."""
+    from redline.data.stores import process_id
+
+    assert process_id() == os.getpid()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running the parent's exit handlers
+        os.write(w, f"{process_id()} {os.getpid()}".encode())
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 64).decode().split()
+    os.waitpid(pid, 0)
+    os.close(r)
+    assert got[0] == got[1] == str(pid)

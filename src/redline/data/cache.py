@@ -45,7 +45,7 @@ from redline.data import store_place
 from redline.data.cache_writer import WRITE_BATCH, StoreWriter, writer_state_for_pickle
 from redline.data.fingerprint import dataset_fingerprint, transform_fingerprint
 from redline.data.sample_codec import FORMAT_VERSION, decode, encode
-from redline.data.stores import LmdbStore, Store
+from redline.data.stores import LmdbStore, Store, process_id
 
 FLUSH_EVERY = 64
 """Cache events counted per process before the shared counters are updated."""
@@ -207,7 +207,7 @@ class CachedDataset(Dataset[Any]):
 
     def _writer_here(self) -> StoreWriter | None:
         """This process's writer, if it made one (a forked worker's copy is its parent's)."""
-        return self._writer if self._writer_pid == os.getpid() else None
+        return self._writer if self._writer_pid == process_id() else None
 
     def _drain(self) -> None:
         w = self._writer_here()
@@ -232,9 +232,9 @@ class CachedDataset(Dataset[Any]):
         """Count locally; publish to the shared counters every FLUSH_EVERY events (a lock per
         sample costs as much as the read it counts) and when the process exits."""
         local = self._local
-        if local is None or self._local_pid != os.getpid():
+        if local is None or self._local_pid != process_id():
             local = self._local = [0, 0, 0, 0, 0, 0]
-            self._local_pid = os.getpid()
+            self._local_pid = process_id()
             # DataLoader workers end through multiprocessing's exit path, which runs these.
             mp_util.Finalize(self, self._flush, exitpriority=10)
         local[0] += hits
@@ -253,7 +253,7 @@ class CachedDataset(Dataset[Any]):
             if written or lost:
                 self._add(written=written, uncached=lost, publish=False)
         local = self._local
-        if local is None or self._local_pid != os.getpid() or not local[5]:
+        if local is None or self._local_pid != process_id() or not local[5]:
             return
         c = self._counters
         with c.get_lock():
@@ -320,7 +320,7 @@ class CachedDataset(Dataset[Any]):
         w = self._writer_here()
         if w is None:
             w = self._writer = StoreWriter(self.store)
-            self._writer_pid = os.getpid()
+            self._writer_pid = process_id()
             _WITH_WRITER.add(self)
             # DataLoader workers end through multiprocessing's exit path, which runs these
             # (before the counters' publication, priority 10).

@@ -139,9 +139,9 @@ class StoreWriter:
         except Exception as e:  # a full disk (OSError ENOSPC), a store's own error: not fatal
             self.failure = f"write failed ({type(e).__name__}: {e})"
         finally:
+            pending = self.pending
             for k, _ in batch:  # written, or given up: read from the store or computed again
-                with contextlib.suppress(KeyError):
-                    del self.pending[k]
+                pending.pop(k, None)
             with self._lock:
                 self._written += written
                 self._lost += len(batch) - stored

@@ -23,6 +23,7 @@ read as this one.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import pickle
 from typing import Any
@@ -136,47 +137,66 @@ def _single(tag: bytes, header: str, raw: memoryview) -> bytes:
     return b"".join((_prefix(tag, header), raw))  # the one copy of the data
 
 
-_Layout = tuple[str, bytes, tuple[int, ...] | None] | None
+_Layout = tuple[str, bytes, type[ctypes.Array[ctypes.c_char]] | None] | None
 
-_LAYOUTS: dict[tuple[Any, tuple[int, ...], tuple[int, ...]], _Layout] = {}
-"""Array layouts seen (numpy dtype, shape, strides in bytes): for one dense in some order, its
-header, its stored form's first bytes and the order its bytes lie in (None: C order); None for
-one that takes the general path. A dataset's samples share a few layouts, and a fill epoch
-encodes every sample right after the user's own transform, with the CPU's caches cold, so the
-known layout is found with attribute reads of the numpy view alone."""
+_LAYOUTS: dict[tuple[torch.dtype, torch.Size, tuple[int, ...]], _Layout] = {}
+"""Tensor layouts seen (dtype, shape, strides): for one dense in some order, its header, its
+stored form's first bytes and a ctypes array type as long as its values' bytes (None where it
+has none); None for one that takes the general path. A dataset's samples share a few layouts,
+and a fill epoch encodes every sample right after the user's own transform, with the CPU's
+caches cold: there a tensor's ``numpy()`` view alone cost ~3.5 us a 10 kB sample, so a known
+layout is found from the tensor's own dtype, shape and strides and its bytes are read from its
+data pointer, one copy into the stored form (``benchmarks/cache.py``)."""
+
+_UNSEEN: Any = object()
 
 
 def _layout(t: torch.Tensor) -> _Layout:
     order = None if t.is_contiguous() else _memory_order(t)
     if order is None and not t.is_contiguous():
         return None  # not dense (a slice with gaps): gathered by the general path
-    a = t.numpy()
+    try:
+        a = t.detach().numpy()
+    except (TypeError, RuntimeError):  # bfloat16 & co. have no numpy twin: the general path
+        return None
     if not (a if order is None else a.transpose(order)).flags.c_contiguous:
         return None
     header = _tensor_header(t, order)
-    return header, _prefix(_TENSOR, header), None if order is None else tuple(order)
+    return header, _prefix(_TENSOR, header), (ctypes.c_char * a.nbytes) if a.nbytes else None
 
 
 def _fast_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview] | None:
-    """(header, first bytes of the stored form, the values' bytes as a view) of a plain CPU
-    tensor numpy can view; None where the general path is needed (``numpy()`` refuses a tensor
-    on another device, one that requires grad, one with its conjugate or negative bit set, a
-    sparse or quantized one, bfloat16 and the other dtypes without a numpy twin)."""
+    """(header, first bytes of the stored form, the values' bytes as a view of the tensor's
+    memory) of a tensor of exactly ``torch.Tensor``'s type in a known dense layout; None where
+    the general path is needed: a tensor on another device (its data pointer is not host
+    memory), one with its negative or conjugate bit set (its memory holds other numbers than
+    it reads as), a sparse, nested or MKL-DNN one (no strides), a quantized one, bfloat16 and
+    the other dtypes without a numpy twin, a tensor without storage."""
     try:
-        a = t.numpy()
-    except (TypeError, RuntimeError):
+        if not t.is_cpu or t.is_neg() or t.is_conj():
+            return None
+        key = (t.dtype, t.shape, t.stride())
+        ptr = t.data_ptr()
+    except RuntimeError:
         return None
-    key = (a.dtype, a.shape, a.strides)
-    if key in _LAYOUTS:
-        layout = _LAYOUTS[key]
-    else:
+    layout = _LAYOUTS.get(key, _UNSEEN)
+    if layout is _UNSEEN:
+        if not ptr:  # no storage (a zero tensor) or no values: nothing to learn a layout from
+            return None
         layout = _layout(t)
         if len(_LAYOUTS) < 4096:
             _LAYOUTS[key] = layout
     if layout is None:
         return None
-    header, first, order = layout
-    return header, first, (a if order is None else a.transpose(order)).data
+    header, first, values = layout
+    if values is None:
+        return header, first, memoryview(b"")
+    if not ptr:
+        return None
+    # Dense with positive strides: its values are the `values`-long span from its data
+    # pointer, in its memory order. The view lives no longer than the tensor: it is copied
+    # into the stored form before encode() returns.
+    return header, first, memoryview(values.from_address(ptr))
 
 
 def _tensor_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview]:
@@ -193,9 +213,13 @@ def _tensor_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview]:
 def encode(value: Any) -> bytes:
     """The stored form of ``value`` (see the module docstring). Never pickles a plain CPU
     tensor or a numeric numpy array."""
+    if type(value) is torch.Tensor:
+        parts = _fast_parts(value)
+        if parts is not None:
+            return b"".join((parts[1], parts[2]))  # the one copy of the data
     if isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_cuda:
         _, first, raw = _tensor_parts(value)
-        return b"".join((first, raw))  # the one copy of the data
+        return b"".join((first, raw))
     if _plain_array(value):
         return _single(_ARRAY, _array_header(value), _array_bytes(value))
     if isinstance(value, tuple | list | dict):

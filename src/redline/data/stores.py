@@ -73,8 +73,22 @@ def _close_before_fork() -> None:
     _GENERATION[0] += 1
 
 
+_PID = [os.getpid()]
+"""This process's id, renewed in a forked child: ``os.getpid`` is a system call each time
+(glibc no longer caches it), and a fill epoch asks for it several times a sample."""
+
+
+def process_id() -> int:
+    """``os.getpid()`` without the system call (see :data:`_PID`)."""
+    return _PID[0]
+
+
+def _renew_pid() -> None:
+    _PID[0] = os.getpid()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_close_before_fork)
+    os.register_at_fork(before=_close_before_fork, after_in_child=_renew_pid)
 
 
 class LmdbStore:
@@ -134,7 +148,7 @@ class LmdbStore:
 
     def _open(self) -> Any:
         """The environment, opened on first use in this process (None when it cannot be)."""
-        if self._pid == os.getpid() and self._gen == _GENERATION[0]:
+        if self._pid == _PID[0] and self._gen == _GENERATION[0]:
             return self._env
         import lmdb
 
@@ -189,7 +203,7 @@ class LmdbStore:
     def get(self, key: bytes) -> bytes | memoryview | None:
         """One key: the per-sample path of a DataLoader, kept short. The value may be a
         memoryview into the map, valid until this store's next call: decode it at once."""
-        txn = (self._txn if self._pid == os.getpid() and self._gen == _GENERATION[0]
+        txn = (self._txn if self._pid == _PID[0] and self._gen == _GENERATION[0]
                and self._txn is not None else None)
         if txn is None:
             return self.get_many([key])[0]
