@@ -218,7 +218,7 @@ def test_tune_runs_on_a_cached_dataset(tmp_path: Path) -> None:
     res = tune(setup, cfg)
     assert res.before.steps >= 2 and res.after.steps >= 2
     loader = res.plan.decisions[0]
-    assert loader.knob.value == "data pipeline" and "failed" not in loader.reason
+    assert loader.knob == "data pipeline" and "failed" not in loader.reason
     assert isinstance(loader.details["trials"], int) and loader.details["trials"] >= 2
     assert "workers" in str(loader.details["autotune"])
 
