@@ -18,10 +18,10 @@ import json
 import re
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from redline.core.errors import RedlineError
+from redline.core.record import record
 from redline.trace.events import KEPT_NAME_PREFIXES, NO_DEVICE_WORK, ReadCounts
 
 SEP = b"\n  },\n  {"
@@ -89,7 +89,7 @@ class LayoutError(RedlineError, ValueError):
     """The bytes are not in Kineto's layout, or an event block did not parse."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Layout:
     """How a writer lays out the events array: the text that opens it (up to the first event's
     body), the text between two events, and the start of a body the separator took along."""

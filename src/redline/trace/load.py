@@ -18,10 +18,10 @@ import re
 import warnings
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from redline.core.record import record
 from redline.trace.events import (
     GPU_CATEGORIES,
     KEPT_CATEGORIES,
@@ -273,7 +273,7 @@ def _left_out(counts: dict[str, list[Any]], why: str, e: Any) -> None:
         entry[0] += 1
 
 
-@dataclass(slots=True, kw_only=True)
+@record
 class _Converted:
     """The kept events of one file, and what reading them noticed."""
 
