@@ -10,7 +10,6 @@ it broke.
 from __future__ import annotations
 
 import errno
-import gzip
 import json
 import math
 import os
@@ -57,6 +56,8 @@ def _read_bytes(path: Path) -> bytes:
     except OSError as e:
         raise TraceError(f"{path}: cannot read the file ({e.strerror})") from e
     if raw[:2] == b"\x1f\x8b":
+        import gzip  # here: files in Kineto's layout (most) are gunzipped through zlib alone
+
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as e:
@@ -113,6 +114,8 @@ def _text_bytes(path: Path, gz: bool, size: int) -> int:
 
 def _stream_meta(path: Path, gz: bool) -> dict[str, Any]:
     """The top-level keys written before 'traceEvents' (Kineto writes its metadata first)."""
+    import gzip
+
     opener = gzip.open if gz else open
     try:
         with opener(path, "rb") as f:
@@ -208,6 +211,8 @@ def _open_kineto(path: Path, gz: bool,
 
 def _stream_events(path: Path, gz: bool) -> Iterator[Any]:
     """Every event of a big file in another layout, through ijson's C parser."""
+    import gzip
+
     import ijson
 
     n = 0
