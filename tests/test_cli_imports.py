@@ -1,11 +1,14 @@
 """Commands import only what they use: ``redline trace``, ``redline plan`` (from numbers or a
 config.json), ``redline compare`` on reports or traces and ``redline report`` on a trace's
-JSON run without importing torch, whose import alone costs seconds (issue 29). Each command
-runs in a fresh interpreter, as a user runs it, and the wrapper says at exit whether ``torch``
-was ever imported."""
+JSON run without importing torch, whose import alone costs seconds (issue 29), and
+``redline trace`` leaves out the standard-library modules and dataclasses it has no use for
+(milliseconds each, on a command of ~50 ms). Each command runs in a fresh interpreter, as a
+user runs it, and the wrapper says at exit what was imported."""
 
 from __future__ import annotations
 
+import ast
+import gzip
 import json
 import subprocess
 import sys
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trace_fixtures import write_trace
+from trace_fixtures import kineto_text, synthetic_events, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,6 +33,7 @@ print("TORCH_IMPORTED=" + str("torch" in sys.modules), file=sys.stderr)
 print("REDLINE_MODULES=" + ",".join(sorted(m for m in sys.modules
                                            if m.startswith(("redline", "rich")))),
       file=sys.stderr)
+print("ALL_MODULES=" + ",".join(sorted(sys.modules)), file=sys.stderr)
 sys.exit(code)
 """
 
@@ -94,6 +98,49 @@ def test_trace_loads_only_what_it_uses(tmp_path: Path) -> None:
     loaded = set(err.split("REDLINE_MODULES=")[1].split()[0].split(","))
     assert {"redline.trace.load", "redline.diagnose.trace_rules"} <= loaded  # the check sees
     assert not loaded & set(NOT_FOR_A_TRACE), sorted(loaded & set(NOT_FOR_A_TRACE))
+
+
+NOT_AT_START = {
+    "typing": "annotations only (TYPE_CHECKING = False)",
+    "shutil": "argparse's help width (cli/args.HelpFormatter finds it)",
+    "gzip": "a file in Kineto's layout is gunzipped through zlib",
+}
+"""Standard-library modules ``redline trace`` loads no more on a torch.profiler trace, each
+~1-3 ms of its start-up (module → why it is not needed)."""
+
+DATACLASSES_ON_THE_TRACE_PATH = {"redline.core.findings"}
+"""Modules ``redline trace`` loads that may define dataclasses: ``Finding``, which a report's
+JSON reads and writes as a dataclass. The others' records are ``@record`` classes
+(core/record.py), which compile no methods at import."""
+
+
+def _loaded(err: str, line: str) -> set[str]:
+    return set(err.split(line + "=")[1].split()[0].split(","))
+
+
+def test_trace_of_a_kineto_file_starts_light(tmp_path: Path) -> None:
+    trace = tmp_path / "rank0.pt.trace.json.gz"
+    trace.write_bytes(gzip.compress(kineto_text(synthetic_events()).encode()))
+    code, out, err = _run("trace", str(trace), cwd=tmp_path)
+    assert code == 0, err
+    assert "kernel" in out.lower()  # it read the events and printed their analysis
+    loaded = _loaded(err, "ALL_MODULES")
+    assert not loaded & set(NOT_AT_START), sorted(loaded & set(NOT_AT_START))
+    defining = {name for name in _loaded(err, "REDLINE_MODULES") if _defines_dataclass(name)}
+    assert defining == DATACLASSES_ON_THE_TRACE_PATH, sorted(defining)
+
+
+def _defines_dataclass(module: str) -> bool:
+    path = ROOT / "src" / Path(*module.split("."))
+    source = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    return any(isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(decorator)
+                                                      for decorator in node.decorator_list)
+               for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))))
+
+
+def test_the_dataclass_reader_sees_one() -> None:
+    assert _defines_dataclass("redline.core.findings")
+    assert not _defines_dataclass("redline.trace.kernels")
 
 
 def test_html_report_of_a_trace_document_runs_without_importing_torch(tmp_path: Path) -> None:

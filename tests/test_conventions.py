@@ -37,7 +37,8 @@ POSITIONAL_RECORDS = {
 
 
 def dataclasses_without_kw_only(tree: ast.Module) -> list[str]:
-    """The classes decorated ``@dataclass`` without ``kw_only=True``."""
+    """The classes decorated ``@dataclass`` without ``kw_only=True`` (``@record``, of
+    ``core/record.py``, is keyword-only by construction)."""
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.ClassDef):
@@ -59,7 +60,8 @@ def test_the_kw_only_checker_finds_a_positional_record() -> None:
     tree = ast.parse("import dataclasses\nfrom dataclasses import dataclass\n"
                      "@dataclass\nclass A:\n    x: int\n"
                      "@dataclasses.dataclass(frozen=True)\nclass B:\n    x: int\n"
-                     "@dataclass(kw_only=True)\nclass C:\n    x: int\n")
+                     "@dataclass(kw_only=True)\nclass C:\n    x: int\n"
+                     "@record\nclass D:\n    x: int\n")
     assert dataclasses_without_kw_only(tree) == ["A", "B"]
 
 

@@ -11,9 +11,10 @@ not pay for building the report's and the measurements' dataclasses.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms at start-up)
 if TYPE_CHECKING:
+    from typing import Any
+
     from redline.core.errors import RedlineError
     from redline.core.files import OutputPathError, refuse_overwriting_inputs, write_text_atomic
     from redline.core.findings import (

@@ -8,11 +8,13 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from redline.core.files import write_text_atomic
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms at start-up)
 if TYPE_CHECKING:  # the trace's JSON uses clean/plain alone, without the report's records
+    from typing import Any
+
     from redline.core.report import Report
 
 

@@ -4,19 +4,23 @@ plain text (:mod:`redline.report.text_table`): this command loads no rich."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TextIO
 
 from redline.core.findings import Finding
+from redline.core.record import as_dict
 from redline.report.json_io import clean
 from redline.report.text_table import Cell, Column, Output
 from redline.trace.analyze import RankAnalysis, TraceAnalysis
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms at start-up)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 TRACE_SCHEMA = "redline.trace/1"
 
 
 def to_dict(analysis: TraceAnalysis, findings: list[Finding]) -> dict[str, Any]:
     """JSON form; times in µs (the trace's unit), fractions 0..1, percentages 0..100."""
-    doc = dataclasses.asdict(analysis)
+    doc = as_dict(analysis)
     doc["findings"] = [dataclasses.asdict(finding) for finding in findings]
     for rank, rank_doc in zip(analysis.ranks, doc["ranks"], strict=True):
         rank_doc["idle_sum_over_streams"] = rank.idle_sum_over_streams

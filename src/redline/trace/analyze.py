@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from redline.core.record import field, record
 from redline.trace.breakdown import (
     Temporal,
     comm_comp_overlap_pct,
@@ -33,7 +33,7 @@ from redline.trace.load import load_trace, trace_files
 from redline.trace.select import COMMUNICATION, filter_iterations, kernel_type
 
 
-@dataclass(slots=True, kw_only=True)
+@record
 class RankAnalysis:
     """One rank's trace, analysed: device idle time per stream, kernel time by type, overlap of
     communication with compute, and the top kernels, launches, copies and syncs."""
@@ -63,7 +63,7 @@ class RankAnalysis:
         return {k: out.get(k, 0.0) for k in ("host_wait", "kernel_wait", "other")}
 
 
-@dataclass(slots=True, kw_only=True)
+@record
 class TraceAnalysis:
     """Results for a set of rank traces (one job)."""
 

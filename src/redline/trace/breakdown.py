@@ -16,8 +16,8 @@ checked against its 0.5.0 numbers on real traces (tests/test_trace_parity.py):
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
+from redline.core.record import record
 from redline.trace.events import Event
 from redline.trace.select import (
     COMMUNICATION,
@@ -77,7 +77,7 @@ def intersection(a: list[Interval], b: list[Interval]) -> float:
     return inter
 
 
-@dataclass(slots=True, kw_only=True)
+@record
 class Temporal:
     """Temporal breakdown of one rank, µs."""
 
@@ -90,7 +90,7 @@ class Temporal:
         return 100.0 * part / self.window_us if self.window_us else 0.0
 
 
-@dataclass(slots=True, kw_only=True)
+@record
 class DeviceTime:
     """One rank's device intervals, merged once for every analysis that needs them."""
 

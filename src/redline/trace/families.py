@@ -8,8 +8,8 @@ decided by the rules and their thresholds, not here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
+from redline.core.record import field, record
 from redline.trace.breakdown import DeviceTime, device_time, intersection, merge, total
 from redline.trace.events import Event
 from redline.trace.select import COMMUNICATION, COMPUTATION
@@ -36,7 +36,7 @@ def _family(name: str) -> tuple[bool, bool, bool]:
     return MEMORY_BOUND.search(low) is not None, gemm, fp32
 
 
-@dataclass(slots=True, kw_only=True)
+@record
 class KernelFamilies:
     """Per-rank totals of the kernel families the rules look at (µs on the device)."""
 

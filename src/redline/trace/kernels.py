@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from dataclasses import dataclass
 
+from redline.core.record import record
 from redline.trace.breakdown import merge
 from redline.trace.events import Event
 
@@ -30,7 +30,7 @@ LAUNCH_DELAY_CUTOFF_US = 100.0
 """Device start − launch call end beyond this is an outlier (HTA ``launch_delay_cutoff``)."""
 
 
-@dataclass(slots=True, kw_only=True)
+@record
 class KernelStat:
     """One kernel name's launches on a rank: count, time, share of the busy time."""
 
@@ -58,7 +58,7 @@ def top_kernels(device: list[Event], n: int = 10,
     return sorted(stats, key=lambda s: -s.total_us)[:n]
 
 
-@dataclass(slots=True, kw_only=True)
+@record
 class LaunchStats:
     """Kernel launches matched to their runtime call (correlation id)."""
 
@@ -109,7 +109,7 @@ def launch_stats(events: list[Event]) -> LaunchStats:
     )
 
 
-@dataclass(slots=True, kw_only=True)
+@record
 class CopyStat:
     """Memcpy or memset of one kind on a rank: count, time, bytes and bandwidth."""
 
@@ -141,7 +141,7 @@ def copy_stats(device: list[Event]) -> list[CopyStat]:
     return out
 
 
-@dataclass(slots=True, kw_only=True)
+@record
 class SyncStat:
     """Host synchronizations of one kind."""
 
@@ -193,7 +193,7 @@ def host_syncs(events: list[Event],
     return sorted(out, key=lambda s: -(s.host_blocked_us + s.device_idle_after_us))
 
 
-@dataclass(slots=True, kw_only=True)
+@record
 class Straggler:
     """How late one rank arrives at the collectives it shares with the others."""
 
