@@ -93,7 +93,8 @@ def test_plan_from_another_model_is_refused(tmp_path: Path) -> None:
     finally:
         sys.path.pop(0)
     from redline.tune.knobs import TunePlan
-    from redline.tune.tuned import plan_key, save_plan
+    from redline.tune.plan_store import save_plan
+    from redline.tune.tuned import plan_key
 
     s = tune_tiny.redline_setup()
     first = next(iter(s.loader))

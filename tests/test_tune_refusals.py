@@ -28,7 +28,8 @@ from redline.tune import (
     tune,
 )
 from redline.tune.decision import Decision
-from redline.tune.tuned import PlanStore, plan_key
+from redline.tune.plan_store import PlanStore
+from redline.tune.tuned import plan_key
 
 
 def _setup(loss: Any = None, scale: float = 1.0, offset: float = 0.0,

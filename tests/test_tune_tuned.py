@@ -11,7 +11,8 @@ from factories import plan_key as _key
 from redline.core.loader import LoaderSettings
 from redline.tune.decision import Decision
 from redline.tune.knobs import TunePlan
-from redline.tune.tuned import PlanStore, TunePlanError, load_plan, save_plan
+from redline.tune.plan_store import PlanStore, load_plan, save_plan
+from redline.tune.tuned import TunePlanError
 
 
 def test_plan_roundtrip_store_and_bad_files(tmp_path: Path) -> None:

@@ -17,18 +17,13 @@ if TYPE_CHECKING:
     from redline.tune.decision import Decision, KnobRecord
     from redline.tune.knobs import TunePlan
     from redline.tune.memory_budget import MemoryBudget
+    from redline.tune.plan_store import PlanStore, load_plan, save_plan
     from redline.tune.precision import NonFiniteLossError, check_numerics
     from redline.tune.result import Projection, TuneResult
     from redline.tune.run import tune
     from redline.tune.runtime import TunedLoop, apply_plan
     from redline.tune.setup import SetupError, TrainSetup, load_factory
-    from redline.tune.tuned import (
-        PlanStore,
-        TunePlanError,
-        TunePlanMismatchError,
-        load_plan,
-        save_plan,
-    )
+    from redline.tune.tuned import TunePlanError, TunePlanMismatchError
 
 _LAZY = {
     "accumulate": "accumulate", "micro_sizes": "accumulate", "split_batch": "accumulate",
@@ -38,9 +33,9 @@ _LAZY = {
     "Decision": "decision", "KnobRecord": "decision",
     "MemoryBudget": "memory_budget",
     "tune": "run",
-    "TunePlanError": "tuned", "TunePlanMismatchError": "tuned", "PlanStore": "tuned",
+    "TunePlanError": "tuned", "TunePlanMismatchError": "tuned", "PlanStore": "plan_store",
     "TunePlan": "knobs",
-    "load_plan": "tuned", "save_plan": "tuned",
+    "load_plan": "plan_store", "save_plan": "plan_store",
     "NonFiniteLossError": "precision", "check_numerics": "precision",
     "Projection": "result", "TuneResult": "result",
     "TunedLoop": "runtime", "apply_plan": "runtime", "train_step": "accumulate",

@@ -4,7 +4,7 @@ The knobs (:mod:`redline.tune.knobs`, visited in the order of
 :data:`redline.tune.knobs.PATH` by :func:`redline.tune.run.tune`) each keep a change only when
 it measured faster (:class:`redline.tune.decide.ABPolicy`) and, for precision, numerically
 safe. Every trial starts from a fresh setup (:mod:`redline.tune.trial`); the plan is remembered
-per model signature, device, precision and input shapes (:class:`redline.tune.tuned.PlanStore`).
+per model signature, device, precision and input shapes (:class:`redline.tune.plan_store.PlanStore`).
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ from redline.tune.decode_cache import trial_store
 from redline.tune.job import job_trial
 from redline.tune.knobs import PATH
 from redline.tune.path import TunePath, baseline_plan
+from redline.tune.plan_store import PlanStore
 from redline.tune.result import TrialMetrics, TuneResult, merge_trials, project
 from redline.tune.setup import Factory, dataset_failure
-from redline.tune.tuned import PlanStore
 
 if TYPE_CHECKING:
     from redline.tune.knobs import TunePlan

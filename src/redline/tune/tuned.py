@@ -1,6 +1,7 @@
-"""The tuned settings (:class:`~redline.tune.knobs.TunePlan`, whose fields are its knobs'
-and :class:`PlanCore`'s): what ``redline tune`` decided, as JSON, remembered per
-model and machine. (The parallelism planner, ``redline plan``, is :mod:`redline.plan`.)
+"""What a tuned plan is made for and what the path recorded (:class:`PlanCore`, :class:`PlanKey`;
+the plan, :class:`~redline.tune.knobs.TunePlan`, adds every knob's fields; its files and store
+are :mod:`redline.tune.plan_store`): what ``redline tune`` decided, remembered per model and
+machine. (The parallelism planner, ``redline plan``, is :mod:`redline.plan`.)
 
 A plan is keyed by the model's signature (class and parameter names, shapes and dtypes), the
 device (type and name), the precision the user trained in and the input shapes (per sample):
@@ -12,22 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-import os
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 from redline.core.errors import RedlineError
-from redline.core.files import write_text_atomic
 from redline.core.typed_json import from_json
 from redline.tune.decision import Decision
-
-if TYPE_CHECKING:
-    from redline.tune.knobs import TunePlan
 
 PLAN_SCHEMA = "redline.plan/2"
 """Version 2 embeds the DataLoader settings (``loader``) and types the decisions."""
@@ -131,55 +125,6 @@ def _decision_fields(decision: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def save_plan(plan: PlanCore, path: str | os.PathLike[str]) -> None:
-    """Write the plan as JSON (atomically: a crash leaves no half-written file).
-
-    Args:
-        plan: the plan to write.
-        path: the destination file; its folder must exist.
-
-    Raises:
-        OSError: the folder is missing or not writable, or the disk is full (the path named).
-    """
-    write_text_atomic(json.dumps(plan.to_dict(), indent=2) + "\n", path)
-
-
-def load_plan(path: str | os.PathLike[str]) -> TunePlan:
-    """Read a plan written by :func:`save_plan` or ``redline tune``.
-
-    Args:
-        path: the plan's JSON file.
-
-    Returns:
-        The :class:`TunePlan`.
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        TunePlanError: the file is not a usable plan; the message names it and says why.
-    """
-    try:
-        with open(path, encoding="utf-8") as file:
-            data = json.load(file)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no plan at {str(path)!r}: run `redline tune SCRIPT` to make "
-                                "one") from None
-    except UnicodeDecodeError as e:
-        raise TunePlanError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); expected a "
-                        "plan written by redline tune") from None
-    except json.JSONDecodeError as e:
-        raise TunePlanError(f"{path} is not JSON ({e}); expected a plan written by redline tune") \
-            from None
-    if not isinstance(data, dict):
-        raise TunePlanError(f"{path} holds a JSON {type(data).__name__}, expected a redline plan")
-    try:
-        # The plan's fields are its knobs', whose modules import this one: hence the late import.
-        from redline.tune.knobs import TunePlan
-
-        return TunePlan.from_dict(data)
-    except (TypeError, ValueError) as e:
-        raise TunePlanError(f"{path} is not a usable redline plan: {e}") from None
-
-
 def model_signature(model: torch.nn.Module) -> tuple[str, str]:
     """(digest, class name) of the model's structure: parameter and buffer names, shapes and
     dtypes. Weights' values do not matter: a plan depends on shapes, not on training state."""
@@ -233,36 +178,3 @@ def check_plan(plan: PlanCore, key: PlanKey) -> None:
         raise TunePlanMismatchError(
             "this plan was made for another configuration (" + "; ".join(diffs) + "). Its batch "
             "and memory decisions do not carry over: run `redline tune` for this one.")
-
-
-class PlanStore:
-    """Plans remembered on disk, one JSON file per key digest.
-
-    Default folder: ``$REDLINE_CACHE_DIR/plans`` or ``~/.cache/redline/plans``.
-    """
-
-    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
-        if root is None:
-            base = os.environ.get("REDLINE_CACHE_DIR") or os.path.join(
-                os.path.expanduser("~"), ".cache", "redline")
-            root = os.path.join(base, "plans")
-        self.root = Path(root)
-
-    def path(self, key: PlanKey) -> Path:
-        return self.root / f"{key.digest()}.json"
-
-    def get(self, key: PlanKey) -> TunePlan | None:
-        file = self.path(key)
-        if not file.exists():
-            return None
-        try:
-            plan = load_plan(file)
-        except (ValueError, OSError):
-            return None  # unreadable or from another version: tune again
-        return plan if plan.key == key else None
-
-    def put(self, plan: PlanCore) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
-        file = self.path(plan.key)
-        save_plan(plan, file)
-        return file
