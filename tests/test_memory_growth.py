@@ -127,8 +127,10 @@ def test_flat_memory_and_a_plateau_never_get_it() -> None:
     assert "memory_growth" not in [f.id for f in flat.findings]
     c = _main_curve(flat)
     assert abs(c.end_bytes - c.start_bytes) < 16 * MIB
-    # 60 MiB kept over the first 40 steps, then nothing: rises in the window, then plateaus
-    plateau = _loop(260, leak_mib=1.5, until=40)
+    # 120 MiB kept over the first 40 steps, then nothing: rises in the window, then plateaus.
+    # The RSS shows less than was kept where the allocator hands back pages freed earlier in
+    # the process (still resident), hence the margin.
+    plateau = _loop(260, leak_mib=3, until=40)
     c = _main_curve(plateau)
     assert c.end_bytes - c.start_bytes > 40 * MIB
     assert "memory_growth" not in [f.id for f in plateau.findings], c
