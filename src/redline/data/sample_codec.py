@@ -203,8 +203,11 @@ def _tensor_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview]:
     """(header, first bytes of the stored form, the values' bytes) of a CPU tensor, through
     the known layout where there is one."""
     parts = _fast_parts(t) if type(t) is torch.Tensor else None
-    if parts is not None:
-        return parts
+    return parts if parts is not None else _general_parts(t)
+
+
+def _general_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview]:
+    """:func:`_tensor_parts` without the known layouts: its values gathered in memory order."""
     raw, order = _tensor_bytes(t)
     header = _tensor_header(t, order)
     return header, _prefix(_TENSOR, header), raw
@@ -213,12 +216,14 @@ def _tensor_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview]:
 def encode(value: Any) -> bytes:
     """The stored form of ``value`` (see the module docstring). Never pickles a plain CPU
     tensor or a numeric numpy array."""
-    if type(value) is torch.Tensor:
+    exact = type(value) is torch.Tensor
+    if exact:  # a fill epoch's common case: the known layout, before any other attribute read
         parts = _fast_parts(value)
         if parts is not None:
             return b"".join((parts[1], parts[2]))  # the one copy of the data
     if isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_cuda:
-        _, first, raw = _tensor_parts(value)
+        # the known layout was tried above where it can apply: not a second time
+        _, first, raw = _general_parts(value) if exact else _tensor_parts(value)
         return b"".join((first, raw))
     if _plain_array(value):
         return _single(_ARRAY, _array_header(value), _array_bytes(value))
