@@ -56,6 +56,9 @@ PATH: tuple[Visit, ...] = (
 worth it."""
 
 
+LABELS = frozenset(record.label for knob in KNOBS for record in knob.records)
+"""Every knob's decision labels: the ids a plan's decisions may carry."""
+
 
 # The bases run from the last knob to the first: a dataclass takes its fields from its bases
 # last to first, so the plan's fields (and its JSON) read in the path's order.
@@ -78,11 +81,10 @@ class TunePlan(DdpFields, CudaGraphsFields, CompileFields, OptimizerFields, Cudn
         if not 1 <= self.micro_batch <= self.effective_batch:
             raise ValueError(f"need 1 <= micro_batch <= effective_batch, got {self.micro_batch}"
                              f" and {self.effective_batch}")
-        labels = {record.label for knob in KNOBS for record in knob.records}
         for index, decision in enumerate(self.decisions):
-            if decision.knob not in labels:
+            if decision.knob not in LABELS:
                 raise ValueError(f"decisions[{index}].knob: {decision.knob!r} is not a knob of "
-                                 f"the tuning path ({', '.join(sorted(labels))})")
+                                 f"the tuning path ({', '.join(sorted(LABELS))})")
 
 
 __all__ = ["KNOBS", "PATH", "TunePlan"]
