@@ -413,3 +413,35 @@ def test_ctrl_c_dropped_under_a_watch_reaches_the_users_script(kind: str) -> Non
         while time.monotonic() < deadline:
             time.sleep(0.001)
     assert fired
+
+
+def test_a_sigterm_while_a_failed_script_unwinds_still_writes_the_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun stops the surviving ranks with SIGTERM when one dies, often just after the
+    survivor's collective has failed: the signal then lands while the watch closes. The script
+    has ended by then, so the signal must not interrupt the report of its error."""
+    from redline.doctor import DoctorOptions, run_doctor
+    from redline.measure.recorder import Recorder
+
+    close = Recorder.close
+
+    def close_with_a_signal(self: Recorder, error: BaseException | None = None) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode, inside close
+        close(self, error)
+
+    monkeypatch.setattr(Recorder, "close", close_with_a_signal)
+    before = signal.getsignal(signal.SIGTERM)
+    script = _script(tmp_path, LOOP + """
+for _ in range(6):
+    step()
+raise RuntimeError("Connection reset by peer")
+""")
+    out = tmp_path / "r.json"
+    r = run_doctor(["python", str(script)],
+                   DoctorOptions(warmup=1, count_flops=False, json_path=str(out)), show=False)
+    assert r.report is not None and r.exit_code == 1
+    data = json.loads(out.read_text())
+    assert data["status"] == "script_error"
+    assert "Connection reset by peer" in data["status_detail"]
+    assert data["measurements"]["timing"]["steps_total"] == 6
+    assert signal.getsignal(signal.SIGTERM) is before  # the handlers are put back

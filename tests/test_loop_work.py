@@ -281,6 +281,32 @@ def test_gc_pauses_count_only_the_measured_window() -> None:
     assert g._callback not in gc.callbacks
 
 
+def test_a_collection_started_with_no_python_frame_is_timed_without_an_error() -> None:
+    """A thread started on a C function (``_thread.start_new_thread(gc.collect, ())``) runs
+    the collection with no Python frame under the callback: it is timed, with no caller, and
+    nothing is printed as "Exception ignored"."""
+    import _thread
+
+    tracker = StepTracker(time.perf_counter)
+    g = GcPauses(tracker, lambda: True)
+    unraisable: list[Any] = []
+    from contextlib import ExitStack
+
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with ExitStack() as stack:
+            g.install(stack)
+            before = g.collections[2]
+            _thread.start_new_thread(gc.collect, ())
+            deadline = time.monotonic() + 10
+            while g.collections[2] == before and time.monotonic() < deadline:
+                time.sleep(0.01)
+    finally:
+        sys.unraisablehook = hook
+    assert g.collections[2] == before + 1
+    assert unraisable == []
+
+
 def _rec(i: int, step_s: float, other_s: float = 0.0, data_s: float = 0.0) -> StepRecord:
     phases = [0.0] * len(PHASES)
     phases[PHASES.index("data_wait")] = data_s

@@ -3,6 +3,7 @@ table, the merged view, arrival skew at collectives, and the straggler with its 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -308,3 +309,57 @@ def test_on_a_loaded_host_cpu_time_and_run_delay_split_the_extra_compute(
     f = _straggler(findings)
     assert f is not None and f.rank == 1 and verdict in f.title
     assert (f.severity == "low") == (verdict != "more work")
+
+
+# -- a rank whose process has ended is not waited for --------------------------------------------
+def test_a_process_is_called_ended_only_when_it_surely_is() -> None:
+    import subprocess
+    import sys
+
+    from redline.measure.ranks import process_ended, process_identity
+
+    assert not process_ended(process_identity())  # this one runs
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    ident = process_identity().rsplit(b"\n", 1)[0] + f"\n{child.pid}".encode()
+    deadline = time.monotonic() + 30
+    while not process_ended(ident) and time.monotonic() < deadline:  # a zombie: not reaped
+        time.sleep(0.01)
+    assert process_ended(ident)
+    child.wait()
+    assert process_ended(ident)  # reaped: gone
+    host, namespace, _ = ident.decode().split("\n")
+    for other in (f"elsewhere\n{namespace}\n{child.pid}", f"{host}\npid:[1]\n{child.pid}",
+                  f"{host}\nunknown\n{child.pid}", "garbage"):
+        assert not process_ended(other.encode()), other  # nothing known: never called ended
+
+
+def test_the_gather_stops_waiting_for_a_writer_that_ended() -> None:
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import TCPStore
+
+    from redline.measure.ranks import JobStore, RankInfo
+
+    server = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10),
+                      wait_for_workers=False)
+    store = JobStore.__new__(JobStore)
+    store.info = RankInfo(rank=0, world_size=3, local_rank=0, local_world_size=3, host="h",
+                          run_id="t.0")
+    store._store, store.prefix = server, "redline/t.0"
+    store.put("rank1", b"one")
+    asked: list[str] = []
+
+    def gone(key: str) -> bool:
+        asked.append(key)
+        if key == "rank3":
+            store.put("rank3", b"three")  # written just before its writer ended
+        return key in ("rank2", "rank3")
+
+    t = time.monotonic()
+    got = store.gather(["rank1", "rank2", "rank3", "rank4"], timeout_s=0.5, gone=gone)
+    assert got == {"rank1": b"one", "rank3": b"three"}
+    assert "rank1" not in asked  # present: never looked up
+    assert time.monotonic() - t >= 0.5  # rank4 was waited for: not known to have ended
+    t = time.monotonic()
+    assert store.gather(["rank2"], timeout_s=30, gone=gone) == {}
+    assert time.monotonic() - t < 5

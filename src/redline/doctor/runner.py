@@ -399,8 +399,26 @@ def run_doctor(cmd: list[str], options: DoctorOptions | None = None, *,
         extra: list[AbstractContextManager[object]] = (
             [BlockedWatch(signals, blocked)] if info.distributed
             else [measure_spawned(spawn_settings, spawned, forked)])
+        # Innermost: the script's end, however it ends, switches the signals to recording
+        # before the watch closes. torchrun stops a survivor with SIGTERM just as its
+        # collective fails on the dead rank, so the signal often lands while the watch closes;
+        # raised there, it would cut the close short and lose the report of the error.
+        extra.append(_ScriptEnds(signals))
         return finish(*_run_script(w, target, steps, live=o.live and show, on_end=finish,
                                    end_here=end_here, contexts=extra))
+
+
+class _ScriptEnds:
+    """``with``: on exit (the script has ended), a first signal is only recorded."""
+
+    def __init__(self, signals: Signals) -> None:
+        self._signals = signals
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self._signals.reporting()
 
 
 class _Locked:

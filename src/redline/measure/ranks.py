@@ -113,16 +113,25 @@ class JobStore:
         full_key = f"{self.prefix}/{key}"
         return bytes(self._store.get(full_key)) if self._store.check([full_key]) else None
 
-    def gather(self, keys: list[str], timeout_s: float) -> dict[str, bytes]:
-        """The values of ``keys`` present within ``timeout_s`` (missing ones left out)."""
+    def gather(self, keys: list[str], timeout_s: float,
+               gone: Callable[[str], bool] | None = None) -> dict[str, bytes]:
+        """The values of ``keys`` present within ``timeout_s`` (missing ones left out).
+        ``gone(key)``: True once the key's writer is known to have ended; its key is then
+        waited for no longer (read once more, as it may have written just before ending)."""
         full = {k: f"{self.prefix}/{k}" for k in keys}
         out: dict[str, bytes] = {}
+        waiting = set(keys)
         deadline = time.monotonic() + timeout_s
         while True:
-            for k, full_key in full.items():
-                if k not in out and self._store.check([full_key]):
-                    out[k] = bytes(self._store.get(full_key))
-            if len(out) == len(keys) or time.monotonic() >= deadline:
+            for k in sorted(waiting):
+                if self._store.check([full[k]]):
+                    out[k] = bytes(self._store.get(full[k]))
+                    waiting.discard(k)
+                elif gone is not None and gone(k):
+                    waiting.discard(k)
+                    if self._store.check([full[k]]):
+                        out[k] = bytes(self._store.get(full[k]))
+            if not waiting or time.monotonic() >= deadline:
                 return out
             time.sleep(0.05)
 
@@ -150,6 +159,8 @@ class ProgressBeacon:
         self._thread.start()
 
     def _run(self) -> None:
+        with contextlib.suppress(Exception):  # lets rank 0 stop waiting once this one is gone
+            self._store.put(f"{self._key}/process{self._info.rank}", process_identity())
         with contextlib.suppress(Exception):  # alignment is best effort: unknown stays unknown
             if self._info.multi_node and self._info.rank == 0:
                 serve_clock(self._store, self._key, self._info.world_size)
@@ -178,6 +189,37 @@ class ProgressBeacon:
         with contextlib.suppress(Exception):  # the final count: exact for a rank that ends
             self._store.put(f"{self._key}/progress{self._info.rank}",
                             str(self._steps()).encode())
+
+
+def process_identity() -> bytes:
+    """This process as another on the same host can look it up: host, PID namespace, PID."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = "unknown"
+    return f"{socket.gethostname()}\n{namespace}\n{os.getpid()}".encode()
+
+
+def process_ended(identity: bytes) -> bool:
+    """Whether the process named by :func:`process_identity` has surely ended: only a process
+    of this host and PID namespace can be looked up (another one's is never called ended).
+    A zombie (ended, not yet reaped by its launcher) has ended."""
+    try:
+        host, namespace, pid_text = identity.decode().split("\n")
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    mine = process_identity().decode().split("\n")
+    if host != mine[0] or namespace != mine[1] or namespace == "unknown":
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        return False
+    return state in (b"Z", b"X")
 
 
 def code_position(thread_id: int) -> str:

@@ -402,7 +402,9 @@ class GcPauses:
     def _user_caller(self) -> tuple[str, int, str] | None:
         if not self._measuring():
             return None
-        frame: FrameType | None = sys._getframe(2)  # the frame that triggered the collection
+        # The frame that triggered the collection: none where a collection starts with no
+        # Python frame below the callback (sys._getframe(2) would raise there).
+        frame: FrameType | None = sys._getframe(1).f_back
         while frame is not None:
             name = frame.f_code.co_filename
             if _classify_file(name, self._std, self._redline, self._torch).cls == _USER:

@@ -23,7 +23,7 @@ from redline.core.findings import Finding, rank
 from redline.core.measurements import Measurements
 from redline.core.report import MergedMetric, RankEntry, RanksReport, Report
 from redline.diagnose.engine import diagnose_ranks, diagnose_trace
-from redline.measure.ranks import GATHER_TIMEOUT_S, JobStore, RankInfo
+from redline.measure.ranks import GATHER_TIMEOUT_S, JobStore, RankInfo, process_ended
 from redline.measure.recorder import Recorder
 from redline.measure.timeline import BACKWARD, FORWARD, OPTIMIZER
 from redline.report.perfetto import rank_timeline
@@ -316,7 +316,17 @@ def exchange(w: Recorder, report: Report, store: JobStore | None = None,
                 f"rank {info.rank} of {info.world_size}: rank 0 prints the job's merged report")
             return report, {}
         want = [f"{key}/rank{rank_index}" for rank_index in range(1, info.world_size)]
-        got = store.gather(want, timeout_s)
+        ended: set[int] = set()
+        job_store = store
+
+        def gone(summary_key: str) -> bool:
+            rank_index = int(summary_key.rsplit("rank", 1)[1])
+            identity = job_store.peek(f"{key}/process{rank_index}")
+            if identity is not None and process_ended(identity):
+                ended.add(rank_index)
+            return rank_index in ended
+
+        got = store.gather(want, timeout_s, gone)
     except Exception as e:  # the exchange is best effort: the local report stands
         report.measurements.notes.append(
             f"the ranks' reports could not be exchanged through the job's store "
@@ -336,12 +346,21 @@ def exchange(w: Recorder, report: Report, store: JobStore | None = None,
     if never:
         report.measurements.notes.append(
             f"rank(s) {', '.join(never)} never completed a step")
-    if ranks.missing:
-        seen = ", ".join(f"{rank_entry.rank} (last step it reported: {rank_entry.last_step})"
-                         if rank_entry.last_step is not None else f"{rank_entry.rank} (no step reported)"
-                         for rank_entry in ranks.ranks if rank_entry.status == "missing")
+    def seen(entries: list[RankEntry]) -> str:
+        return ", ".join(f"{entry.rank} (last step it reported: {entry.last_step})"
+                         if entry.last_step is not None else f"{entry.rank} (no step reported)"
+                         for entry in entries)
+
+    missing = [entry for entry in ranks.ranks if entry.status == "missing"]
+    dead = [entry for entry in missing if entry.rank in ended]
+    unheard = [entry for entry in missing if entry.rank not in ended]
+    if dead:
         report.measurements.notes.append(
-            f"no report from rank(s) {seen} within {timeout_s:g} s of rank 0's end "
+            f"no report from rank(s) {seen(dead)}: the process ended without one (crashed or "
+            "killed)")
+    if unheard:
+        report.measurements.notes.append(
+            f"no report from rank(s) {seen(unheard)} within {timeout_s:g} s of rank 0's end "
             "(crashed, killed or still running)")
     if report.trace is not None:
         report, findings = _job_trace(report, findings, got_all)
