@@ -131,12 +131,27 @@ class _TinyVit(nn.Module):
         return self.head(torch.bmm(t.transpose(1, 2), t).mean(1))
 
 
+class _Baddbmm(nn.Module):
+    """``baddbmm``, ``addmm`` (a bias) and ``mm`` (none), each called directly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(2, 4, 5))
+        self.bias = nn.Parameter(torch.randn(5))
+        self.v = nn.Parameter(torch.randn(5, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = torch.baddbmm(torch.zeros(2, 3, 5), x, self.w).reshape(6, 5)
+        return torch.mm(torch.addmm(self.bias, t, torch.eye(5)), self.v)
+
+
 @pytest.mark.parametrize("build", [
     lambda: (Recurrent(), torch.randn(4, 12)),
     lambda: (_TinyVit(), torch.randn(2, 3, 16, 16)),
     lambda: (nn.Sequential(nn.Conv1d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(24, 3)),
              torch.randn(3, 2, 8)),
-], ids=["lstm-cell", "conv-attention", "conv1d-linear"])
+    lambda: (_Baddbmm(), torch.randn(2, 3, 4)),
+], ids=["lstm-cell", "conv-attention", "conv1d-linear", "baddbmm-addmm-mm"])
 def test_the_counting_mode_counts_what_flop_counter_mode_counts(build: object) -> None:
     from redline.measure.flops import FlopWindow
 

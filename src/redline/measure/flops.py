@@ -15,10 +15,13 @@ work is not model FLOPs and is not counted.
 The slice is counted by :class:`_Counting`, a dispatch mode that applies torch's own formulas
 (``torch.utils.flop_counter.flop_registry``) and counts the same total as ``FlopCounterMode``
 at a fraction of its cost: it keeps no per-module table (``FlopCounterMode`` tracks the
-module stack through hooks on every module call) and tries an operator's decomposition once,
-not at every call, remembering the operators that have none. On a step of many small calls
-(two ``LSTMCell`` stepped over 119 time steps) ``FlopCounterMode`` slowed the counted forward
-and backward ~10×, this mode ~4× (``benchmarks/overhead.py`` prints the job's whole-run cost).
+module stack through hooks on every module call), decides what to do with an operator once
+(one dict lookup a call after its first), and reads the matrix products' FLOPs from their
+operands' shapes without the formulas' pytree wrapper. Every operator of the slice still passes
+through Python: a dispatch mode that only calls the operator is the floor. On a step of many
+small calls (two ``LSTMCell`` stepped over 119 time steps, ~15,000 operator calls a forward and
+backward, ~3 µs each bare) ``FlopCounterMode`` slows the counted forward and backward ~10×, an
+empty dispatch mode ~2.9×, this mode ~3.0× (``benchmarks/overhead.py`` prints the job's cost).
 """
 
 from __future__ import annotations
@@ -43,6 +46,29 @@ _SIZE_QUERIES = frozenset(
 themselves; passed on as ``FlopCounterMode`` passes them."""
 
 
+_PASS, _RUN, _DECOMPOSE, _COUNT, _CONV, _GEMM = range(6)
+_PRIM_DEVICE = torch.ops.prim.device.default
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor) -> int:
+    return 2 * a.shape[0] * a.shape[1] * b.shape[1]
+
+
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> int:
+    return 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+
+
+_GEMMS: dict[Any, Any] = {
+    _aten.mm: lambda args: _mm(args[0], args[1]),
+    _aten.addmm: lambda args: _mm(args[1], args[2]),
+    _aten.bmm: lambda args: _bmm(args[0], args[1]),
+    _aten.baddbmm: lambda args: _bmm(args[1], args[2]),
+}
+"""The matrix products by their operands' shapes: torch's formulas for them
+(``mm_flop``, ``addmm_flop``, ``bmm_flop``, ``baddbmm_flop``: 2·m·n·k per product) without
+their wrapper, which maps every argument to its shape through pytree at each call."""
+
+
 class _Counting(TorchDispatchMode):
     """FLOPs of the operators run under it, by ``torch.utils.flop_counter``'s formulas."""
 
@@ -52,30 +78,54 @@ class _Counting(TorchDispatchMode):
         super().__init__()
         self.flops = 0
         self.conv_flops = 0
-        self._no_decomposition: set[Any] = {torch.ops.prim.device.default}
-        """Operators without a formula found to have no decomposition either."""
+        self._plans: dict[Any, tuple[int, Any]] = {}
+        """What to do with each operator, found at its first call: (_PASS, None) for a size
+        query or a higher-order operator; (_COUNT, formula), (_CONV, formula) for a
+        convolution, (_GEMM, f) for a matrix product (see _GEMMS); (_DECOMPOSE, None) for one
+        without a formula whose decomposition is tried (_RUN once it has none); (_RUN, None)
+        to run it uncounted. One dict lookup a call: the dispatch mode's own cost is paid on
+        every operator of the slice."""
+
+    def _plan(self, func: Any) -> tuple[int, Any]:
+        if func in _SIZE_QUERIES or isinstance(func, torch._ops.HigherOrderOperator):
+            # higher-order operators (torch.cond, user Triton kernels) are not counted here
+            plan: tuple[int, Any] = (_PASS, None)
+        else:
+            packet = func._overloadpacket
+            formula = flop_registry.get(packet)
+            if formula is None:
+                plan = (_RUN, None) if func is _PRIM_DEVICE else (_DECOMPOSE, None)
+            elif packet in _GEMMS:
+                plan = (_GEMM, _GEMMS[packet])
+            else:
+                plan = (_CONV if "convolution" in packet.__name__ else _COUNT, formula)
+        self._plans[func] = plan
+        return plan
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs if kwargs else {}
-        if func in _SIZE_QUERIES or isinstance(func, torch._ops.HigherOrderOperator):
-            # higher-order operators (torch.cond, user Triton kernels) are not counted here
+        kind, formula = self._plans.get(func) or self._plan(func)
+        if kind == _RUN:
+            return func(*args, **kwargs)
+        if kind == _PASS:
             return NotImplemented
-        packet = func._overloadpacket
-        formula = flop_registry.get(packet)
-        if formula is None and func not in self._no_decomposition:
+        if kind == _DECOMPOSE:
             # an operator made of others that have formulas: count those (as FlopCounterMode)
             with self:
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 return out
-            self._no_decomposition.add(func)
+            self._plans[func] = (_RUN, None)
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        if formula is not None:
-            n = int(formula(*args, **kwargs, out_val=out))
-            self.flops += n
-            if "convolution" in packet.__name__:
-                self.conv_flops += n
+        if kind == _GEMM:
+            self.flops += int(formula(args))
+            return out
+        n = int(formula(*args, **kwargs, out_val=out))
+        self.flops += n
+        if kind == _CONV:
+            self.conv_flops += n
         return out
 
 
