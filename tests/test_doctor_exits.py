@@ -415,11 +415,13 @@ def test_ctrl_c_dropped_under_a_watch_reaches_the_users_script(kind: str) -> Non
     assert fired
 
 
-def test_a_sigterm_while_a_failed_script_unwinds_still_writes_the_report(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("own_handler", [False, True], ids=["redline's", "the script's"])
+def test_a_sigterm_as_the_watch_closes_after_a_failed_script_still_writes_the_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_handler: bool) -> None:
     """torchrun stops the surviving ranks with SIGTERM when one dies, often just after the
     survivor's collective has failed: the signal then lands while the watch closes. The script
-    has ended by then, so the signal must not interrupt the report of its error."""
+    has ended by then, so the signal must not interrupt the report of its error — also where
+    the script installed a SIGTERM handler of its own that exits (preemption handling)."""
     from redline.doctor import DoctorOptions, run_doctor
     from redline.measure.recorder import Recorder
 
@@ -431,7 +433,9 @@ def test_a_sigterm_while_a_failed_script_unwinds_still_writes_the_report(
 
     monkeypatch.setattr(Recorder, "close", close_with_a_signal)
     before = signal.getsignal(signal.SIGTERM)
-    script = _script(tmp_path, LOOP + """
+    own = ("import signal, sys\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+           if own_handler else "")
+    script = _script(tmp_path, LOOP + own + """
 for _ in range(6):
     step()
 raise RuntimeError("Connection reset by peer")

@@ -141,7 +141,7 @@ class _Baddbmm(nn.Module):
         self.v = nn.Parameter(torch.randn(5, 3))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = torch.baddbmm(torch.zeros(2, 3, 5), x, self.w).reshape(6, 5)
+        t = torch.baddbmm(torch.zeros(5), x, self.w, beta=0.5, alpha=2.0).reshape(6, 5)
         return torch.mm(torch.addmm(self.bias, t, torch.eye(5)), self.v)
 
 
@@ -169,3 +169,28 @@ def test_the_counting_mode_counts_what_flop_counter_mode_counts(build: object) -
     assert win.error is None
     assert win.flops == ref.get_total_flops() > 0
     assert win.conv_flops == conv
+
+
+def test_the_matrix_product_shortcuts_agree_with_torchs_formulas() -> None:
+    """Each shortcut against ``flop_registry``'s formula on operands of distinct m, n, k (an
+    operand read from the wrong argument gives another count), with a broadcast ``self`` and
+    non-default beta and alpha."""
+    from torch.utils.flop_counter import flop_registry
+
+    from redline.measure.flops import _GEMMS
+
+    aten = torch.ops.aten
+    a, b = torch.randn(3, 5), torch.randn(5, 7)
+    ba, bb = torch.randn(2, 3, 5), torch.randn(2, 5, 7)
+    calls = {
+        aten.mm: (a, b),
+        aten.addmm: (torch.randn(7), a, b),
+        aten.bmm: (ba, bb),
+        aten.baddbmm: (torch.randn(7), ba, bb),
+    }
+    for packet, args in calls.items():
+        kwargs = {"beta": 0.5, "alpha": 2.0} if packet in (aten.addmm, aten.baddbmm) else {}
+        out = packet.default(*args, **kwargs)
+        want = flop_registry[packet](*args, **kwargs, out_val=out)
+        assert _GEMMS[packet](args) == want > 0, packet
+    assert set(_GEMMS) == set(calls)

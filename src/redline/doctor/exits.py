@@ -73,8 +73,15 @@ class Signals:
             sys.unraisablehook = self._hook_before
 
     def reporting(self) -> None:
-        """The script has ended: from now on a first signal does not interrupt the report."""
+        """The script has ended: from now on a first signal does not interrupt the report.
+        A handler the script installed is replaced by redline's again (its script has ended;
+        left in place, its ``sys.exit`` would cut the report short)."""
         self._raising = False
+        if self.received is None and self._previous and \
+                threading.current_thread() is threading.main_thread():
+            for s in self._previous:
+                if signal.getsignal(s) != self._first:
+                    signal.signal(s, self._first)
 
     def _first(self, signum: int, frame: object) -> None:
         for s in self._previous:

@@ -30,6 +30,7 @@ from redline.core.files import OutputPathError, output_problem, refuse_overwriti
 from redline.core.report import Report
 from redline.data.advise import tune_starved_loader
 from redline.doctor.exits import (
+    REAL_EXIT,
     STOP_ATTEMPTS,
     STUCK_GRACE_S,
     BlockedWatch,
@@ -348,7 +349,10 @@ def run_doctor(cmd: list[str], options: DoctorOptions | None = None, *,
                             "watch): start them with 'spawn' (mp.spawn) to have each measured "
                             "as a rank.")
                 detail = msg if detail is None else f"{detail}. {msg}"
-            report = w.report(show=False, command=list(cmd), status=status, status_detail=detail)
+            # a signal during the close (the launcher stopping the job) ends the other ranks
+            # too: rank 0 waits for them as for a failed run
+            report = w.report(show=False, command=list(cmd), status=status, status_detail=detail,
+                              job_stopping=signals.received is not None)
             if tune_loader and w.inst is not None and status != "interrupted" \
                     and info.rank == 0:
                 if show and any(f.id == "data_starvation" and f.rank in (None, 0)
@@ -479,6 +483,7 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
     if end_here is not None:
         end_here[:] = [end_in_place]
 
+    guard = OsExitGuard(os_exit)
     try:
         with _Locked(running, closing):
             running.enter_context(w)
@@ -491,7 +496,7 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
                       "panel", file=sys.stderr, flush=True)
             for c in contexts:
                 running.enter_context(c)
-            with OsExitGuard(os_exit):
+            with guard:
                 if target.kind == "path":
                     runpy.run_path(target.target, run_name="__main__")
                 else:
@@ -518,5 +523,11 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
         code, error = 1, e
         _print_script_traceback(e)
     finally:
+        # Normally closed already, by the `with` above; not where a signal raised in redline's
+        # own exit code before the stack's exit ran (then the watch is closed here).
+        with closing:
+            running.close()
+        if os._exit == guard._exit:  # a signal cut the guard's own exit short
+            os._exit = REAL_EXIT
         restore()
     return status, detail, code, error

@@ -77,6 +77,11 @@ processes a script starts with ``torch.multiprocessing.spawn`` under ``redline d
 launcher's store (their own, if any, lives in rank 0 and ends with its process group)."""
 
 
+ENDED_GRACE_S = 1.0
+"""How long a key is still waited for once its writer is known to have ended (a value sent
+by a writer that did not confirm it may still reach the store)."""
+
+
 class JobStore:
     """A client of the job's c10d store (see the module docstring), with bounded waits."""
 
@@ -98,6 +103,13 @@ class JobStore:
 
     def put(self, key: str, value: bytes) -> None:
         self._store.set(f"{self.prefix}/{key}", value)
+
+    def put_confirmed(self, key: str, value: bytes) -> None:
+        """``put``, returning once the store has applied it: the client's set only sends, and
+        a process that exits right after it may leave its value in flight. One round trip on
+        the same connection (which the store serves in order) confirms it."""
+        self.put(key, value)
+        self._store.check([f"{self.prefix}/{key}"])
 
     def wait_get(self, key: str, timeout_s: float) -> bytes | None:
         """The value of ``key`` once it is set, or None after ``timeout_s``."""
@@ -122,16 +134,19 @@ class JobStore:
         out: dict[str, bytes] = {}
         waiting = set(keys)
         deadline = time.monotonic() + timeout_s
+        ended_at: dict[str, float] = {}
         while True:
+            now = time.monotonic()
             for k in sorted(waiting):
                 if self._store.check([full[k]]):
                     out[k] = bytes(self._store.get(full[k]))
                     waiting.discard(k)
+                elif k in ended_at:
+                    if now - ended_at[k] >= ENDED_GRACE_S:
+                        waiting.discard(k)
                 elif gone is not None and gone(k):
-                    waiting.discard(k)
-                    if self._store.check([full[k]]):
-                        out[k] = bytes(self._store.get(full[k]))
-            if not waiting or time.monotonic() >= deadline:
+                    ended_at[k] = now  # a value sent just before the end may be in flight
+            if not waiting or now >= deadline:
                 return out
             time.sleep(0.05)
 
@@ -192,25 +207,43 @@ class ProgressBeacon:
 
 
 def process_identity() -> bytes:
-    """This process as another on the same host can look it up: host, PID namespace, PID."""
-    try:
-        namespace = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        namespace = "unknown"
-    return f"{socket.gethostname()}\n{namespace}\n{os.getpid()}".encode()
+    """This process as another on the same machine can look it up: host name, boot id, PID
+    namespace, PID. The boot id tells machines apart where host names and the initial PID
+    namespace's inode are alike (two bare-metal hosts named alike, host-PID containers)."""
+    parts = [socket.gethostname()]
+    for path, read in (("/proc/sys/kernel/random/boot_id", _read_text),
+                       ("/proc/self/ns/pid", os.readlink)):
+        try:
+            parts.append(read(path).strip())
+        except OSError:
+            parts.append("unknown")
+    parts.append(str(os.getpid()))
+    return "\n".join(parts).encode()
+
+
+def _read_text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
 
 
 def process_ended(identity: bytes) -> bool:
     """Whether the process named by :func:`process_identity` has surely ended: only a process
-    of this host and PID namespace can be looked up (another one's is never called ended).
-    A zombie (ended, not yet reaped by its launcher) has ended."""
+    of this machine (host name, boot id) and PID namespace can be looked up; another one's is
+    never called ended. A zombie (ended, not yet reaped by its launcher) has ended; a process
+    hidden from this user (``/proc`` mounted with ``hidepid``) has not."""
     try:
-        host, namespace, pid_text = identity.decode().split("\n")
+        *where, pid_text = identity.decode().split("\n")
         pid = int(pid_text)
-    except ValueError:
+    except (ValueError, UnicodeDecodeError):
         return False
-    mine = process_identity().decode().split("\n")
-    if host != mine[0] or namespace != mine[1] or namespace == "unknown":
+    mine = process_identity().decode().split("\n")[:-1]
+    if len(where) != len(mine) or where != mine or "unknown" in where or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # no signal sent: only whether the PID exists
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, another user's
         return False
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

@@ -311,18 +311,24 @@ def exchange(w: Recorder, report: Report, store: JobStore | None = None,
         store = store or JobStore(info)
         mine = summary(w, report)
         if info.rank != 0:
-            store.put(f"{key}/rank{info.rank}", encode(mine))
+            store.put_confirmed(f"{key}/rank{info.rank}", encode(mine))
             report.measurements.notes.append(
                 f"rank {info.rank} of {info.world_size}: rank 0 prints the job's merged report")
             return report, {}
         want = [f"{key}/rank{rank_index}" for rank_index in range(1, info.world_size)]
         ended: set[int] = set()
+        identities: dict[int, bytes] = {}
         job_store = store
 
         def gone(summary_key: str) -> bool:
             rank_index = int(summary_key.rsplit("rank", 1)[1])
-            identity = job_store.peek(f"{key}/process{rank_index}")
-            if identity is not None and process_ended(identity):
+            identity = identities.get(rank_index)
+            if identity is None:  # read once: it never changes
+                identity = job_store.peek(f"{key}/process{rank_index}")
+                if identity is None:
+                    return False
+                identities[rank_index] = identity
+            if process_ended(identity):
                 ended.add(rank_index)
             return rank_index in ended
 

@@ -53,12 +53,15 @@ class Watch(Recorder):
         return self
 
     def report(self, show: bool = True, command: list[str] | None = None,
-               status: str | None = None, status_detail: str | None = None) -> Report:
+               status: str | None = None, status_detail: str | None = None,
+               job_stopping: bool = False) -> Report:
         """Build the report (and print it to the terminal when ``show``).
 
         In a multi-process job (``RANK``/``WORLD_SIZE`` set, as by ``torchrun``) every rank
         calls it: rank 0 gathers the others' summaries through the job's store and returns
-        (and prints) the merged report; the other ranks return their own and print nothing."""
+        (and prints) the merged report; the other ranks return their own and print nothing.
+        ``job_stopping``: the job is being stopped (a signal arrived after the run ended), so
+        rank 0 waits for the others as briefly as after a failed run."""
         if not self._entered:
             raise WatchUsageError(
                 "report() was called on a watch that was never entered: there is nothing "
@@ -72,7 +75,8 @@ class Watch(Recorder):
         if self.rank.distributed:
             # A run that failed or was stopped ends the job: the other ranks are stopped too
             # and report at once or never, so rank 0 does not wait the full gather timeout.
-            succeeded = rep.status in ("completed", "step_limit", "no_steps")
+            succeeded = rep.status in ("completed", "step_limit", "no_steps") \
+                and not job_stopping
             rep, others = exchange(self, rep, timeout_s=GATHER_TIMEOUT_S if succeeded
                                    else min(GATHER_TIMEOUT_S, 10.0))
         if self.config.timeline_path and self.rank.rank == 0:
