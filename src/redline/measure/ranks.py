@@ -10,6 +10,7 @@ bounded timeout: a rank that crashed or never reports is named, never waited for
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import sys
@@ -129,7 +130,8 @@ class JobStore:
                gone: Callable[[str], bool] | None = None) -> dict[str, bytes]:
         """The values of ``keys`` present within ``timeout_s`` (missing ones left out).
         ``gone(key)``: True once the key's writer is known to have ended; its key is then
-        waited for no longer (read once more, as it may have written just before ending)."""
+        waited for :data:`ENDED_GRACE_S` more (a value it sent just before ending may still be
+        on its way), not until ``timeout_s``."""
         full = {k: f"{self.prefix}/{k}" for k in keys}
         out: dict[str, bytes] = {}
         waiting = set(keys)
@@ -208,8 +210,15 @@ class ProgressBeacon:
 
 def process_identity() -> bytes:
     """This process as another on the same machine can look it up: host name, boot id, PID
-    namespace, PID. The boot id tells machines apart where host names and the initial PID
-    namespace's inode are alike (two bare-metal hosts named alike, host-PID containers)."""
+    namespace, PID (see :func:`_machine`)."""
+    return "\n".join((*_machine(), str(os.getpid()))).encode()
+
+
+@functools.cache
+def _machine() -> tuple[str, str, str]:
+    """Host name, boot id and PID namespace of this process, read once: the boot id tells
+    machines apart where host names and the initial PID namespace's inode are alike (two
+    bare-metal hosts named alike, host-PID containers)."""
     parts = [socket.gethostname()]
     for path, read in (("/proc/sys/kernel/random/boot_id", _read_text),
                        ("/proc/self/ns/pid", os.readlink)):
@@ -217,8 +226,7 @@ def process_identity() -> bytes:
             parts.append(read(path).strip())
         except OSError:
             parts.append("unknown")
-    parts.append(str(os.getpid()))
-    return "\n".join(parts).encode()
+    return parts[0], parts[1], parts[2]
 
 
 def _read_text(path: str) -> str:
@@ -236,8 +244,7 @@ def process_ended(identity: bytes) -> bool:
         pid = int(pid_text)
     except (ValueError, UnicodeDecodeError):
         return False
-    mine = process_identity().decode().split("\n")[:-1]
-    if len(where) != len(mine) or where != mine or "unknown" in where or pid <= 0:
+    if tuple(where) != _machine() or "unknown" in where or pid <= 0:
         return False
     try:
         os.kill(pid, 0)  # no signal sent: only whether the PID exists
