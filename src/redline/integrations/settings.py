@@ -10,10 +10,10 @@ so the export runs (and is tested) where the framework is not installed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from redline.tune.knob import FrameworkArgs
-from redline.tune.knobs import KNOBS, TunePlan
+if TYPE_CHECKING:
+    from redline.tune.knobs import TunePlan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +45,11 @@ class FrameworkSettings:
 
 
 def _settings(plan: TunePlan, framework: str) -> FrameworkSettings:
+    # Here, not at import: the framework callbacks import this package inside the user's
+    # training process, which need not load the tuning path's knobs for that.
+    from redline.tune.knob import FrameworkArgs
+    from redline.tune.knobs import KNOBS
+
     # Every knob says its own setting in the framework's words, in path order.
     out = FrameworkArgs(framework=framework)
     for knob in KNOBS:

@@ -114,9 +114,12 @@ def _text_bytes(path: Path, gz: bool, size: int) -> int:
 
 def _stream_meta(path: Path, gz: bool) -> dict[str, Any]:
     """The top-level keys written before 'traceEvents' (Kineto writes its metadata first)."""
-    import gzip
+    if gz:
+        import gzip
 
-    opener = gzip.open if gz else open
+        opener: Any = gzip.open
+    else:
+        opener = open
     try:
         with opener(path, "rb") as f:
             head = f.read(4 * 2**20)

@@ -78,7 +78,7 @@ class TunePlan(DdpFields, CudaGraphsFields, CompileFields, OptimizerFields, Cudn
     def check_fields(self) -> None:
         """Raise ValueError on settings that contradict each other, or a decision of a knob
         the path does not have (a plan file edited by hand or written by another version)."""
-        if not 1 <= self.micro_batch <= self.effective_batch:
+        if self.micro_batch > self.effective_batch:  # (≥ 1: BatchFields checks it first)
             raise ValueError(f"need 1 <= micro_batch <= effective_batch, got {self.micro_batch}"
                              f" and {self.effective_batch}")
         for index, decision in enumerate(self.decisions):
