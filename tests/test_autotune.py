@@ -104,10 +104,16 @@ def test_epoch_boundaries_do_not_decide_between_settings() -> None:
     short = _epoch_loader(10)
     shallow = measure(short, consume, LoaderSettings(), batches=4, skip=1, whole_epochs=True)
     assert shallow.whole_epochs == 1 and shallow.timed_batches == 10
-    # the window starts at an epoch boundary: the skipped batches were the whole first epoch
-    assert len(seen) == 20 and seen[10] == 0.0
+    # one period of an epoch right after the skip, not a skip to the next boundary first:
+    # batches 1-9 of the first epoch and batch 0 of the next, whose start is the refill
+    assert len(seen) == 11 and seen[10] == 0.0
+    assert shallow.refill_s is not None and shallow.refill_s >= 0.15
+    # the refill falls in the last window alone; as a cost every epoch pays it is in the
+    # rate, not in the spread (with it, the windows would differ ~10×)
+    assert shallow.spread_fraction < 1.0
     deep = measure(short, consume, LoaderSettings(), batches=4, skip=7, whole_epochs=True)
     assert deep.whole_epochs == 1 and deep.timed_batches == 10
+    assert len(seen) == 11 + 17 and deep.refill_s is not None and deep.refill_s >= 0.15
     # both paid one epoch start (0.15 s) per 10 batches (0.05 s of consuming): the same rate,
     # not deep ~4× slower; one-sided bounds, which a loaded runner's slow sleeps cannot break
     assert deep.samples_per_s > 0.6 * shallow.samples_per_s
@@ -121,7 +127,7 @@ def test_epoch_boundaries_do_not_decide_between_settings() -> None:
     # one epoch start, before the 20 skipped batches: none inside the timed window (a rate
     # comparison said the same but failed on a loaded 2-core CI runner, where 5 ms sleeps
     # ran long)
-    assert _SlowEpochStart.starts - before == 1
+    assert _SlowEpochStart.starts - before == 1 and inside.refill_s is None
     # an epoch that cannot hold the skip + 8 batches is timed whole whatever was asked
     crossing = measure(long, consume, LoaderSettings(), batches=4, skip=35, whole_epochs=False)
     assert crossing.whole_epochs == 1 and crossing.timed_batches == 40

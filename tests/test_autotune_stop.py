@@ -33,11 +33,13 @@ def _loader(s: LoaderSettings) -> DataLoader[Any]:
 
 def _script(monkeypatch: pytest.MonkeyPatch,
             rates: dict[int, tuple[float, float, float]],
-            ready_fetch_s: float | None = None, timed_epochs: int = 0) -> list[LoaderSettings]:
+            ready_fetch_s: float | None = None, timed_epochs: int = 0,
+            refill_s: float | None = None) -> list[LoaderSettings]:
     """Trials by worker count: (samples/s, spread, start-up s); the main process (0 workers)
     waits 90 % of a 100 ms step (a fetch of 90 ms a batch: Little's law asks for 9 workers,
     12 with the headroom); ``timed_epochs``: the whole epochs the worker trials time (0:
-    inside one). Returns the settings tried, in order."""
+    inside one), ``refill_s`` the epoch start they timed. Returns the settings tried, in
+    order."""
     tried: list[LoaderSettings] = []
 
     def fake_measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
@@ -54,7 +56,8 @@ def _script(monkeypatch: pytest.MonkeyPatch,
                      cpu_cores_busy=0.2, seconds=startup + 1.0, timed_batches=48,
                      spread_fraction=spread, startup_s=startup,
                      ready_fetch_s=ready_fetch_s if s.num_workers else None,
-                     whole_epochs=timed_epochs if s.num_workers else 0)
+                     whole_epochs=timed_epochs if s.num_workers else 0,
+                     refill_s=refill_s if s.num_workers and timed_epochs else None)
 
     def fake_consume_time(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                           consume: Callable[[Any], None], repeats: int = 5
@@ -117,6 +120,26 @@ def test_over_whole_epochs_the_refill_bounds_what_more_workers_can_gain(
     assert "of the 786 the consumer can take over whole epochs of 512 batches" in plan.reason
     # timed inside an epoch, the same rates leave room: 18 workers are tried
     tried = _script(monkeypatch, {12: (760.0, 0.05, 0.3), 18: (790.0, 0.01, 0.4)})
+    autotune_loader(_loader, lambda b: None, cpus=2)
+    assert _workers(tried)[:3] == [0, 12, 18]
+
+
+def test_workers_that_could_make_more_than_the_loop_took_end_the_search(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over whole epochs a trial times its epoch start: each of 12 workers made its first batch
+    in 90 ms, all fetching at once, so they can make 12 batches per 90 ms, an epoch of 512 in
+    0.09 × ⌈512 / 12⌉ = 3.87 s: 1,058 samples/s. The loop took 500 (±2 %): the workers are not
+    what limits, so neither 18 workers nor a deeper queue is tried."""
+    tried = _script(monkeypatch, {12: (500.0, 0.02, 0.3), 18: (540.0, 0.02, 0.4)},
+                    timed_epochs=1, refill_s=0.09)
+    plan = autotune_loader(_loader, lambda b: None, cpus=2)
+    assert _workers(tried) == [0, 12] and plan.settings.num_workers == 12
+    assert "12 workers can make 1,058 samples/s (Little's law: 12 batches per 0.09 s" \
+        in plan.reason and "more than the 500 the loop took" in plan.reason
+    # storage that slows under 12 fetches at once (300 ms a batch): they make 318 samples/s,
+    # no more than the loop took, so they may be what limits: 18 are tried
+    tried = _script(monkeypatch, {12: (500.0, 0.02, 0.3), 18: (540.0, 0.02, 0.4),
+                                  27: (545.0, 0.02, 0.5)}, timed_epochs=1, refill_s=0.3)
     autotune_loader(_loader, lambda b: None, cpus=2)
     assert _workers(tried)[:3] == [0, 12, 18]
 

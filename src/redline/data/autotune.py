@@ -174,12 +174,28 @@ def _refilled_ceiling(t: Trial, ceiling: float | None, epoch: int | None, consum
     """The consumer's rate over whole epochs, for a trial timed over them: each epoch's batches
     at the consumer's rate plus one batch's fetch before the first of them. PyTorch's DataLoader
     starts an epoch's fetches when its iterator is made, every worker at once, so the first
-    batch takes a whole fetch however many workers there are (``fetch_s``, as the main process
-    timed it: a worker's is no shorter). None for a trial timed inside an epoch."""
+    batch takes a whole fetch however many workers there are (the trial's own epoch start,
+    :attr:`Trial.refill_s`, where it timed one; else ``fetch_s``, as the main process timed
+    it: a worker's is no shorter). None for a trial timed inside an epoch."""
     if not t.whole_epochs or ceiling is None or not epoch:
         return None
     epoch_s = epoch * consume_s
-    return ceiling * epoch_s / (epoch_s + fetch_s)
+    refill_s = t.refill_s if t.refill_s is not None else fetch_s
+    return ceiling * epoch_s / (epoch_s + refill_s)
+
+
+def _made_bound(t: Trial, epoch: int | None, per_batch: int | None,
+                ranks: int) -> float | None:
+    """Samples/s ``t``'s workers can make over an epoch, from the batch time they showed at
+    its epoch start (:attr:`Trial.refill_s`: every worker fetching at once, as all of them
+    are when they are what limits). By Little's law (L = λW) n workers, each always holding a
+    request (prefetch ≥ 1), make n batches per W; the epoch's E batches, requested in turn,
+    take W × ⌈E / n⌉. Every rank's; None without workers, a timed epoch start or a known
+    epoch."""
+    n = t.settings.num_workers
+    if not n or t.refill_s is None or not epoch or not per_batch:
+        return None
+    return ranks * per_batch * epoch / max(1e-12, t.refill_s * math.ceil(epoch / n))
 
 
 def _predicted_trial_s(s: LoaderSettings, rate_batches: float, per_worker_startup_s: float,
@@ -303,6 +319,7 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     prefetch = 2  # PyTorch's default; deepened once at the end if the fetch is I/O-bound
     stalls = 0
     more_did_not_pay = False
+    makers_ahead = False
     last: Trial | None = None
     while not reason:
         # A fetch that waits (its workers leave the cores idle) may use more workers than
@@ -366,6 +383,21 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                           "batch): no "
                           f"more workers can gain ≥ {noise:.0%} (the larger of "
                           f"{MIN_GAIN:.0%} and the windows' spread)")
+                break
+            made = _made_bound(best, epoch, per_batch, job.world_size)
+            if made is not None and _waits(best, budget) and \
+                    made >= best.samples_per_s * (1 + noise):
+                # the workers could make more than the loop took: were they what limits, the
+                # loop would get what they make. Only for a fetch that waits: a computing
+                # fetch's epoch start ran beside an idle consumer, faster than in the loop.
+                makers_ahead = True
+                reason = (f"{best.settings.num_workers} workers can make {made:,.0f} "
+                          f"samples/s (Little's law: {best.settings.num_workers} batches per "
+                          f"{best.refill_s or 0.0:.2f} s, the time of an epoch's first batch "
+                          "with every worker fetching), more than the "
+                          f"{best.samples_per_s:,.0f} the loop took by ≥ {noise:.0%}: the "
+                          "workers are not what limits, so neither more of them nor a deeper "
+                          "queue can gain")
                 break
             extra_s = per_worker_startup * (workers - best.settings.num_workers)
             if horizon is not None and ceiling is not None and ceiling > best.samples_per_s:
@@ -432,7 +464,7 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     room = not bounds or \
         best.samples_per_s * (1 + max(MIN_GAIN, best.spread_fraction)) < min(bounds)
     if (best.settings.num_workers and best.data_wait_fraction > WAIT_TARGET and room
-            and _waits(best, budget) and not more_did_not_pay):
+            and _waits(best, budget) and not more_did_not_pay and not makers_ahead):
         # The fetch waits rather than computes: a deeper queue per worker may hide latency.
         # Not after more workers measurably did not gain: they added as many batches in
         # flight as a deeper queue would, and producers to fill them (then the producers

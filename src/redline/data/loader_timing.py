@@ -63,6 +63,11 @@ class Trial:
     """Median time of ``next()`` on the batches the workers had queued during start-up: what
     the training process spends receiving a batch that is ready (unpickling, shared-memory
     handles); None without workers or skipped batches."""
+    refill_s: float | None = None
+    """Median time of ``next()`` on an epoch's first batch inside the timed windows: with
+    workers, every worker starts a fetch at once when the epoch begins, so it is one batch's
+    time from request to arrival with all of them busy (Little's law's W under this load);
+    None when no epoch began inside the windows."""
 
 
 def _proc_cpu(p: psutil.Process) -> float:
@@ -125,14 +130,18 @@ def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     It never lengthens a window. With ``window_s``, an epoch too short for the skip plus 3
     windows of more than is in flight is timed whole, over as few whole epochs as hold 3 such
     windows (and ``batches``): the rate is over all of them, refills included, and the spread
-    that of their 3 equal parts.
+    that of their 3 equal parts, each without the refill that fell in it (a cost every epoch
+    pays, not noise). The refill itself, an epoch's first batch from request to arrival, is
+    kept as :attr:`Trial.refill_s`.
 
     The window must not cross an epoch boundary for one setting and not for another: each new
     epoch drains the queues and refills them, and deeper queues skip more batches: a trial
     whose window alone crosses a short epoch reads far slower than one that does not, whatever
     its workers. ``whole_epochs=False`` times inside one epoch (steady state;
-    the window is shortened to end at the boundary); ``True`` skips to an epoch boundary and
-    times whole epochs, each with its refill, as training pays it; ``None`` chooses inside
+    the window is shortened to end at the boundary); ``True`` times whole periods of an epoch
+    from the first batch after the skip (batch *s* of one epoch to batch *s* of the next),
+    each holding one epoch start with its refill, as training pays it, without first skipping
+    to a boundary; ``None`` chooses inside
     unless the epoch cannot hold the skip plus ``MIN_TIMED_BATCHES`` (then whole epochs
     whatever was asked). ``autotune_loader`` chooses once for all its trials.
     """
@@ -162,14 +171,19 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         loader = make_loader(settings)
         it: Iterator[Any] = iter(loader)
 
+        refills: list[float] = []  # next() on an epoch's first batch, from iter() on
+
         def nxt() -> Any:
             # Short epochs (small datasets) wrap around, as a training loop's epochs do.
             nonlocal it
             try:
                 return next(it)
             except StopIteration:
+                t = time.perf_counter()
                 it = iter(loader)
-                return next(it)
+                b = next(it)
+                refills.append(time.perf_counter() - t)
+                return b
 
         epoch = epoch_batches(loader)
         whole = 0
@@ -182,7 +196,9 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             if whole_epochs is None:
                 whole_epochs = epoch < skip + least
             if whole_epochs or epoch < skip + least:
-                skip = math.ceil(skip / epoch) * epoch
+                # whole periods of an epoch, from the first batch after the skip: each holds
+                # one epoch start (with its refill) and one epoch's batches, as training pays
+                # them, without first skipping to a boundary
                 whole = math.ceil((batches if window_s is None else max(asked, drained))
                                   / epoch)
                 batches = whole * epoch
@@ -213,17 +229,22 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             ends = [round(batches * (k + 1) / n_windows) for k in range(n_windows)]
         # a window cut by time still holds more batches than are in flight
         cut_at = None if whole or window_s is None else in_flight(settings) + 1
-        windows: list[tuple[float, float, int]] = []  # (wait s, step s, samples) per window
-        wait = step = 0.0
+        # (wait s, step s, samples, refill s) per window
+        windows: list[tuple[float, float, int, float]] = []
+        wait = step = refill = 0.0
+        refills.clear()  # the skip's are not the windows'
         samples = in_window = timed = 0
         c0, w0 = _proc_cpu(proc), time.perf_counter()
         w_start = w0
         while len(windows) < n_windows:
+            began = len(refills)
             t0 = time.perf_counter()
             b = nxt()
             t1 = time.perf_counter()
             consume(b)
             t2 = time.perf_counter()
+            if len(refills) > began:
+                refill += refills[-1]
             wait += t1 - t0
             step += t2 - t0
             samples += batch_samples(b) or 1
@@ -234,19 +255,21 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             cut = cut_at is not None and in_window >= cut_at \
                 and t2 - w_start >= window_s  # type: ignore[operator]
             if planned or cut:
-                windows.append((wait, step, samples))
-                wait = step = 0.0
+                windows.append((wait, step, samples, refill))
+                wait = step = refill = 0.0
                 samples = in_window = 0
                 w_start = t2
         busy = (_proc_cpu(proc) - c0) / max(1e-9, time.perf_counter() - w0)
         per_worker = _worker_bytes(proc) if settings.num_workers else None
     finally:
         torch.set_num_threads(threads)
-    rates = [n / max(1e-12, s) for _, s, n in windows]
+    rates = [n / max(1e-12, s) for _, s, n, _ in windows]
     median = sorted(range(len(rates)), key=rates.__getitem__)[len(rates) // 2]
-    later = rates[1:]
+    # the noise is the steady state's: an epoch start's refill, which lands in one window and
+    # not the others, is a cost paid every epoch (in the rate), not noise
+    later = [n / max(1e-12, s - r) for _, s, n, r in windows[1:]]
     spread = (max(later) - min(later)) / rates[median] if len(later) >= 2 else 0.0
-    w_s, s_s, _ = windows[median]
+    w_s, s_s, _, _ = windows[median]
     rate = rates[median]
     if split:  # every batch of the whole epochs, refills included, as training pays them
         w_s, s_s = sum(w[0] for w in windows), sum(w[1] for w in windows)
@@ -256,7 +279,8 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                  seconds=time.perf_counter() - t_start,
                  timed_batches=timed, whole_epochs=whole, worker_bytes=per_worker,
                  spread_fraction=spread, startup_s=startup,
-                 ready_fetch_s=statistics.median(ready) if ready else None)
+                 ready_fetch_s=statistics.median(ready) if ready else None,
+                 refill_s=statistics.median(refills) if refills else None)
 
 
 def _worker_bytes(proc: psutil.Process) -> int | None:
@@ -299,4 +323,6 @@ def merge_rank_trials(trials: list[Trial]) -> Trial:
                  spread_fraction=max(t.spread_fraction for t in trials),
                  startup_s=max(t.startup_s for t in trials),
                  ready_fetch_s=max((t.ready_fetch_s for t in trials
-                                    if t.ready_fetch_s is not None), default=None))
+                                    if t.ready_fetch_s is not None), default=None),
+                 refill_s=max((t.refill_s for t in trials if t.refill_s is not None),
+                              default=None))
