@@ -194,3 +194,49 @@ def test_the_matrix_product_shortcuts_agree_with_torchs_formulas() -> None:
         want = flop_registry[packet](*args, **kwargs, out_val=out)
         assert _GEMMS[packet](args) == want > 0, packet
     assert set(_GEMMS) == set(calls)
+
+
+def test_every_convolution_of_torchs_formulas_counts_as_convolution() -> None:
+    """``_slow_conv2d_forward`` (the CPU's own, reached when a caller calls it directly) is a
+    convolution in torch's formulas although its name lacks the word: MFU needs its FLOPs
+    among the convolutions' (TF32 by default on CUDA). Torch's formula for it takes other
+    arguments than it has, so redline counts it by its shapes."""
+    from torch.utils.flop_counter import flop_registry
+
+    from redline.measure.flops import FlopWindow
+
+    convs = {p.__name__ for p in flop_registry if "conv" in p.__name__}
+    assert "_slow_conv2d_forward" in convs
+    x, w = torch.randn(1, 2, 6, 6), torch.randn(4, 2, 3, 3)
+    win = FlopWindow()
+    win.start()
+    torch.ops.aten._slow_conv2d_forward(x, w, [3, 3], None, [1, 1], [0, 0])
+    win.backward_ended()
+    win.stop(passes=1)
+    # 2 · (4 output channels · 16 positions) · (2 input channels · 9 taps)
+    assert win.error is None and win.flops == win.conv_flops == 2 * 4 * 16 * 2 * 9
+
+
+def test_a_formula_that_raises_leaves_the_count_unknown_and_the_step_running(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A formula that does not fit its call (torch's own for an operator it misdescribes)
+    must not break the user's step; a count without that operator is a lower bound, so the
+    FLOPs are unknown and the error says which operator."""
+    from torch.utils import flop_counter
+
+    from redline.measure.flops import FlopWindow
+
+    def broken(*args: object, **kwargs: object) -> int:
+        raise TypeError("conv_flop() missing 1 required positional argument: 'transposed'")
+
+    monkeypatch.setitem(flop_counter.flop_registry, torch.ops.aten.convolution, broken)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Flatten(), nn.Linear(48, 2))
+    win = FlopWindow()
+    win.start()
+    out = model(torch.randn(2, 2, 6, 6))
+    out.square().mean().backward()
+    win.backward_ended()
+    win.stop(passes=1)
+    assert out.shape == (2, 2) and model[0].weight.grad is not None
+    assert win.flops is None and win.conv_flops is None
+    assert win.error is not None and "aten.convolution.default: TypeError" in win.error

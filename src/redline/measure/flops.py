@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import conv_flop_count, flop_registry
 
 _aten = torch.ops.aten
 _SIZE_QUERIES = frozenset(
@@ -69,6 +69,18 @@ _GEMMS: dict[Any, Any] = {
 their wrapper, which maps every argument to its shape through pytree at each call."""
 
 
+def _slow_conv2d(x: torch.Tensor, w: torch.Tensor, *args: Any, out_val: Any = None,
+                 **kwargs: Any) -> int:
+    return int(conv_flop_count(list(x.shape), list(w.shape), list(out_val.shape),
+                               transposed=False))
+
+
+_OWN_FORMULAS: dict[Any, Any] = {_aten._slow_conv2d_forward: _slow_conv2d}
+"""Operators whose formula in torch's registry takes other arguments than the operator has:
+``_slow_conv2d_forward`` (input, weight, kernel size, bias, stride, padding) is registered
+with ``conv_flop``, which also needs dilation and ``transposed``."""
+
+
 class _Counting(TorchDispatchMode):
     """FLOPs of the operators run under it, by ``torch.utils.flop_counter``'s formulas."""
 
@@ -78,6 +90,8 @@ class _Counting(TorchDispatchMode):
         super().__init__()
         self.flops = 0
         self.conv_flops = 0
+        self.failed: str | None = None
+        """The first operator whose formula raised (the count is then unknown), else None."""
         self._plans: dict[Any, tuple[int, Any]] = {}
         """What to do with each operator, found at its first call: (_PASS, None) for a size
         query or a higher-order operator; (_COUNT, formula), (_CONV, formula) for a
@@ -92,13 +106,15 @@ class _Counting(TorchDispatchMode):
             plan: tuple[int, Any] = (_PASS, None)
         else:
             packet = func._overloadpacket
-            formula = flop_registry.get(packet)
+            formula = _OWN_FORMULAS.get(packet) or flop_registry.get(packet)
             if formula is None:
                 plan = (_RUN, None) if func is _PRIM_DEVICE else (_DECOMPOSE, None)
             elif packet in _GEMMS:
                 plan = (_GEMM, _GEMMS[packet])
             else:
-                plan = (_CONV if "convolution" in packet.__name__ else _COUNT, formula)
+                # every convolution of the registry: `convolution`, its backward, cudnn's and
+                # the CPU's `_slow_conv2d_forward`, whose name lacks the word
+                plan = (_CONV if "conv" in packet.__name__ else _COUNT, formula)
         self._plans[func] = plan
         return plan
 
@@ -122,7 +138,12 @@ class _Counting(TorchDispatchMode):
         if kind == _GEMM:
             self.flops += int(formula(args))
             return out
-        n = int(formula(*args, **kwargs, out_val=out))
+        try:
+            n = int(formula(*args, **kwargs, out_val=out))
+        except Exception as e:  # a formula that does not fit the call: never the user's error
+            self.failed = self.failed or f"{func}: {type(e).__name__}: {e}"
+            self._plans[func] = (_RUN, None)
+            return out
         self.flops += n
         if kind == _CONV:
             self.conv_flops += n
@@ -186,6 +207,10 @@ class FlopWindow:
     def _exit(self, mode: _Counting) -> tuple[float, float] | None:
         try:
             mode.__exit__(None, None, None)
+            if mode.failed is not None:
+                # a count without that operator's FLOPs is a lower bound: unknown, not a guess
+                self.error = f"FLOP counting failed: the formula for {mode.failed}"
+                return None
             return float(mode.flops), float(mode.conv_flops)
         except Exception as e:
             self.error = f"FLOP counting failed: {type(e).__name__}: {e}"
