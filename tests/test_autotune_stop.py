@@ -46,7 +46,7 @@ def _script(monkeypatch: pytest.MonkeyPatch,
                      consume: Callable[[Any], None], s: LoaderSettings, threads: int = 1,
                      batches: int = 24, skip: int | None = None,
                      whole_epochs: bool | None = None,
-                     window_s: float | None = None) -> Trial:
+                     window_s: float | None = None, time_refill: bool = False) -> Trial:
         tried.append(s)
         rate, spread, startup = rates[s.num_workers]
         if s.num_workers and s.prefetch_factor == 4:
@@ -57,7 +57,7 @@ def _script(monkeypatch: pytest.MonkeyPatch,
                      spread_fraction=spread, startup_s=startup,
                      ready_fetch_s=ready_fetch_s if s.num_workers else None,
                      whole_epochs=timed_epochs if s.num_workers else 0,
-                     refill_s=refill_s if s.num_workers and timed_epochs else None)
+                     refill_s=refill_s if s.num_workers else None)
 
     def fake_consume_time(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                           consume: Callable[[Any], None], repeats: int = 5
@@ -142,6 +142,43 @@ def test_workers_that_could_make_more_than_the_loop_took_end_the_search(
                                   27: (545.0, 0.02, 0.5)}, timed_epochs=1, refill_s=0.3)
     autotune_loader(_loader, lambda b: None, cpus=2)
     assert _workers(tried)[:3] == [0, 12, 18]
+    # timed inside an epoch, the trial starts one after its windows: 12 batches per 90 ms
+    # in steady state, 12 × 8 / 0.09 = 1,067 samples/s
+    tried = _script(monkeypatch, {12: (500.0, 0.02, 0.3), 18: (540.0, 0.02, 0.4)},
+                    refill_s=0.09)
+    plan = autotune_loader(_loader, lambda b: None, cpus=2)
+    assert _workers(tried) == [0, 12]
+    assert "12 workers can make 1,067 samples/s" in plan.reason
+
+
+@pytest.mark.slow
+def test_a_trial_inside_an_epoch_times_an_epoch_start_after_its_windows() -> None:
+    """2 persistent workers, batches of 8 samples sleeping 10 ms (80 ms a batch): the epoch
+    start after the windows is timed from the new iterator's first request, after the reset
+    waited for what was in flight (2 × 2 batches: another 160 ms, not in it)."""
+    from redline.data.loader_timing import measure
+
+    class Slow(Dataset[torch.Tensor]):
+        def __len__(self) -> int:
+            return 4096
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            time.sleep(0.010)
+            return torch.zeros(4)
+
+    ds = Slow()
+
+    def make(s: LoaderSettings) -> DataLoader[Any]:
+        return DataLoader(ds, batch_size=BATCH, **s.loader_kwargs())
+
+    s = LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True)
+    trial = measure(make, _consumer(0.001), s, batches=6, whole_epochs=False, window_s=0.1,
+                    time_refill=True)
+    assert trial.whole_epochs == 0 and trial.refill_s is not None
+    assert 0.075 <= trial.refill_s < 0.2, trial.refill_s
+    # not asked for, or without persistent workers (a new iterator starts new ones): none
+    assert measure(make, _consumer(0.001), s, batches=6, whole_epochs=False,
+                   window_s=0.1).refill_s is None
 
 
 def test_a_training_process_that_cannot_take_more_ends_the_search(

@@ -186,16 +186,17 @@ def _refilled_ceiling(t: Trial, ceiling: float | None, epoch: int | None, consum
 
 def _made_bound(t: Trial, epoch: int | None, per_batch: int | None,
                 ranks: int) -> float | None:
-    """Samples/s ``t``'s workers can make over an epoch, from the batch time they showed at
-    its epoch start (:attr:`Trial.refill_s`: every worker fetching at once, as all of them
-    are when they are what limits). By Little's law (L = λW) n workers, each always holding a
-    request (prefetch ≥ 1), make n batches per W; the epoch's E batches, requested in turn,
-    take W × ⌈E / n⌉. Every rank's; None without workers, a timed epoch start or a known
-    epoch."""
+    """Samples/s ``t``'s workers can make, from the batch time they showed at an epoch start
+    (:attr:`Trial.refill_s`: every worker fetching at once, as all of them are when they are
+    what limits). By Little's law (L = λW) n workers, each always holding a request
+    (prefetch ≥ 1), make n batches per W; over whole epochs, the epoch's E batches, requested
+    in turn, take W × ⌈E / n⌉. Every rank's; None without workers or a timed epoch start."""
     n = t.settings.num_workers
-    if not n or t.refill_s is None or not epoch or not per_batch:
+    if not n or t.refill_s is None or not per_batch:
         return None
-    return ranks * per_batch * epoch / max(1e-12, t.refill_s * math.ceil(epoch / n))
+    if t.whole_epochs and epoch:
+        return ranks * per_batch * epoch / max(1e-12, t.refill_s * math.ceil(epoch / n))
+    return ranks * per_batch * n / max(1e-12, t.refill_s)
 
 
 def _predicted_trial_s(s: LoaderSettings, rate_batches: float, per_worker_startup_s: float,
@@ -270,7 +271,7 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     def measure_(s: LoaderSettings, threads: int) -> Trial:
         trial = merge_rank_trials(job.run(
             lambda: measure(make_loader, consume, s, threads, batches_per_trial,
-                            whole_epochs=whole, window_s=window_s),
+                            whole_epochs=whole, window_s=window_s, time_refill=True),
             f"loader trial {s.num_workers} workers"))
         plan.trials.append(trial)
         plan.startup_s += trial.startup_s

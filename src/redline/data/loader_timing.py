@@ -111,7 +111,8 @@ def default_skip(settings: LoaderSettings, window_s: float | None = None) -> int
 def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             consume: Callable[[Any], None], settings: LoaderSettings, torch_threads: int = 1,
             batches: int = 24, skip: int | None = None,
-            whole_epochs: bool | None = None, window_s: float | None = None) -> Trial:
+            whole_epochs: bool | None = None, window_s: float | None = None,
+            time_refill: bool = False) -> Trial:
     """Throughput and data wait of one setting, in the real loop, in steady state.
 
     The first batches are skipped: worker start-up is a one-off with persistent workers, and
@@ -144,6 +145,10 @@ def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     to a boundary; ``None`` chooses inside
     unless the epoch cannot hold the skip plus ``MIN_TIMED_BATCHES`` (then whole epochs
     whatever was asked). ``autotune_loader`` chooses once for all its trials.
+
+    ``time_refill``: with persistent workers and no epoch start inside the windows, start a
+    new epoch after them and time its first batch (:attr:`Trial.refill_s`), which costs the
+    in-flight batches' drain plus one batch's fetch.
     """
     if skip is None:
         skip = default_skip(settings, window_s)
@@ -159,6 +164,7 @@ def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         return _measure(make_loader=make_loader, consume=consume, settings=settings,
                         torch_threads=torch_threads, batches=batches, skip=skip,
                         whole_epochs=whole_epochs, proc=proc, threads=threads,
+                        time_refill=time_refill,
                         t_start=t_start, window_s=window_s, asked=asked)
 
 
@@ -166,7 +172,7 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
              consume: Callable[[Any], None], settings: LoaderSettings, torch_threads: int,
              batches: int, skip: int,
              whole_epochs: bool | None, proc: psutil.Process, threads: int, t_start: float,
-             window_s: float | None, asked: int) -> Trial:
+             window_s: float | None, asked: int, time_refill: bool = False) -> Trial:
     try:
         loader = make_loader(settings)
         it: Iterator[Any] = iter(loader)
@@ -260,6 +266,14 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                 samples = in_window = 0
                 w_start = t2
         busy = (_proc_cpu(proc) - c0) / max(1e-9, time.perf_counter() - w0)
+        if time_refill and not refills and settings.num_workers and \
+                settings.persistent_workers:
+            # PyTorch's iterator reset waits for what is in flight, then asks every worker
+            # for new batches at once: the first is one batch's fetch with all of them busy
+            it = iter(loader)
+            t0 = time.perf_counter()
+            next(it)
+            refills.append(time.perf_counter() - t0)
         per_worker = _worker_bytes(proc) if settings.num_workers else None
     finally:
         torch.set_num_threads(threads)
