@@ -108,9 +108,16 @@ def test_epoch_boundaries_do_not_decide_between_settings() -> None:
     # batches 1-9 of the first epoch and batch 0 of the next, whose start is the refill
     assert len(seen) == 11 and seen[10] == 0.0
     assert shallow.refill_s is not None and shallow.refill_s >= 0.15
-    # the refill falls in the last window alone; as a cost every epoch pays it is in the
-    # rate, not in the spread (with it, the windows would differ ~10×)
-    assert shallow.spread_fraction < 1.0
+    # split in 3 windows (window_s), the refill falls in the last alone: as a cost every
+    # epoch pays it is in the rate, not in the spread (with it, windows 2 and 3 would differ
+    # ~4×: 3 batches in 15 ms against 4 in 170 ms)
+    split = measure(short, consume, LoaderSettings(), batches=4, skip=1, whole_epochs=True,
+                    window_s=0.01)
+    assert split.whole_epochs == 1 and split.timed_batches == 10 and split.refill_s is not None
+    assert split.spread_fraction < 1.0, split.spread_fraction
+    assert split.samples_per_s < 40 / 0.15  # the refill is in the rate (steady: 800/s)
+    seen.clear()
+    shallow = measure(short, consume, LoaderSettings(), batches=4, skip=1, whole_epochs=True)
     deep = measure(short, consume, LoaderSettings(), batches=4, skip=7, whole_epochs=True)
     assert deep.whole_epochs == 1 and deep.timed_batches == 10
     assert len(seen) == 11 + 17 and deep.refill_s is not None and deep.refill_s >= 0.15

@@ -142,13 +142,15 @@ def test_workers_that_could_make_more_than_the_loop_took_end_the_search(
                                   27: (545.0, 0.02, 0.5)}, timed_epochs=1, refill_s=0.3)
     autotune_loader(_loader, lambda b: None, cpus=2)
     assert _workers(tried)[:3] == [0, 12, 18]
-    # timed inside an epoch, the trial starts one after its windows: 12 batches per 90 ms
-    # in steady state, 12 × 8 / 0.09 = 1,067 samples/s
+    # timed inside an epoch, the trial starts one after its windows. Its 30 ms (samples the
+    # page cache still held) is shorter than the main process's first read of them (90 ms):
+    # W is the larger, 12 batches per 90 ms in steady state, 12 × 8 / 0.09 = 1,067 samples/s
     tried = _script(monkeypatch, {12: (500.0, 0.02, 0.3), 18: (540.0, 0.02, 0.4)},
-                    refill_s=0.09)
+                    refill_s=0.03)
     plan = autotune_loader(_loader, lambda b: None, cpus=2)
     assert _workers(tried) == [0, 12]
-    assert "12 workers can make 1,067 samples/s" in plan.reason
+    assert "12 workers can make 1,067 samples/s (Little's law: 12 batches per 0.09 s" \
+        in plan.reason and "a deeper queue, which hides uneven fetch times" in plan.reason
 
 
 @pytest.mark.slow
@@ -179,6 +181,9 @@ def test_a_trial_inside_an_epoch_times_an_epoch_start_after_its_windows() -> Non
     # not asked for, or without persistent workers (a new iterator starts new ones): none
     assert measure(make, _consumer(0.001), s, batches=6, whole_epochs=False,
                    window_s=0.1).refill_s is None
+    fresh = LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=False)
+    assert measure(make, _consumer(0.001), fresh, batches=6, whole_epochs=False, window_s=0.1,
+                   time_refill=True).refill_s is None
 
 
 def test_a_training_process_that_cannot_take_more_ends_the_search(

@@ -6,7 +6,8 @@ the main process fetching alone, then goes straight to the workers that Little's
 the consumer fed (the fetch's time per batch over the consumer's), and adds workers while each
 step gains beyond the noise of its timing windows and repays its extra start-up. It stops once
 the loop waits for data ≤ 2 % of the step, the usable CPUs are saturated, the consumer's
-rate (over whole epochs: with each epoch's refill) is within the noise, a gain is within the
+rate (over whole epochs: with each epoch's refill) is within the noise, the workers could make
+more than the loop took (a fetch that waits: Little's law), a gain is within the
 windows' spread, more workers would not repay their start-up, the search's time budget would
 be passed, or /dev/shm / RAM / open files would not hold more. Each trial is
 :func:`redline.data.loader_timing.measure`.
@@ -184,28 +185,35 @@ def _refilled_ceiling(t: Trial, ceiling: float | None, epoch: int | None, consum
     return ceiling * epoch_s / (epoch_s + refill_s)
 
 
-def _made_bound(t: Trial, epoch: int | None, per_batch: int | None,
-                ranks: int) -> float | None:
-    """Samples/s ``t``'s workers can make, from the batch time they showed at an epoch start
-    (:attr:`Trial.refill_s`: every worker fetching at once, as all of them are when they are
-    what limits). By Little's law (L = λW) n workers, each always holding a request
-    (prefetch ≥ 1), make n batches per W; over whole epochs, the epoch's E batches, requested
-    in turn, take W × ⌈E / n⌉. Every rank's; None without workers or a timed epoch start."""
+def _made_bound(t: Trial, epoch: int | None, per_batch: int | None, ranks: int,
+                fetch_s: float) -> float | None:
+    """Samples/s ``t``'s workers can make. By Little's law (L = λW) n workers, each always
+    holding a request (prefetch ≥ 1), make n batches per W; over whole epochs, the epoch's E
+    batches, requested in turn, take W × ⌈E / n⌉. W is the larger of the batch time the
+    workers showed at an epoch start (:attr:`Trial.refill_s`: every worker fetching at once,
+    as all of them are when they are what limits; storage that slows under that load shows
+    it) and the main process's own fetch (``fetch_s``: the first read of its samples, where a
+    new epoch may re-read samples the page cache still holds). Every rank's; None without
+    workers or a timed epoch start."""
     n = t.settings.num_workers
     if not n or t.refill_s is None or not per_batch:
         return None
+    w = max(t.refill_s, fetch_s)
     if t.whole_epochs and epoch:
-        return ranks * per_batch * epoch / max(1e-12, t.refill_s * math.ceil(epoch / n))
-    return ranks * per_batch * n / max(1e-12, t.refill_s)
+        return ranks * per_batch * epoch / max(1e-12, w * math.ceil(epoch / n))
+    return ranks * per_batch * n / max(1e-12, w)
 
 
 def _predicted_trial_s(s: LoaderSettings, rate_batches: float, per_worker_startup_s: float,
-                       batches: int, window_s: float | None) -> float:
+                       batches: int, window_s: float | None, fetch_s: float) -> float:
     """What a trial of ``s`` will cost: its workers' start-up at the measured cost per worker,
     then its skip and windows at ``rate_batches`` (the best rate so far: a setting tried
-    because it may be faster is not slower than that)."""
+    because it may be faster is not slower than that), then with workers the epoch start
+    timed after them (``time_refill``): what is in flight drains, ~prefetch fetches of
+    ``fetch_s``, then one more."""
     timed = default_skip(s, window_s) + window_batches(s, batches)
-    return per_worker_startup_s * s.num_workers + timed / max(1e-9, rate_batches)
+    refill = ((s.prefetch_factor or 2) + 1) * fetch_s if s.num_workers else 0.0
+    return per_worker_startup_s * s.num_workers + timed / max(1e-9, rate_batches) + refill
 
 
 def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
@@ -283,7 +291,8 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             return ""
         spent = time.perf_counter() - t_begin
         rate = best.samples_per_s / max(1, per_batch or 1)
-        cost = _predicted_trial_s(s, rate, per_worker_startup, batches_per_trial, window_s)
+        cost = _predicted_trial_s(s, rate, per_worker_startup, batches_per_trial, window_s,
+                                  fetch_s)
         if spent + cost <= budget_s:
             return ""
         return (f"a trial of {s.num_workers} workers × prefetch {s.prefetch_factor} would take "
@@ -369,7 +378,9 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                 reason = (f"{best.settings.num_workers} workers reach "
                           f"{best.samples_per_s:,.0f} samples/s of the {refilled:,.0f} the "
                           f"consumer can take over whole epochs of {epoch} batches, each "
-                          f"starting with one batch's fetch ({fetch_s:.2f} s) that more "
+                          "starting with one batch's fetch "
+                          f"({best.refill_s if best.refill_s is not None else fetch_s:.2f} s) "
+                          "that more "
                           f"workers do not shorten: no more workers can gain ≥ {noise:.0%} "
                           f"(the larger of {MIN_GAIN:.0%} and the windows' spread)")
                 break
@@ -385,20 +396,21 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                           f"more workers can gain ≥ {noise:.0%} (the larger of "
                           f"{MIN_GAIN:.0%} and the windows' spread)")
                 break
-            made = _made_bound(best, epoch, per_batch, job.world_size)
+            made = _made_bound(best, epoch, per_batch, job.world_size, fetch_s)
             if made is not None and _waits(best, budget) and \
                     made >= best.samples_per_s * (1 + noise):
                 # the workers could make more than the loop took: were they what limits, the
                 # loop would get what they make. Only for a fetch that waits: a computing
                 # fetch's epoch start ran beside an idle consumer, faster than in the loop.
                 makers_ahead = True
+                w_s = max(best.refill_s or 0.0, fetch_s)
                 reason = (f"{best.settings.num_workers} workers can make {made:,.0f} "
                           f"samples/s (Little's law: {best.settings.num_workers} batches per "
-                          f"{best.refill_s or 0.0:.2f} s, the time of an epoch's first batch "
-                          "with every worker fetching), more than the "
-                          f"{best.samples_per_s:,.0f} the loop took by ≥ {noise:.0%}: the "
-                          "workers are not what limits, so neither more of them nor a deeper "
-                          "queue can gain")
+                          f"{w_s:.2f} s, a batch's fetch with every worker fetching), more "
+                          f"than the {best.samples_per_s:,.0f} the loop took by ≥ "
+                          f"{noise:.0%}: the workers are not what limits, so more of them "
+                          "cannot gain; a deeper queue, which hides uneven fetch times, not "
+                          "slow ones, is not tried")
                 break
             extra_s = per_worker_startup * (workers - best.settings.num_workers)
             if horizon is not None and ceiling is not None and ceiling > best.samples_per_s:

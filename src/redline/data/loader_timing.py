@@ -9,6 +9,7 @@ not the pipeline. The rate is the windows' median, their spread the setting's no
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -64,10 +65,12 @@ class Trial:
     the training process spends receiving a batch that is ready (unpickling, shared-memory
     handles); None without workers or skipped batches."""
     refill_s: float | None = None
-    """Median time of ``next()`` on an epoch's first batch inside the timed windows: with
-    workers, every worker starts a fetch at once when the epoch begins, so it is one batch's
-    time from request to arrival with all of them busy (Little's law's W under this load);
-    None when no epoch began inside the windows."""
+    """Time of an epoch's first batch, with workers one batch's fetch with every worker
+    fetching at once (Little's law's W under that load): the median of the epoch starts inside
+    the windows, from ``iter()`` (the sampler's own start and the workers' resume included,
+    as training pays them), else the one ``measure(time_refill=True)`` starts after them, from
+    the new epoch's requests (after what was in flight drained); None when no epoch start was
+    timed."""
 
 
 def _proc_cpu(p: psutil.Process) -> float:
@@ -131,9 +134,9 @@ def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     It never lengthens a window. With ``window_s``, an epoch too short for the skip plus 3
     windows of more than is in flight is timed whole, over as few whole epochs as hold 3 such
     windows (and ``batches``): the rate is over all of them, refills included, and the spread
-    that of their 3 equal parts, each without the refill that fell in it (a cost every epoch
-    pays, not noise). The refill itself, an epoch's first batch from request to arrival, is
-    kept as :attr:`Trial.refill_s`.
+    that of their 3 equal parts, each without the batch that began an epoch in it (its refill
+    is a cost every epoch pays, not noise). The refill itself, an epoch's first batch from
+    request to arrival, is kept as :attr:`Trial.refill_s`.
 
     The window must not cross an epoch boundary for one setting and not for another: each new
     epoch drains the queues and refills them, and deeper queues skip more batches: a trial
@@ -235,9 +238,11 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             ends = [round(batches * (k + 1) / n_windows) for k in range(n_windows)]
         # a window cut by time still holds more batches than are in flight
         cut_at = None if whole or window_s is None else in_flight(settings) + 1
-        # (wait s, step s, samples, refill s) per window
-        windows: list[tuple[float, float, int, float]] = []
-        wait = step = refill = 0.0
+        # (wait s, step s, samples, and of these the step s and samples of the batches that
+        # began an epoch) per window
+        windows: list[tuple[float, float, int, float, int]] = []
+        wait = step = start_step = 0.0
+        start_samples = 0
         refills.clear()  # the skip's are not the windows'
         samples = in_window = timed = 0
         c0, w0 = _proc_cpu(proc), time.perf_counter()
@@ -249,11 +254,13 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             t1 = time.perf_counter()
             consume(b)
             t2 = time.perf_counter()
+            n = batch_samples(b) or 1
             if len(refills) > began:
-                refill += refills[-1]
+                start_step += t2 - t0
+                start_samples += n
             wait += t1 - t0
             step += t2 - t0
-            samples += batch_samples(b) or 1
+            samples += n
             in_window += 1
             timed += 1
             planned = in_window >= ends[len(windows)] - (ends[len(windows) - 1]
@@ -261,29 +268,32 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             cut = cut_at is not None and in_window >= cut_at \
                 and t2 - w_start >= window_s  # type: ignore[operator]
             if planned or cut:
-                windows.append((wait, step, samples, refill))
-                wait = step = refill = 0.0
-                samples = in_window = 0
+                windows.append((wait, step, samples, start_step, start_samples))
+                wait = step = start_step = 0.0
+                samples = in_window = start_samples = 0
                 w_start = t2
         busy = (_proc_cpu(proc) - c0) / max(1e-9, time.perf_counter() - w0)
         if time_refill and not refills and settings.num_workers and \
-                settings.persistent_workers:
+                settings.persistent_workers and epoch is not None:
             # PyTorch's iterator reset waits for what is in flight, then asks every worker
-            # for new batches at once: the first is one batch's fetch with all of them busy
+            # for new batches at once: the first is one batch's fetch with all of them busy.
+            # (Not for a stream: restarting it may reopen shards or end a single pass.)
             it = iter(loader)
             t0 = time.perf_counter()
-            next(it)
-            refills.append(time.perf_counter() - t0)
+            with contextlib.suppress(StopIteration):
+                next(it)
+                refills.append(time.perf_counter() - t0)
         per_worker = _worker_bytes(proc) if settings.num_workers else None
     finally:
         torch.set_num_threads(threads)
-    rates = [n / max(1e-12, s) for _, s, n, _ in windows]
+    rates = [n / max(1e-12, s) for _, s, n, _, _ in windows]
     median = sorted(range(len(rates)), key=rates.__getitem__)[len(rates) // 2]
-    # the noise is the steady state's: an epoch start's refill, which lands in one window and
-    # not the others, is a cost paid every epoch (in the rate), not noise
-    later = [n / max(1e-12, s - r) for _, s, n, r in windows[1:]]
-    spread = (max(later) - min(later)) / rates[median] if len(later) >= 2 else 0.0
-    w_s, s_s, _, _ = windows[median]
+    # the noise is the steady state's: the batch that began an epoch (its refill), which
+    # lands in one window and not the others, is a cost paid every epoch (in the rate), not
+    # noise. Each later window's rate without it; a window of that batch alone is left out.
+    later = [(n - ns) / (s - ss) for _, s, n, ss, ns in windows[1:] if n > ns and s > ss]
+    spread = (max(later) - min(later)) / statistics.median(later) if len(later) >= 2 else 0.0
+    w_s, s_s = windows[median][:2]
     rate = rates[median]
     if split:  # every batch of the whole epochs, refills included, as training pays them
         w_s, s_s = sum(w[0] for w in windows), sum(w[1] for w in windows)
