@@ -34,12 +34,12 @@ def _loader(s: LoaderSettings) -> DataLoader[Any]:
 def _script(monkeypatch: pytest.MonkeyPatch,
             rates: dict[int, tuple[float, float, float]],
             ready_fetch_s: float | None = None, timed_epochs: int = 0,
-            refill_s: float | None = None) -> list[LoaderSettings]:
+            round_s: float | None = None) -> list[LoaderSettings]:
     """Trials by worker count: (samples/s, spread, start-up s); the main process (0 workers)
     waits 90 % of a 100 ms step (a fetch of 90 ms a batch: Little's law asks for 9 workers,
     12 with the headroom); ``timed_epochs``: the whole epochs the worker trials time (0:
-    inside one), ``refill_s`` the epoch start they timed. Returns the settings tried, in
-    order."""
+    inside one), ``round_s`` the workers' round they timed at an epoch start. Returns the
+    settings tried, in order."""
     tried: list[LoaderSettings] = []
 
     def fake_measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
@@ -57,7 +57,7 @@ def _script(monkeypatch: pytest.MonkeyPatch,
                      spread_fraction=spread, startup_s=startup,
                      ready_fetch_s=ready_fetch_s if s.num_workers else None,
                      whole_epochs=timed_epochs if s.num_workers else 0,
-                     refill_s=refill_s if s.num_workers else None)
+                     round_s=round_s if s.num_workers else None)
 
     def fake_consume_time(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                           consume: Callable[[Any], None], repeats: int = 5
@@ -124,40 +124,52 @@ def test_over_whole_epochs_the_refill_bounds_what_more_workers_can_gain(
     assert _workers(tried)[:3] == [0, 12, 18]
 
 
-def test_workers_that_could_make_more_than_the_loop_took_end_the_search(
+def test_workers_that_can_make_more_than_the_consumer_takes_end_the_search(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Over whole epochs a trial times its epoch start: each of 12 workers made its first batch
-    in 90 ms, all fetching at once, so they can make 12 batches per 90 ms, an epoch of 512 in
-    0.09 × ⌈512 / 12⌉ = 3.87 s: 1,058 samples/s. The loop took 500 (±2 %): the workers are not
-    what limits, so neither 18 workers nor a deeper queue is tried."""
+    """A trial times an epoch start after its windows: the slowest of 12 workers made its first
+    batch in 90 ms, all fetching at once, so they can make 12 batches per 90 ms; over whole
+    epochs, an epoch of 512 in 0.09 × ⌈512 / 12⌉ = 3.87 s: 1,058 samples/s, more than the
+    consumer takes over such epochs (800 × 5.12 / 5.21 = 786): neither 18 workers nor a
+    deeper queue is tried."""
     tried = _script(monkeypatch, {12: (500.0, 0.02, 0.3), 18: (540.0, 0.02, 0.4)},
-                    timed_epochs=1, refill_s=0.09)
+                    timed_epochs=1, round_s=0.09)
     plan = autotune_loader(_loader, lambda b: None, cpus=2)
     assert _workers(tried) == [0, 12] and plan.settings.num_workers == 12
-    assert "12 workers can make 1,058 samples/s (Little's law: 12 batches per 0.09 s" \
-        in plan.reason and "more than the 500 the loop took" in plan.reason
-    # storage that slows under 12 fetches at once (300 ms a batch): they make 318 samples/s,
-    # no more than the loop took, so they may be what limits: 18 are tried
+    assert "12 workers can make 1,058 samples/s (Little's law: 12 batches per 0.09 s, the " \
+        "slowest fetch of a round" in plan.reason
+    assert "more than the 786 the consumer can take over whole epochs, each with its " \
+        "refill, by ≥ 5%" in plan.reason
+    # storage that slows under 12 fetches at once, or a slowest fetch of the round, of 300 ms:
+    # they make 318 samples/s, no more than the loop took, so they may be what limits
     tried = _script(monkeypatch, {12: (500.0, 0.02, 0.3), 18: (540.0, 0.02, 0.4),
-                                  27: (545.0, 0.02, 0.5)}, timed_epochs=1, refill_s=0.3)
+                                  27: (545.0, 0.02, 0.5)}, timed_epochs=1, round_s=0.3)
     autotune_loader(_loader, lambda b: None, cpus=2)
     assert _workers(tried)[:3] == [0, 12, 18]
-    # timed inside an epoch, the trial starts one after its windows. Its 30 ms (samples the
-    # page cache still held) is shorter than the main process's first read of them (90 ms):
-    # W is the larger, 12 batches per 90 ms in steady state, 12 × 8 / 0.09 = 1,067 samples/s
+    # timed inside an epoch: a round of 30 ms (samples the page cache still held) is shorter
+    # than the main process's first read of them (90 ms): W is the larger, 12 batches per
+    # 90 ms in steady state, 12 × 8 / 0.09 = 1,067 samples/s
     tried = _script(monkeypatch, {12: (500.0, 0.02, 0.3), 18: (540.0, 0.02, 0.4)},
-                    refill_s=0.03)
+                    round_s=0.03)
     plan = autotune_loader(_loader, lambda b: None, cpus=2)
     assert _workers(tried) == [0, 12]
     assert "12 workers can make 1,067 samples/s (Little's law: 12 batches per 0.09 s" \
-        in plan.reason and "a deeper queue, which hides uneven fetch times" in plan.reason
+        in plan.reason and "the 800 the consumer can take with data ready" in plan.reason
+    assert "a deeper queue, which hides uneven fetch times, is not tried" in plan.reason
+    # a round of 120 ms: 800 samples/s, no more than the consumer takes. The loop took 500,
+    # far less than the workers make, yet more batches in flight may gain where fetch times
+    # are uneven: 18 workers are tried
+    tried = _script(monkeypatch, {12: (500.0, 0.02, 0.3), 18: (540.0, 0.02, 0.4),
+                                  27: (545.0, 0.02, 0.5)}, round_s=0.12)
+    autotune_loader(_loader, lambda b: None, cpus=2)
+    assert _workers(tried)[:3] == [0, 12, 18]
 
 
 @pytest.mark.slow
 def test_a_trial_inside_an_epoch_times_an_epoch_start_after_its_windows() -> None:
     """2 persistent workers, batches of 8 samples sleeping 10 ms (80 ms a batch): the epoch
     start after the windows is timed from the new iterator's first request, after the reset
-    waited for what was in flight (2 × 2 batches: another 160 ms, not in it)."""
+    waited for what was in flight (2 × 2 batches: another 160 ms, not in it), to its first
+    batch and to its second (the other worker's, made at the same time)."""
     from redline.data.loader_timing import measure
 
     class Slow(Dataset[torch.Tensor]):
@@ -178,12 +190,15 @@ def test_a_trial_inside_an_epoch_times_an_epoch_start_after_its_windows() -> Non
                     time_refill=True)
     assert trial.whole_epochs == 0 and trial.refill_s is not None
     assert 0.075 <= trial.refill_s < 0.2, trial.refill_s
+    # both workers' first batches, fetched at once: a round is one fetch, not two
+    assert trial.round_s is not None and trial.refill_s <= trial.round_s < 0.2, trial.round_s
     # not asked for, or without persistent workers (a new iterator starts new ones): none
     assert measure(make, _consumer(0.001), s, batches=6, whole_epochs=False,
                    window_s=0.1).refill_s is None
     fresh = LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=False)
-    assert measure(make, _consumer(0.001), fresh, batches=6, whole_epochs=False, window_s=0.1,
-                   time_refill=True).refill_s is None
+    untimed = measure(make, _consumer(0.001), fresh, batches=6, whole_epochs=False,
+                      window_s=0.1, time_refill=True)
+    assert untimed.refill_s is None and untimed.round_s is None
 
 
 def test_a_training_process_that_cannot_take_more_ends_the_search(

@@ -6,8 +6,8 @@ the main process fetching alone, then goes straight to the workers that Little's
 the consumer fed (the fetch's time per batch over the consumer's), and adds workers while each
 step gains beyond the noise of its timing windows and repays its extra start-up. It stops once
 the loop waits for data ≤ 2 % of the step, the usable CPUs are saturated, the consumer's
-rate (over whole epochs: with each epoch's refill) is within the noise, the workers could make
-more than the loop took (a fetch that waits: Little's law), a gain is within the
+rate (over whole epochs: with each epoch's refill) is within the noise, the workers can make
+more than the consumer takes (a fetch that waits: Little's law), a gain is within the
 windows' spread, more workers would not repay their start-up, the search's time budget would
 be passed, or /dev/shm / RAM / open files would not hold more. Each trial is
 :func:`redline.data.loader_timing.measure`.
@@ -189,16 +189,16 @@ def _made_bound(t: Trial, epoch: int | None, per_batch: int | None, ranks: int,
                 fetch_s: float) -> float | None:
     """Samples/s ``t``'s workers can make. By Little's law (L = λW) n workers, each always
     holding a request (prefetch ≥ 1), make n batches per W; over whole epochs, the epoch's E
-    batches, requested in turn, take W × ⌈E / n⌉. W is the larger of the batch time the
-    workers showed at an epoch start (:attr:`Trial.refill_s`: every worker fetching at once,
-    as all of them are when they are what limits; storage that slows under that load shows
-    it) and the main process's own fetch (``fetch_s``: the first read of its samples, where a
-    new epoch may re-read samples the page cache still holds). Every rank's; None without
-    workers or a timed epoch start."""
+    batches, requested in turn, take W × ⌈E / n⌉. W is the larger of the round the workers
+    showed at an epoch start (:attr:`Trial.round_s`: every worker fetching at once, as all of
+    them are when they are what limits, up to the slowest, which in-order delivery waits for;
+    storage that slows under that load shows it) and the main process's own fetch
+    (``fetch_s``: the first read of its samples, where a new epoch may re-read samples the
+    page cache still holds). Every rank's; None without workers or a timed round."""
     n = t.settings.num_workers
-    if not n or t.refill_s is None or not per_batch:
+    if not n or t.round_s is None or not per_batch:
         return None
-    w = max(t.refill_s, fetch_s)
+    w = max(t.round_s, fetch_s)
     if t.whole_epochs and epoch:
         return ranks * per_batch * epoch / max(1e-12, w * math.ceil(epoch / n))
     return ranks * per_batch * n / max(1e-12, w)
@@ -397,20 +397,26 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                           f"{MIN_GAIN:.0%} and the windows' spread)")
                 break
             made = _made_bound(best, epoch, per_batch, job.world_size, fetch_s)
-            if made is not None and _waits(best, budget) and \
-                    made >= best.samples_per_s * (1 + noise):
-                # the workers could make more than the loop took: were they what limits, the
-                # loop would get what they make. Only for a fetch that waits: a computing
-                # fetch's epoch start ran beside an idle consumer, faster than in the loop.
+            # what the consumer can take as this trial was timed: over whole epochs with each
+            # epoch's refill, else with data ready
+            takes = refilled if refilled is not None else ceiling
+            if made is not None and takes is not None and _waits(best, budget) and \
+                    made >= takes * (1 + noise):
+                # The workers can make more than the consumer can take: more of them add
+                # batches nothing takes. (Not against what the loop took: a loop short of
+                # what its workers make by Little's law may still gain from more batches in
+                # flight, where fetch times are uneven.) Only for a fetch that waits: a
+                # computing fetch's round ran beside an idle consumer, faster than in the loop.
                 makers_ahead = True
-                w_s = max(best.refill_s or 0.0, fetch_s)
+                w_s = max(best.round_s or 0.0, fetch_s)
                 reason = (f"{best.settings.num_workers} workers can make {made:,.0f} "
                           f"samples/s (Little's law: {best.settings.num_workers} batches per "
-                          f"{w_s:.2f} s, a batch's fetch with every worker fetching), more "
-                          f"than the {best.samples_per_s:,.0f} the loop took by ≥ "
-                          f"{noise:.0%}: the workers are not what limits, so more of them "
-                          "cannot gain; a deeper queue, which hides uneven fetch times, not "
-                          "slow ones, is not tried")
+                          f"{w_s:.2f} s, the slowest fetch of a round of them all fetching at "
+                          f"once), more than the {takes:,.0f} the consumer can take"
+                          + (" over whole epochs, each with its refill" if refilled is not None
+                             else " with data ready")
+                          + f", by ≥ {noise:.0%}: more workers cannot gain; a deeper queue, "
+                          "which hides uneven fetch times, is not tried")
                 break
             extra_s = per_worker_startup * (workers - best.settings.num_workers)
             if horizon is not None and ceiling is not None and ceiling > best.samples_per_s:

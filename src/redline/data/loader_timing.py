@@ -64,6 +64,12 @@ class Trial:
     """Median time of ``next()`` on the batches the workers had queued during start-up: what
     the training process spends receiving a batch that is ready (unpickling, shared-memory
     handles); None without workers or skipped batches."""
+    round_s: float | None = None
+    """From a new epoch's requests (``measure(time_refill=True)``, after the windows) to the
+    arrival of its n-th batch, n the workers, received without consuming: every worker's first
+    fetch, all made at once, so the slowest of n concurrent fetches (the W of Little's law for
+    a round of the workers, uneven fetch times included, which in-order delivery waits for);
+    None unless timed, or an epoch shorter than the workers."""
     refill_s: float | None = None
     """Time of an epoch's first batch, with workers one batch's fetch with every worker
     fetching at once (Little's law's W under that load): the median of the epoch starts inside
@@ -149,9 +155,10 @@ def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     unless the epoch cannot hold the skip plus ``MIN_TIMED_BATCHES`` (then whole epochs
     whatever was asked). ``autotune_loader`` chooses once for all its trials.
 
-    ``time_refill``: with persistent workers and no epoch start inside the windows, start a
-    new epoch after them and time its first batch (:attr:`Trial.refill_s`), which costs the
-    in-flight batches' drain plus one batch's fetch.
+    ``time_refill``: with persistent workers, start a new epoch after the windows and time its
+    first batch (:attr:`Trial.refill_s`, where no epoch started inside the windows) and its
+    workers' first round (:attr:`Trial.round_s`), which costs the in-flight batches' drain
+    plus one round of fetches.
     """
     if skip is None:
         skip = default_skip(settings, window_s)
@@ -273,16 +280,21 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                 samples = in_window = start_samples = 0
                 w_start = t2
         busy = (_proc_cpu(proc) - c0) / max(1e-9, time.perf_counter() - w0)
-        if time_refill and not refills and settings.num_workers and \
-                settings.persistent_workers and epoch is not None:
+        round_s = None
+        if time_refill and settings.num_workers and settings.persistent_workers and \
+                epoch is not None:
             # PyTorch's iterator reset waits for what is in flight, then asks every worker
-            # for new batches at once: the first is one batch's fetch with all of them busy.
-            # (Not for a stream: restarting it may reopen shards or end a single pass.)
+            # for new batches at once, batch j of worker j: the first is one batch's fetch
+            # with all of them busy, the n-th the slowest of the n. (Not for a stream:
+            # restarting it may reopen shards or end a single pass.)
             it = iter(loader)
             t0 = time.perf_counter()
             with contextlib.suppress(StopIteration):
-                next(it)
-                refills.append(time.perf_counter() - t0)
+                for got in range(settings.num_workers):
+                    next(it)
+                    if got == 0 and not refills:
+                        refills.append(time.perf_counter() - t0)
+                round_s = time.perf_counter() - t0
         per_worker = _worker_bytes(proc) if settings.num_workers else None
     finally:
         torch.set_num_threads(threads)
@@ -304,7 +316,7 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                  timed_batches=timed, whole_epochs=whole, worker_bytes=per_worker,
                  spread_fraction=spread, startup_s=startup,
                  ready_fetch_s=statistics.median(ready) if ready else None,
-                 refill_s=statistics.median(refills) if refills else None)
+                 refill_s=statistics.median(refills) if refills else None, round_s=round_s)
 
 
 def _worker_bytes(proc: psutil.Process) -> int | None:
@@ -349,4 +361,6 @@ def merge_rank_trials(trials: list[Trial]) -> Trial:
                  ready_fetch_s=max((t.ready_fetch_s for t in trials
                                     if t.ready_fetch_s is not None), default=None),
                  refill_s=max((t.refill_s for t in trials if t.refill_s is not None),
-                              default=None))
+                              default=None),
+                 round_s=max((t.round_s for t in trials if t.round_s is not None),
+                             default=None))
