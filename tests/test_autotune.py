@@ -125,6 +125,13 @@ def test_epoch_boundaries_do_not_decide_between_settings() -> None:
     # not deep ~4× slower; one-sided bounds, which a loaded runner's slow sleeps cannot break
     assert deep.samples_per_s > 0.6 * shallow.samples_per_s
     assert max(deep.samples_per_s, shallow.samples_per_s) < 40 / 0.15
+    # 2 workers × 2 in flight: a 12-batch period holds 2 windows of more than 4 batches, not
+    # 3: one period in 2 windows, both in the spread, rather than a second period
+    twelve = measure(_epoch_loader(12), consume,
+                     LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=True),
+                     batches=4, whole_epochs=True, window_s=0.01)
+    assert twelve.whole_epochs == 1 and twelve.timed_batches == 12
+    assert twelve.refill_s is not None and twelve.refill_s >= 0.15
     # inside one epoch: steady state, no epoch start timed; the window ends at the boundary
     seen.clear()
     long = _epoch_loader(40)

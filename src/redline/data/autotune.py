@@ -57,8 +57,8 @@ SATURATED = 0.9
 IO_BOUND = 0.75
 """Below 75 % of the usable cores busy, the fetch mostly waits: workers beyond the core count
 (and a deeper prefetch) may still help."""
-TRIAL_WINDOW_S = 0.3
-"""A trial's window may end once it lasted 0.3 s and holds more batches than are in flight
+TRIAL_WINDOW_S = 0.2
+"""A trial's window may end once it lasted 0.2 s and holds more batches than are in flight
 (``measure``'s ``window_s``): a fetch of a second per batch is timed in a few of its batches,
 not in 8 per window."""
 LITTLE_HEADROOM = 1.25

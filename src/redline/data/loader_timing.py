@@ -55,7 +55,8 @@ class Trial:
     whole_epochs: int = 0
     """Epochs the window covers start to end (0: a window inside one epoch, see ``measure``)."""
     spread_fraction: float = 0.0
-    """(max − min) / median of the samples/s of the windows after the first (see
+    """(max − min) / median of the samples/s of the windows after the first (of both where a
+    trial over whole epochs has 2), each without the batch that began an epoch (see
     ``measure``): the noise of this setting's rate; 0 when fewer than two such windows."""
     startup_s: float = 0.0
     """From building the loader to its first batch (worker start-up), paid by the search and
@@ -138,10 +139,11 @@ def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     or, once it has lasted ``window_s`` and holds more batches than are in flight, earlier (a
     fetch of a second per batch needs no 8 batches per window to be timed to a few percent).
     It never lengthens a window. With ``window_s``, an epoch too short for the skip plus 3
-    windows of more than is in flight is timed whole, over as few whole epochs as hold 3 such
+    windows of more than is in flight is timed whole, over as few whole epochs as hold 2 such
     windows (and ``batches``): the rate is over all of them, refills included, and the spread
-    that of their 3 equal parts, each without the batch that began an epoch in it (its refill
-    is a cost every epoch pays, not noise). The refill itself, an epoch's first batch from
+    that of their 3 equal parts (2 where 3 would not each hold more than is in flight), each
+    without the batch that began an epoch in it (its refill is a cost every epoch pays, not
+    noise). The refill itself, an epoch's first batch from
     request to arrival, is kept as :attr:`Trial.refill_s`.
 
     The window must not cross an epoch boundary for one setting and not for another: each new
@@ -214,8 +216,11 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             if whole_epochs or epoch < skip + least:
                 # whole periods of an epoch, from the first batch after the skip: each holds
                 # one epoch start (with its refill) and one epoch's batches, as training pays
-                # them, without first skipping to a boundary
-                whole = math.ceil((batches if window_s is None else max(asked, drained))
+                # them, without first skipping to a boundary. Split in windows that each hold
+                # more than is in flight: 3, or 2 (the fewest with a spread) where a period
+                # holds 2 and not 3, rather than a second period.
+                fewest = 2 * (in_flight(settings) + 1) if in_flight(settings) else drained
+                whole = math.ceil((batches if window_s is None else max(asked, fewest))
                                   / epoch)
                 batches = whole * epoch
             else:
@@ -233,8 +238,8 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                 ready.append(time.perf_counter() - t0)
             consume(b)
         split = bool(whole) and window_s is not None
-        if split:  # whole epochs in 3 windows: the rate over all, their spread as the noise
-            n_windows = WINDOWS
+        if split:  # whole epochs in 3 windows (or 2): the rate over all, their spread the noise
+            n_windows = WINDOWS if batches >= WINDOWS * (queued + 1) else 2
             ends = [round(batches * (k + 1) / n_windows) for k in range(n_windows)]
         elif whole:  # windows of whole epochs, each with its refill, as training pays it
             n_windows = min(WINDOWS, whole)
@@ -303,7 +308,9 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     # the noise is the steady state's: the batch that began an epoch (its refill), which
     # lands in one window and not the others, is a cost paid every epoch (in the rate), not
     # noise. Each later window's rate without it; a window of that batch alone is left out.
-    later = [(n - ns) / (s - ss) for _, s, n, ss, ns in windows[1:] if n > ns and s > ss]
+    # (of 2 windows, both: each holds more than is in flight)
+    spread_of = windows if len(windows) == 2 and split else windows[1:]
+    later = [(n - ns) / (s - ss) for _, s, n, ss, ns in spread_of if n > ns and s > ss]
     spread = (max(later) - min(later)) / statistics.median(later) if len(later) >= 2 else 0.0
     w_s, s_s = windows[median][:2]
     rate = rates[median]
