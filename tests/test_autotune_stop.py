@@ -139,6 +139,14 @@ def test_workers_that_can_make_more_than_the_consumer_takes_end_the_search(
         "slowest fetch of a round" in plan.reason
     assert "more than the 786 the consumer can take over whole epochs, each with its " \
         "refill, by ≥ 5%" in plan.reason
+    # receiving a ready batch takes 1.5 ms besides the 10 ms consumer: over whole epochs the
+    # training process takes at most 4,096 / (512 × 11.5 ms + 90 ms) = 685 samples/s, the
+    # least bound, which the 1,058 the workers make passes
+    tried = _script(monkeypatch, {12: (600.0, 0.02, 0.3)}, ready_fetch_s=0.0015,
+                    timed_epochs=1, round_s=0.09)
+    plan = autotune_loader(_loader, lambda b: None, cpus=2)
+    assert _workers(tried) == [0, 12]
+    assert "more than the 685 the training process can take over whole epochs" in plan.reason
     # storage that slows under 12 fetches at once, or a slowest fetch of the round, of 300 ms:
     # they make 318 samples/s, no more than the loop took, so they may be what limits
     tried = _script(monkeypatch, {12: (500.0, 0.02, 0.3), 18: (540.0, 0.02, 0.4),

@@ -57,8 +57,8 @@ SATURATED = 0.9
 IO_BOUND = 0.75
 """Below 75 % of the usable cores busy, the fetch mostly waits: workers beyond the core count
 (and a deeper prefetch) may still help."""
-TRIAL_WINDOW_S = 0.2
-"""A trial's window may end once it lasted 0.2 s and holds more batches than are in flight
+TRIAL_WINDOW_S = 0.3
+"""A trial's window may end once it lasted 0.3 s and holds more batches than are in flight
 (``measure``'s ``window_s``): a fetch of a second per batch is timed in a few of its batches,
 not in 8 per window."""
 LITTLE_HEADROOM = 1.25
@@ -183,6 +183,19 @@ def _refilled_ceiling(t: Trial, ceiling: float | None, epoch: int | None, consum
     epoch_s = epoch * consume_s
     refill_s = t.refill_s if t.refill_s is not None else fetch_s
     return ceiling * epoch_s / (epoch_s + refill_s)
+
+
+def _taken_over_epochs(t: Trial, consume_s: float, per_batch: int | None, ranks: int,
+                       epoch: int | None, fetch_s: float) -> float | None:
+    """Samples/s the training process can take over whole epochs, for a trial timed over them:
+    each batch consumed and received (:attr:`Trial.ready_fetch_s`), and each epoch's first
+    batch waited for (:attr:`Trial.refill_s`, else ``fetch_s``). Every rank's; None for a trial
+    timed inside an epoch or where receiving is unknown."""
+    if not t.whole_epochs or not epoch or not per_batch or t.ready_fetch_s is None:
+        return None
+    refill_s = t.refill_s if t.refill_s is not None else fetch_s
+    return ranks * per_batch * epoch / max(1e-12, epoch * (consume_s + t.ready_fetch_s)
+                                           + refill_s)
 
 
 def _made_bound(t: Trial, epoch: int | None, per_batch: int | None, ranks: int,
@@ -399,24 +412,33 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             made = _made_bound(best, epoch, per_batch, job.world_size, fetch_s)
             # what the consumer can take as this trial was timed: over whole epochs with each
             # epoch's refill, else with data ready
-            takes = refilled if refilled is not None else ceiling
+            # the most the loop can take as this trial was timed: the consumer with data
+            # ready, over whole epochs with each epoch's refill, and the training process
+            # receiving each batch besides (over whole epochs, with the refill too)
+            takes_by = [(v, what) for v, what in (
+                (ceiling, "the consumer can take with data ready"),
+                (refilled, "the consumer can take over whole epochs, each with its refill"),
+                (taken, "the training process can take (consuming + receiving a batch)"),
+                (_taken_over_epochs(best, consume_s, per_batch, job.world_size, epoch,
+                                    fetch_s),
+                 "the training process can take over whole epochs (consuming + receiving "
+                 "each batch, each epoch's refill)")) if v is not None]
+            takes, takes_what = min(takes_by, key=lambda b: b[0]) if takes_by else (None, "")
             if made is not None and takes is not None and _waits(best, budget) and \
                     made >= takes * (1 + noise):
-                # The workers can make more than the consumer can take: more of them add
-                # batches nothing takes. (Not against what the loop took: a loop short of
-                # what its workers make by Little's law may still gain from more batches in
-                # flight, where fetch times are uneven.) Only for a fetch that waits: a
-                # computing fetch's round ran beside an idle consumer, faster than in the loop.
+                # The workers can make more than the loop can take: more of them add batches
+                # nothing takes. (Not against what the loop took: a loop short of what its
+                # workers make by Little's law may still gain from more batches in flight,
+                # where fetch times are uneven.) Only for a fetch that waits: a computing
+                # fetch's round ran beside an idle consumer, faster than in the loop.
                 makers_ahead = True
                 w_s = max(best.round_s or 0.0, fetch_s)
                 reason = (f"{best.settings.num_workers} workers can make {made:,.0f} "
                           f"samples/s (Little's law: {best.settings.num_workers} batches per "
                           f"{w_s:.2f} s, the slowest fetch of a round of them all fetching at "
-                          f"once), more than the {takes:,.0f} the consumer can take"
-                          + (" over whole epochs, each with its refill" if refilled is not None
-                             else " with data ready")
-                          + f", by ≥ {noise:.0%}: more workers cannot gain; a deeper queue, "
-                          "which hides uneven fetch times, is not tried")
+                          f"once), more than the {takes:,.0f} {takes_what}, by ≥ {noise:.0%}: "
+                          "more workers cannot gain; a deeper queue, which hides uneven fetch "
+                          "times, is not tried")
                 break
             extra_s = per_worker_startup * (workers - best.settings.num_workers)
             if horizon is not None and ceiling is not None and ceiling > best.samples_per_s:
