@@ -7,7 +7,7 @@ the consumer fed (the fetch's time per batch over the consumer's), and adds work
 step gains beyond the noise of its timing windows and repays its extra start-up. It stops once
 the loop waits for data ≤ 2 % of the step, the usable CPUs are saturated, the consumer's
 rate (over whole epochs: with each epoch's refill) is within the noise, the workers can make
-more than the consumer takes (a fetch that waits: Little's law), a gain is within the
+more than the loop can take (a fetch that waits: Little's law), a gain is within the
 windows' spread, more workers would not repay their start-up, the search's time budget would
 be passed, or /dev/shm / RAM / open files would not hold more. Each trial is
 :func:`redline.data.loader_timing.measure`.
@@ -410,8 +410,6 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                           f"{MIN_GAIN:.0%} and the windows' spread)")
                 break
             made = _made_bound(best, epoch, per_batch, job.world_size, fetch_s)
-            # what the consumer can take as this trial was timed: over whole epochs with each
-            # epoch's refill, else with data ready
             # the most the loop can take as this trial was timed: the consumer with data
             # ready, over whole epochs with each epoch's refill, and the training process
             # receiving each batch besides (over whole epochs, with the refill too)
