@@ -200,6 +200,62 @@ def test_a_tick_inside_a_phase_reads_no_stack(monkeypatch: pytest.MonkeyPatch) -
     assert calls == [1]  # outside every phase, the stack is read
 
 
+def test_ticks_slow_in_warm_up_and_while_little_time_is_outside_the_phases() -> None:
+    """Every tick takes the GIL from the loop: in warm-up (nothing recorded) and while under 1 %
+    of the window is outside the phases (no host-work finding can reach its 5 %) ticks come
+    every 50 ms; the window's first tick weighs nothing, and at 2 % outside the configured
+    period is back."""
+    from redline.measure import stacks
+
+    measuring = [False]
+    tracker = StepTracker(time.perf_counter)
+    sampler = CodeSampler(tracker, 0, lambda: measuring[0], interval_s=0.005)
+    assert sampler.tick(1.0) == stacks.SLOW_TICK_S == 0.05
+    assert sampler.tick(1.05) == 0.05 and sampler.ticks == 0
+    measuring[0] = True
+    tracker.enter(PHASES.index("forward"), 1.06)
+    # the window's first tick: the 50 ms before it are partly warm-up's
+    assert sampler.tick(1.10) == 0.005 and sampler.inside_s == 0.0
+    t = 1.10
+    periods = []
+    for _ in range(stacks.DECIDE_AFTER_TICKS + 1):
+        t += 0.005
+        periods.append(sampler.tick(t))
+    assert set(periods[:stacks.DECIDE_AFTER_TICKS - 1]) == {0.005}
+    assert periods[-1] == 0.05  # 0 % outside the phases after 100 ticks
+    assert sampler.inside_s == pytest.approx(0.005 * (stacks.DECIDE_AFTER_TICKS + 1))
+    # a slowed tick weighs up to 4 of its own periods, not of the configured one
+    t += 0.2
+    sampler.tick(t)
+    assert sampler.inside_s == pytest.approx(0.005 * (stacks.DECIDE_AFTER_TICKS + 1) + 0.2)
+    tracker.exit(PHASES.index("forward"), t)
+    # outside the phases: 1.5 % does not bring the fast ticks back, 2 % does
+    inside = sampler.inside_s
+    t += inside * 0.015 / 0.985
+    assert sampler.tick(t) == 0.05
+    t += inside * 0.006
+    assert sampler.tick(t) == 0.005
+
+
+def test_the_cpu_sampler_ticks_at_the_period_its_ticker_returns() -> None:
+    from redline.measure.cpu import CpuSampler
+
+    calls: list[float] = []
+
+    def ticker(now: float) -> float:
+        calls.append(now)
+        return 0.2
+
+    cpu = CpuSampler(interval_s=0.5)
+    cpu.set_ticker(ticker, 0.005)
+    cpu.start()
+    time.sleep(0.6)
+    cpu.stop()
+    # the first tick after 5 ms, then every 200 ms: at most 4 in 0.6 s (a slow machine
+    # makes fewer, never more); at the 5 ms period it would be ~100
+    assert 1 <= len(calls) <= 4
+
+
 def test_samples_count_once_their_step_closes_and_after_the_last_step_none_do() -> None:
     """A sample outside the phases belongs to the step in progress: it counts when that step
     closes; the samples taken after the last step's end (end-of-training work, the watch's

@@ -127,7 +127,7 @@ class CpuSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._ticker: Callable[[float], None] | None = None
+        self._ticker: Callable[[float], float] | None = None
         self._tick_s = interval_s
         self.on_sample: Callable[[float, int, dict[int, int]], None] | None = None
         """Called with (perf_counter s, RSS of this process, {child pid: RSS}) at each sample,
@@ -162,9 +162,10 @@ class CpuSampler:
                 break
         return None if before is None or after is None else max(0.0, after - before)
 
-    def set_ticker(self, ticker: Callable[[float], None], period_s: float) -> None:
-        """Call ``ticker(perf_counter())`` every ``period_s`` on this sampler's thread, between
-        its own samples (the stack sampler rides on it: no thread of its own)."""
+    def set_ticker(self, ticker: Callable[[float], float], period_s: float) -> None:
+        """Call ``ticker(perf_counter())`` on this sampler's thread, between its own samples (the
+        stack sampler rides on it: no thread of its own): first after ``period_s``, then after
+        the seconds each call returns (at most this sampler's interval)."""
         self._ticker = ticker
         self._tick_s = min(period_s, self._interval)
 
@@ -203,9 +204,10 @@ class CpuSampler:
                 self.sample()
             return
         due = clock() + self._interval
-        while not self._stop.wait(self._tick_s):
+        wait_s = self._tick_s
+        while not self._stop.wait(wait_s):
             now = clock()
-            ticker(now)
+            wait_s = min(ticker(now), self._interval)
             if now >= due:
                 self.sample()
                 due = clock() + self._interval

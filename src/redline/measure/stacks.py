@@ -10,6 +10,13 @@ called them (the innermost frame of a file outside the interpreter's library and
 a third-party package under that line is kept as ``via``. A tick weighs the wall time since the
 previous tick less the GC pauses in it (timed apart): a call that holds the GIL and so delays
 the tick still counts for its length, at the line it returned to.
+
+Every tick still takes the GIL, and a loop that holds it pays a forced thread switch for each
+(tens to hundreds of µs where the switch crosses cores of a busy host). So ticks come every
+:data:`SLOW_TICK_S` during warm-up, where nothing is recorded, and in the measured window while
+the share of its samples outside the phases stays below :data:`SLOW_BELOW_SHARE`, where no
+host-work finding can reach its threshold. The period depends on the samples taken before, never
+on where the loop is now, so each tick's weight (the time since the one before) stays unbiased.
 """
 
 from __future__ import annotations
@@ -44,6 +51,21 @@ remove."""
 
 TICK_WEIGHT_CAP = 4
 """A tick weighs at most this many periods of wall time (see :meth:`CodeSampler.tick`)."""
+
+SLOW_TICK_S = 0.05
+"""The tick's period during warm-up and while the outside share is low (the configured period
+if that is longer): a tenth of the default period's thread switches."""
+
+SLOW_BELOW_SHARE = 0.01
+"""Below this share of the sampled time outside every phase (a fifth of the lowest host-work
+threshold, ``HOST_WORK_MIN_FRACTION`` = 5 % of the step), ticks slow to :data:`SLOW_TICK_S`;
+they speed up again at :data:`FAST_FROM_SHARE` (the gap keeps the period from flapping)."""
+
+FAST_FROM_SHARE = 0.02
+"""The outside share at which slowed ticks come at the configured period again."""
+
+DECIDE_AFTER_TICKS = 100
+"""Ticks of the measured window at the configured period before the share is trusted."""
 
 SAMPLES_KEPT = 50_000
 """Per-step samples kept for the periodic-stall analysis (the most recent ones)."""
@@ -130,6 +152,11 @@ class CodeSampler:
                  measuring: Callable[[], bool], gc_pauses: GcPauses | None = None,
                  interval_s: float = 0.005) -> None:
         self._tracker = tracker
+        self._fast_s = interval_s
+        self._slow_s = max(interval_s, SLOW_TICK_S)
+        self._slow = False
+        self._window_open = False
+        self._outside_seen_s = 0.0
         self._max_dt = TICK_WEIGHT_CAP * interval_s
         self._ident = thread_ident
         self._measuring = measuring
@@ -155,12 +182,16 @@ class CodeSampler:
         self._pending_step = -1
 
     # -- the tick, on the sampler's thread ----------------------------------------------------
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> float:
+        """Take one sample at ``now``; returns the seconds until the next tick."""
         last, self._last = self._last, now
-        if last is None or not self._measuring():
+        if last is None or not self._measuring() or not self._window_open:
+            # Warm-up, or the window's first tick: the time since the tick before lies (partly)
+            # before the window, so it is weighed by no one.
             if self._gc is not None:
                 self._gc_seen = self._gc.paused_s(now)
-            return
+            self._window_open = self._measuring()
+            return self._fast_s if self._window_open else self._slow_s
         elapsed_s = now - last
         gcp = self._gc
         if gcp is not None:
@@ -176,15 +207,16 @@ class CodeSampler:
         self.ticks += 1
         if not self._tracker.outside_phases():
             self.inside_s += elapsed_s
-            return
+            return self._period()
+        self._outside_seen_s += elapsed_s
         frame = sys._current_frames().get(self._ident)
         if frame is None:
             self.unattributed += 1
-            return
+            return self._period()
         key = self._site(frame)
         if key is None:
             self.unattributed += 1
-            return
+            return self._period()
         # A sample counts once its step has closed: the time after the last step's end (the
         # framework's end-of-training work, the watch's own close) is no step's, and the
         # steps' time outside the phases that the samples split does not hold it.
@@ -193,6 +225,22 @@ class CodeSampler:
             self._commit()
             self._pending_step = step
         self._pending.append((step, key, elapsed_s))
+        return self._period()
+
+    def _period(self) -> float:
+        """The next tick's period, from the share of the window's samples outside the phases
+        (see the module's docstring)."""
+        if self.ticks < DECIDE_AFTER_TICKS:
+            return self._fast_s
+        share = self._outside_seen_s / max(self._outside_seen_s + self.inside_s, 1e-9)
+        if self._slow:
+            self._slow = share < FAST_FROM_SHARE
+        else:
+            self._slow = share < SLOW_BELOW_SHARE
+        slow = self._slow
+        # a slowed tick may be held off as long as a normal one, relative to its period
+        self._max_dt = TICK_WEIGHT_CAP * (self._slow_s if slow else self._fast_s)
+        return self._slow_s if slow else self._fast_s
 
     def settle(self) -> None:
         """Count the samples of the step in progress if it has closed since; drop them if not

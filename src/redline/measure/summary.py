@@ -34,6 +34,7 @@ from redline.measure.evaluation import evaluation_metrics
 from redline.measure.loop_work import loop_work
 from redline.measure.memory import memory_timeline
 from redline.measure.mfu import mfu_for
+from redline.measure.stacks import SLOW_BELOW_SHARE, SLOW_TICK_S
 from redline.measure.stats import percentile, span_fraction, step_times
 from redline.measure.system import cpu_budget, cpu_flags, shm_info
 from redline.measure.timeline import PHASES, StepRecord
@@ -426,8 +427,9 @@ def _sources(w: Recorder) -> dict[str, str]:
         src["other"] = ("step time in no phase above, split between the user's lines by the "
                         "training thread's Python stack, read every "
                         f"{w.config.stack_sample_interval_s * 1e3:g} ms from the CPU sampler's "
-                        "thread while outside the phases (torch, stdlib and redline frames "
-                        "folded into the calling line)")
+                        f"thread while outside the phases (every {SLOW_TICK_S * 1e3:g} ms "
+                        f"while under {SLOW_BELOW_SHARE:.0%} of the window is; torch, stdlib "
+                        "and redline frames folded into the calling line)")
         src["gc"] = "gc.callbacks around every collection (exact pause time)"
     if w.device.type == "cuda":
         src["device_span"] = ("torch.cuda.Event pairs (first device work → step end), "
