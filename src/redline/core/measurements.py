@@ -383,7 +383,8 @@ class LoopWork:
     """Seconds of stack samples outside the phases (GC pauses taken out)."""
     samples: int
     interval_s: float
-    """The stack sampler's period."""
+    """The stack sampler's configured period (its ticks slow to 50 ms while under 1 % of the
+    window's samples are outside the phases: ``redline.measure.stacks``)."""
     sites: list[CodeSite]
     """The lines that spent it, largest first (at most 10)."""
     kind_fractions: dict[str, float]

@@ -84,9 +84,10 @@ class WatchConfig:
     """Period of the stack sampler, seconds: while the training thread is outside every timed
     phase, its Python stack is read this often from the CPU sampler's thread and the time is
     charged to the user's line that spent it (docs/report.md, Definitions, "other"); inside a
-    phase a tick only reads one list length. Ticks come every 50 ms instead during warm-up and
-    while under 1 % of the measured window is outside the phases (``redline.measure.stacks``:
-    each tick costs a loop that holds the GIL a thread switch). With it, garbage-collection
+    phase a tick only reads one list length. Ticks come every 50 ms instead (this period if it
+    is longer, ``sample_interval_s`` if that is shorter) during warm-up and while under 1 % of
+    the measured window's samples are outside the phases (``redline.measure.stacks``: each tick
+    costs a loop that holds the GIL a thread switch). With it, garbage-collection
     pauses are timed through ``gc.callbacks``. None = neither."""
 
     def __post_init__(self) -> None:

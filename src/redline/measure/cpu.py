@@ -165,7 +165,7 @@ class CpuSampler:
     def set_ticker(self, ticker: Callable[[float], float], period_s: float) -> None:
         """Call ``ticker(perf_counter())`` on this sampler's thread, between its own samples (the
         stack sampler rides on it: no thread of its own): first after ``period_s``, then after
-        the seconds each call returns (at most this sampler's interval)."""
+        the seconds each call returns, or sooner where this sampler's own sample is due."""
         self._ticker = ticker
         self._tick_s = min(period_s, self._interval)
 
@@ -207,10 +207,13 @@ class CpuSampler:
         wait_s = self._tick_s
         while not self._stop.wait(wait_s):
             now = clock()
-            wait_s = min(ticker(now), self._interval)
+            period_s = ticker(now)
             if now >= due:
                 self.sample()
                 due = clock() + self._interval
+            # the ticker's period, cut short where the sample falls due first (a period that
+            # does not divide the interval would otherwise delay every sample)
+            wait_s = max(1e-4, min(period_s, due - clock()))
 
     def _child_pids(self) -> list[int]:
         """Descendant pids. Linux lists each thread's children in /proc/<pid>/task/<tid>/children

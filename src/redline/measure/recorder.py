@@ -209,7 +209,7 @@ class Recorder:
         self.gc_pauses = GcPauses(self.tracker, measuring)
         self.gc_pauses.install(stack)
         self.code = CodeSampler(self.tracker, threading.get_ident(), measuring, self.gc_pauses,
-                                period)
+                                period, longest_s=self.config.sample_interval_s)
         self.cpu.set_ticker(self.code.tick, period)
 
     def _start_beacon(self, stack: ExitStack) -> None:

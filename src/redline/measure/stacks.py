@@ -15,8 +15,11 @@ Every tick still takes the GIL, and a loop that holds it pays a forced thread sw
 (tens to hundreds of µs where the switch crosses cores of a busy host). So ticks come every
 :data:`SLOW_TICK_S` during warm-up, where nothing is recorded, and in the measured window while
 the share of its samples outside the phases stays below :data:`SLOW_BELOW_SHARE`, where no
-host-work finding can reach its threshold. The period depends on the samples taken before, never
-on where the loop is now, so each tick's weight (the time since the one before) stays unbiased.
+host-work finding can reach its threshold. The period depends on the samples taken before a
+tick, never on where the loop is at that tick, so each tick's weight (the time since the one
+before) stays unbiased; a slowed period costs variance, not bias. The share is that of the
+samples, whose weights are capped, not the exact time outside the phases: a loop that holds the
+GIL outside them for long stretches samples a lower share, and then only loses samples.
 """
 
 from __future__ import annotations
@@ -146,14 +149,20 @@ class CodeSampler:
         measuring (Callable[[], bool]): whether the watch is in its measured window now.
         gc_pauses (GcPauses | None): GC timing, whose pauses are taken out of the ticks.
         interval_s (float): the period the ticks are meant to come at.
+        longest_s (float | None): the longest wait the ticking thread allows between ticks
+            (the CPU sampler's interval); the slowed period is at most this.
     """
 
     def __init__(self, tracker: StepTracker, thread_ident: int,
                  measuring: Callable[[], bool], gc_pauses: GcPauses | None = None,
-                 interval_s: float = 0.005) -> None:
+                 interval_s: float = 0.005, longest_s: float | None = None) -> None:
         self._tracker = tracker
         self._fast_s = interval_s
-        self._slow_s = max(interval_s, SLOW_TICK_S)
+        slow_s = max(interval_s, SLOW_TICK_S)
+        self.slow_interval_s = slow_s if longest_s is None else max(interval_s,
+                                                                    min(slow_s, longest_s))
+        """The period of the ticks in warm-up and while little time is outside the phases."""
+        self._slow_s = self.slow_interval_s
         self._slow = False
         self._window_open = False
         self._outside_seen_s = 0.0
@@ -205,18 +214,20 @@ class CodeSampler:
         # where it spent the gap. The gap is capped, so the split follows the sample counts.
         elapsed_s = min(elapsed_s, self._max_dt)
         self.ticks += 1
+        # decided before this sample counts: the period never follows where the loop is now
+        period_s = self._period()
         if not self._tracker.outside_phases():
             self.inside_s += elapsed_s
-            return self._period()
+            return period_s
         self._outside_seen_s += elapsed_s
         frame = sys._current_frames().get(self._ident)
         if frame is None:
             self.unattributed += 1
-            return self._period()
+            return period_s
         key = self._site(frame)
         if key is None:
             self.unattributed += 1
-            return self._period()
+            return period_s
         # A sample counts once its step has closed: the time after the last step's end (the
         # framework's end-of-training work, the watch's own close) is no step's, and the
         # steps' time outside the phases that the samples split does not hold it.
@@ -225,12 +236,12 @@ class CodeSampler:
             self._commit()
             self._pending_step = step
         self._pending.append((step, key, elapsed_s))
-        return self._period()
+        return period_s
 
     def _period(self) -> float:
-        """The next tick's period, from the share of the window's samples outside the phases
-        (see the module's docstring)."""
-        if self.ticks < DECIDE_AFTER_TICKS:
+        """The next tick's period, from the share of the window's samples before this tick
+        outside the phases (see the module's docstring)."""
+        if self.ticks <= DECIDE_AFTER_TICKS:
             return self._fast_s
         share = self._outside_seen_s / max(self._outside_seen_s + self.inside_s, 1e-9)
         if self._slow:

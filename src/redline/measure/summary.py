@@ -34,7 +34,7 @@ from redline.measure.evaluation import evaluation_metrics
 from redline.measure.loop_work import loop_work
 from redline.measure.memory import memory_timeline
 from redline.measure.mfu import mfu_for
-from redline.measure.stacks import SLOW_BELOW_SHARE, SLOW_TICK_S
+from redline.measure.stacks import SLOW_BELOW_SHARE
 from redline.measure.stats import percentile, span_fraction, step_times
 from redline.measure.system import cpu_budget, cpu_flags, shm_info
 from redline.measure.timeline import PHASES, StepRecord
@@ -423,13 +423,14 @@ def _sources(w: Recorder) -> dict[str, str]:
                     "settles at its steady level; trend: Theil–Sen against the step index; "
                     "levels: Otsu's split and Ashman's D; the loop thread's run delay from the "
                     "CPU sampler's readings)")
-    if w.config.stack_sample_interval_s is not None:
+    if w.config.stack_sample_interval_s is not None and w.code is not None:
+        fast_s, slow_s = w.config.stack_sample_interval_s, w.code.slow_interval_s
+        slowed = (f"every {slow_s * 1e3:g} ms while under {SLOW_BELOW_SHARE:.0%} of the "
+                  "window's samples are outside the phases; " if slow_s > fast_s else "")
         src["other"] = ("step time in no phase above, split between the user's lines by the "
-                        "training thread's Python stack, read every "
-                        f"{w.config.stack_sample_interval_s * 1e3:g} ms from the CPU sampler's "
-                        f"thread while outside the phases (every {SLOW_TICK_S * 1e3:g} ms "
-                        f"while under {SLOW_BELOW_SHARE:.0%} of the window is; torch, stdlib "
-                        "and redline frames folded into the calling line)")
+                        f"training thread's Python stack, read every {fast_s * 1e3:g} ms from "
+                        f"the CPU sampler's thread while outside the phases ({slowed}torch, "
+                        "stdlib and redline frames folded into the calling line)")
         src["gc"] = "gc.callbacks around every collection (exact pause time)"
     if w.device.type == "cuda":
         src["device_span"] = ("torch.cuda.Event pairs (first device work → step end), "
