@@ -410,7 +410,11 @@ class Instrumentation:
                     if tracker.optimizers_known:  # the steady state: an optimizer ends steps
                         counts["backward"] += 1
                     else:
-                        if not self._gc_scanned:
+                        if tracker.in_phase(OPTIMIZER):
+                            # a closure's backward, inside its optimizer's step (LBFGS): an
+                            # optimizer ends steps, known without scanning the heap
+                            tracker.optimizers_known = True
+                        elif not self._gc_scanned:
                             self._scan_for_optimizers()
                         tracker.on_backward_end(now)
                     after = self.after_backward
