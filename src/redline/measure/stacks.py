@@ -162,7 +162,6 @@ class CodeSampler:
         self.slow_interval_s = slow_s if longest_s is None else max(interval_s,
                                                                     min(slow_s, longest_s))
         """The period of the ticks in warm-up and while little time is outside the phases."""
-        self._slow_s = self.slow_interval_s
         self._slow = False
         self._window_open = False
         self._outside_seen_s = 0.0
@@ -194,13 +193,14 @@ class CodeSampler:
     def tick(self, now: float) -> float:
         """Take one sample at ``now``; returns the seconds until the next tick."""
         last, self._last = self._last, now
-        if last is None or not self._measuring() or not self._window_open:
+        measuring = self._measuring()
+        if last is None or not measuring or not self._window_open:
             # Warm-up, or the window's first tick: the time since the tick before lies (partly)
             # before the window, so it is weighed by no one.
             if self._gc is not None:
                 self._gc_seen = self._gc.paused_s(now)
-            self._window_open = self._measuring()
-            return self._fast_s if self._window_open else self._slow_s
+            self._window_open = measuring
+            return self._fast_s if measuring else self.slow_interval_s
         elapsed_s = now - last
         gcp = self._gc
         if gcp is not None:
@@ -244,14 +244,11 @@ class CodeSampler:
         if self.ticks <= DECIDE_AFTER_TICKS:
             return self._fast_s
         share = self._outside_seen_s / max(self._outside_seen_s + self.inside_s, 1e-9)
-        if self._slow:
-            self._slow = share < FAST_FROM_SHARE
-        else:
-            self._slow = share < SLOW_BELOW_SHARE
-        slow = self._slow
+        self._slow = share < (FAST_FROM_SHARE if self._slow else SLOW_BELOW_SHARE)
+        period_s = self.slow_interval_s if self._slow else self._fast_s
         # a slowed tick may be held off as long as a normal one, relative to its period
-        self._max_dt = TICK_WEIGHT_CAP * (self._slow_s if slow else self._fast_s)
-        return self._slow_s if slow else self._fast_s
+        self._max_dt = TICK_WEIGHT_CAP * period_s
+        return period_s
 
     def settle(self) -> None:
         """Count the samples of the step in progress if it has closed since; drop them if not
