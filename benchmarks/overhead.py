@@ -34,8 +34,10 @@ Run: .venv/bin/python benchmarks/overhead.py [--rounds 101] [--steps 100] [--set
      [--scrape-interval 1] [--counting-rounds 5]
 Targets: watch, with or without the metrics endpoint, adds ≤ 50 µs per step (≤ 0.5 % of a 10 ms
 step) and ≤ 0.4× what torch.profiler adds in the same run; FLOP counting adds ≤ 5 % to the
-recurrent job's whole run (its counted step's extra time), the watch with counting ≤ 5 % over
-the bare whole run, and its step time is within 10 % of the bare median. Measured
+recurrent job's whole run (its counted step's extra time), the measured window within 5 % of
+bare (the report's step p50 against the bare median: a job no more than a few percent slower
+over its measured window, and a step time that left the counted step out), and, stricter, the
+watch with counting ≤ 5 % over the bare whole run, warm-up and counted step included. Measured
 figures: docs/report.md, "Cost of the watch".
 """
 
@@ -197,10 +199,10 @@ def counting(rounds: int, steps: int = 12) -> None:
     print(f"FLOPs per step counted: {flops[0] if flops else None}")
     whole_cost = paired("watch (counting)", whole)[0] - 1
     print(f"target counting ≤ 5 % of the whole run: {'MET' if share <= 0.05 else 'NOT MET'} "
-          f"({share:+.1%}); step time within 10 % of bare: "
-          f"{'MET' if abs(drift) <= 0.10 else 'NOT MET'} ({drift:+.1%}); the watch with "
-          f"counting ≤ 5 % over the bare whole run: {'MET' if whole_cost <= 0.05 else 'NOT MET'}"
-          f" ({whole_cost:+.1%})")
+          f"({share:+.1%}); the measured window (step p50) within 5 % of bare: "
+          f"{'MET' if abs(drift) <= 0.05 else 'NOT MET'} ({drift:+.1%}); stricter, the watch with "
+          f"counting ≤ 5 % over the bare whole run (warm-up and counted step included): "
+          f"{'MET' if whole_cost <= 0.05 else 'NOT MET'} ({whole_cost:+.1%})")
 
 
 @contextmanager
