@@ -449,3 +449,15 @@ raise RuntimeError("Connection reset by peer")
     assert "Connection reset by peer" in data["status_detail"]
     assert data["measurements"]["timing"]["steps_total"] == 6
     assert signal.getsignal(signal.SIGTERM) is before  # the handlers are put back
+
+
+def test_a_ctrl_c_that_leaves_exec_d_code_still_ends_with_status_130(tmp_path: Path) -> None:
+    """A Ctrl-C that lands in code run by ``exec`` of a string (a dataclass being created while
+    the script imports) is marked unhandled by CPython; under ``python -m`` the process would
+    then kill itself with SIGINT after the report instead of exiting 130."""
+    script = _script(tmp_path, 'exec("raise KeyboardInterrupt")\n')
+    p = doctor("--no-flops", "--json", str(tmp_path / "r.json"), "--", "python", str(script),
+               cwd=tmp_path)
+    assert p.returncode == 130, p.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["status"] == "interrupted"

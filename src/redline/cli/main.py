@@ -339,6 +339,9 @@ def _tune(args: argparse.Namespace) -> int:
     except RedlineError as e:
         return _fail("tune", _tune_words(str(e)), 2)
     except KeyboardInterrupt:
+        from redline.measure.interrupts import forget_unhandled_interrupt
+
+        forget_unhandled_interrupt()  # caught: the command ends with 130, not a signal
         return _fail("tune", "interrupted; no plan written", 130)
     if rank_info().rank != 0:
         return 0  # rank 0 speaks and writes for the job (every rank took the same path)

@@ -43,6 +43,7 @@ from redline.doctor.exits import (
 from redline.doctor.launch import rank_command, run_launcher
 from redline.doctor.options import DoctorError, DoctorOptions
 from redline.doctor.spawned import SpawnSettings, measure_spawned
+from redline.measure.interrupts import forget_unhandled_interrupt
 from redline.measure.ranks import JobStore, code_position, progress_line, rank_info, read_progress
 from redline.measure.system import cpu_budget
 from redline.report.html import HtmlReportError, write_html
@@ -510,6 +511,7 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
         if code != 0:
             status, detail = "script_error", f"the script exited with code {code}"
     except KeyboardInterrupt as e:
+        forget_unhandled_interrupt()  # caught: the run ends with 130, not a signal
         status, detail, code, error = "interrupted", "interrupted (Ctrl-C)", 130, e
     except Terminated as e:
         left = w.inst.data.stop_workers() if w.inst is not None else None

@@ -32,6 +32,20 @@ def redeliver_signal(signum: int) -> None:
     timer.start()
 
 
+def forget_unhandled_interrupt() -> None:
+    """Clear CPython's mark of an unhandled KeyboardInterrupt, for a Ctrl-C redline caught.
+
+    A KeyboardInterrupt that leaves code run by ``exec()`` or ``eval()`` of a string (dataclass
+    and namedtuple creation do that: ``dataclasses._create_fn``) is marked unhandled by the
+    interpreter, whoever catches it later (``run_eval_code_obj`` in CPython's
+    Python/pythonrun.c sets ``_PyRuntime.signals.unhandled_keyboard_interrupt``). A process
+    started with ``python -m`` then ends by killing itself with SIGINT, whatever exit status it
+    asked for: a Ctrl-C during the script's imports would end ``redline doctor`` with a signal
+    instead of its status 130 after the report. The same function clears the mark before it
+    runs any string, so running an empty one clears it."""
+    exec("")  # the empty string: nothing runs
+
+
 class KeepInterrupts:
     """While entered, a KeyboardInterrupt that Python drops as unraisable, raised by Python's
     own Ctrl-C handler, makes the same Ctrl-C arrive again. Other unraisable exceptions, and a
