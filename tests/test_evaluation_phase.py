@@ -10,7 +10,7 @@ from torch import nn
 
 import redline
 from redline.diagnose import diagnose
-from redline.measure.timeline import EVALUATION, FORWARD
+from redline.measure.timeline import DATA_WAIT, EVALUATION, FORWARD
 
 STEPS = 40
 PERIOD = 10
@@ -147,3 +147,97 @@ def test_a_frozen_model_under_no_grad_is_part_of_training() -> None:
             opt.step()
     assert all(s.phases[EVALUATION] == 0.0 for s in w.steps)
     assert w.tracker.counts["evaluation"] == 0
+
+
+class _SlowRows(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """``n`` rows of 256 features; each read sleeps ``sleep_s`` (a validation set read from
+    slow storage: its fetches are long, and they are evaluation's time)."""
+
+    def __init__(self, n: int, sleep_s: float) -> None:
+        self.x, self.y, self.sleep_s = torch.randn(n, 256), torch.randn(n, 1), sleep_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return self.x[i], self.y[i]
+
+
+TRAIN_BATCH, VAL_BATCH, VAL_ROWS, VAL_ROW_SLEEP_S = 16, 64, 256, 0.0005
+
+
+def _run_with_loaders(teacher: bool = False) -> tuple[redline.Watch, float]:
+    """A DataLoader loop of STEPS steps (batch TRAIN_BATCH) that validates every PERIOD steps
+    over a validation DataLoader (batch VAL_BATCH, slow rows), after a sanity-check pass over
+    two validation batches before training (as Lightning runs). ``teacher``: every step also
+    runs a teacher under ``no_grad`` on the batch before the student's forward (its weights
+    still require gradients). Returns the watch and the seconds spent fetching validation
+    batches inside the loop."""
+    torch.manual_seed(0)
+    model, other = _mlp(), _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    train = torch.utils.data.DataLoader(_SlowRows(STEPS * TRAIN_BATCH, 0.0),
+                                        batch_size=TRAIN_BATCH)
+    val = torch.utils.data.DataLoader(_SlowRows(VAL_ROWS, VAL_ROW_SLEEP_S), batch_size=VAL_BATCH)
+    val_fetch_s = [0.0]
+
+    def validate(batches: int | None = None, timed: bool = True) -> None:
+        model.eval()
+        with torch.no_grad():
+            it = iter(val)
+            for _ in range(batches or len(val)):
+                t0 = time.perf_counter()
+                x, _ = next(it)
+                if timed:
+                    val_fetch_s[0] += time.perf_counter() - t0
+                model(x)
+        model.train()
+
+    with redline.watch(warmup_steps=3, count_flops=False) as w:
+        validate(batches=2, timed=False)
+        for i, (x, y) in enumerate(train):
+            if teacher:
+                with torch.no_grad():
+                    target = other(x)
+                y = y + 0 * target
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if i % PERIOD == PERIOD - 1 and i < STEPS - 1:
+                validate()
+    return w, val_fetch_s[0]
+
+
+def test_a_validation_loader_s_batches_and_waits_are_evaluation_not_training() -> None:
+    """The validation loader's batches are not the step's samples (throughput counts the
+    training batches only), its fetch waits are evaluation's time (no data starvation from
+    a slow validation set), and the loader the report describes is the training one although
+    the validation loader was iterated first."""
+    w, val_fetch_s = _run_with_loaders()
+    steps = w.measured_steps
+    assert [s.samples for s in steps] == [TRAIN_BATCH] * len(steps)
+    assert all(s.batches == 1 for s in steps)
+    m = w.report(show=False).measurements
+    assert m.timing.samples_per_step == TRAIN_BATCH
+    assert m.config.batch_size == TRAIN_BATCH
+    # seen first: the sanity check's, then three validations in the loop
+    assert m.loaders[0].batch_size == VAL_BATCH and m.loaders[0].iterators == 4
+    # the validation fetches sleep ≥ VAL_ROWS × VAL_ROW_SLEEP_S each time: in evaluation
+    evaluating = [s for s in steps if s.phases[EVALUATION] > 0]
+    assert len(evaluating) == 3
+    wait = sum(s.phases[DATA_WAIT] for s in steps)
+    assert sum(s.phases[EVALUATION] for s in evaluating) >= 0.9 * val_fetch_s
+    assert wait < 0.5 * val_fetch_s, (wait, val_fetch_s)
+    assert "data_starvation" not in {f.id for f in diagnose(m)}
+
+
+def test_a_teacher_under_no_grad_leaves_the_batch_training_s() -> None:
+    """A forward under ``no_grad`` before the training forward of the same batch (a teacher
+    whose weights still require gradients) does not make the batch an evaluation one."""
+    w, _ = _run_with_loaders(teacher=True)
+    steps = w.measured_steps
+    assert [s.samples for s in steps] == [TRAIN_BATCH] * len(steps)
+    assert w.report(show=False).measurements.config.batch_size == TRAIN_BATCH

@@ -193,6 +193,7 @@ class DataHooks:
             first = inst._iter_info.pop(id(it), None) if inst._iter_info else None
             if first is not None and first[0]() is it:
                 _, info, startup = first
+                tracker.fetch_loader(info)  # an evaluation forward next counts its iterator
                 if startup is not None:
                     info.startup_s.append(startup + (end_s - start_s))
                 if info.batch_bytes is None:
@@ -236,10 +237,9 @@ class DataHooks:
                 tracker.exit(DATA_WAIT, clock())
                 return
             end_s = clock()
-            tracker.exit(DATA_WAIT, end_s)
+            tracker.fetched(end_s, batch_samples(item))
             tracker.add_fetch_reading(time.thread_time() - cpu_start_s, delay() - delay_start_s,
                                       end_s - start_s)
-            tracker.add_batch(batch_samples(item))
             yield item
 
     def install_h2d(self, stack: ExitStack) -> None:

@@ -332,6 +332,7 @@ class Instrumentation:
         tracker, counts, prec = self.tracker, self.tracker.counts, self.precision
         autocast_on, dev, on_work = torch.is_autocast_enabled, self.device_type, self._on_work
         push, exit_ = tracker.push, tracker.exit
+        fetch_used, evaluation_began = tracker.fetch_used, tracker.evaluation_forward_began
         grad_on = torch.is_grad_enabled
         autocast = prec.autocast
         assert autocast is not None
@@ -344,10 +345,12 @@ class Instrumentation:
                     if self._eval_grad_pending:
                         self._eval_grad_pending = False
                         tracker.training_forward_began()
+                    fetch_used()
                     push([FORWARD, clock(), 0.0])
                 else:
                     self._root_kind = _EVAL_GRAD if grad_on() else EVALUATION
                     counts["evaluation"] += 1
+                    evaluation_began()  # the batch fetched last may be evaluation's
                     push([EVALUATION, clock(), 0.0])
                 counts["forward"] += 1
                 prec.forwards += 1

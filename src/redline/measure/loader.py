@@ -52,6 +52,9 @@ class LoaderInfo:
     containers: list[ContainerAttr] = field(default_factory=list)
     cache: Any = None
     """The loader's redline.data.CachedDataset, if it reads through one (for its statistics)."""
+    evaluation_iterators: int = 0
+    """Of ``iterators``, those whose first batch fed an evaluation forward (a validation
+    loader's): never the loader the report describes while a training one was seen."""
     training: bool = False
     """Named the training loader by the caller (a framework callback that knows it), so it
     is the one the report describes even when another loader was iterated first."""

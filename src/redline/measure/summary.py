@@ -257,9 +257,15 @@ def build_measurements(w: Recorder) -> Measurements:
     mfu = mfu_for(dev, precision.effective, w.flops.flops, w.flops.conv_flops,
                   timing.step_time_mean_s, counted=w.config.count_flops,
                   flop_error=w.flops.error, cudnn_tf32=bool(torch.backends.cudnn.allow_tf32))
-    main_loader = next((loader_info for loader_info, info in zip(loaders, inst.loaders, strict=True)
-                        if info.training), None) or next(
-        (loader_info for loader_info in loaders if loader_info.iterators), loaders[0] if loaders else None)
+    # The loader the report describes: one a framework named, else the first whose batches
+    # fed training (a validation loader iterated first, as Lightning's sanity check does, is
+    # not it), else the first iterated.
+    pairs = list(zip(loaders, inst.loaders, strict=True))
+    main_loader = (next((report for report, info in pairs if info.training), None)
+                   or next((report for report, info in pairs
+                            if info.iterators > info.evaluation_iterators), None)
+                   or next((report for report in loaders if report.iterators),
+                           loaders[0] if loaders else None))
     config = EffectiveConfig(
         device=str(w.device),
         batch_size=(main_loader.batch_size if main_loader and main_loader.batch_size

@@ -200,6 +200,13 @@ class StepTracker:
         is marked by hand): its every step closes a step (on_optimizer_step's fast path)."""
         self._snap: _Acc | None = None
         self._snap_t = 0.0
+        self._fetch: list[Any] | None = None
+        """The last fetch: ``[acc, data-wait s, samples, cpu s, run delay s, read s, loader,
+        moved]``, what it added to ``acc`` (the step's accumulators then). The outermost
+        forwards before the next fetch say whose batch it was: evaluation's when only
+        evaluation forwards follow it (``moved``: its share is in evaluation, not data wait),
+        training's as soon as a training forward or a backward does (a teacher run under
+        ``no_grad`` before the student's forward leaves the batch training's)."""
         self._closed: list[tuple[StepRecord, bool]] = []
         self.counts: dict[str, int] = {
             "forward": 0,
@@ -248,6 +255,35 @@ class StepTracker:
         backward will follow)."""
         self._acc.eval_grad_s = 0.0
 
+    def evaluation_forward_began(self) -> None:
+        """An outermost forward of evaluation began: unless a training forward or a backward
+        follows before the next fetch (:meth:`fetch_used`), the last fetch fetched an
+        evaluation batch, so its wait is evaluation time, not data wait, and its samples are
+        not the step's (a validation loader's batches are no training throughput)."""
+        fetch, acc = self._fetch, self._acc
+        if fetch is None or fetch[7] or fetch[0] is not acc:
+            return
+        fetch[7] = True
+        _move_fetch(acc, fetch, -1)
+        if fetch[6] is not None:
+            fetch[6].evaluation_iterators += 1
+
+    def fetch_used(self) -> None:
+        """An outermost forward in training mode or a backward began: the last fetch fed
+        training, whatever evaluation forwards ran after it."""
+        fetch = self._fetch
+        if fetch is not None and fetch[7] and fetch[0] is self._acc:
+            fetch[7] = False
+            _move_fetch(self._acc, fetch, 1)
+            if fetch[6] is not None:
+                fetch[6].evaluation_iterators -= 1
+
+    def fetch_loader(self, loader: Any) -> None:
+        """The last fetch was its iterator's first, from ``loader`` (an object with an
+        ``evaluation_iterators`` count, raised while its batch counts as evaluation's)."""
+        if self._fetch is not None:
+            self._fetch[6] = loader
+
     def backward_began(self) -> None:
         """An outermost backward began: the step's forwards in eval mode with gradients enabled
         were training forwards (a forward followed by a backward in the same step is training,
@@ -257,6 +293,7 @@ class StepTracker:
         acc.phases[EVALUATION] -= moved
         acc.phases[FORWARD] += moved
         acc.eval_grad_s = 0.0
+        self.fetch_used()
 
     def in_phase(self, phase: int) -> bool:
         return any(f[0] == phase for f in self._stack[_FLOOR:])
@@ -266,16 +303,10 @@ class StepTracker:
         thread: a list's length is read atomically under the GIL, and nothing is written."""
         return len(self._stack) == _FLOOR
 
-    def add_batch(self, samples: int | None) -> None:
-        acc = self._acc
-        acc.batches += 1
-        self.counts["batches"] += 1
-        if samples is not None:
-            acc.samples = (acc.samples or 0) + samples
-
     def fetched(self, t: float, samples: int | None) -> None:
         """A fetch ended at ``t`` with a batch of ``samples``: :meth:`exit` of its data-wait
-        frame and :meth:`add_batch` in one call (it runs at every fetch)."""
+        frame and the batch counted, in one call (it runs at every fetch). Kept as the last
+        fetch: the forwards after it say whether it was training's (:attr:`_fetch`)."""
         stack = self._stack
         acc = self._acc
         # the fetch's own frame is on top, unless a phase inside the fetch raised and left
@@ -283,14 +314,18 @@ class StepTracker:
         if stack[-1][0] == DATA_WAIT:
             _, start, child = stack.pop()
             dur = t - start
-            acc.phases[DATA_WAIT] += dur - child
+            wait = dur - child
+            acc.phases[DATA_WAIT] += wait
             stack[-1][2] += dur
         else:
+            before = acc.phases[DATA_WAIT]
             self.exit(DATA_WAIT, t)
+            wait = acc.phases[DATA_WAIT] - before
         acc.batches += 1
         self.counts["batches"] += 1
         if samples is not None:
             acc.samples = (acc.samples or 0) + samples
+        self._fetch = [acc, wait, samples, 0.0, 0.0, 0.0, None, False]
 
     def add_fetch_reading(self, cpu_s: float, run_delay_s: float, wall_s: float) -> None:
         """CPU time and run delay of a fetch that was read, and its wall time (each already
@@ -299,6 +334,9 @@ class StepTracker:
         acc.data_cpu_s += cpu_s
         acc.data_run_delay_s += run_delay_s
         acc.data_read_s += wall_s
+        fetch = self._fetch
+        if fetch is not None and fetch[0] is acc:  # the reading of the fetch just made
+            fetch[3], fetch[4], fetch[5] = cpu_s, run_delay_s, wall_s
 
     # -- boundaries -----------------------------------------------------------------------
     def on_backward_end(self, t: float) -> None:
@@ -457,3 +495,17 @@ class StepTracker:
         if self._on_close is not None:
             for rec, exact in closed:
                 self._on_close(rec, exact)
+
+
+def _move_fetch(acc: _Acc, fetch: list[Any], sign: int) -> None:
+    """Move what ``fetch`` (a :attr:`StepTracker._fetch` record) added to ``acc`` from data
+    wait to evaluation (``sign`` −1) or back (+1)."""
+    wait = fetch[1]
+    acc.phases[DATA_WAIT] += sign * wait
+    acc.phases[EVALUATION] -= sign * wait
+    acc.batches += sign
+    if fetch[2] is not None and acc.samples is not None:
+        acc.samples += sign * fetch[2]
+    acc.data_cpu_s += sign * fetch[3]
+    acc.data_run_delay_s += sign * fetch[4]
+    acc.data_read_s += sign * fetch[5]
