@@ -48,6 +48,24 @@ def test_runs_unmodified_script_with_its_args_and_output(tmp_path: Path) -> None
     assert "Where each step's time goes" in p.stderr
 
 
+def test_the_script_sees_the_file_and_argv_python_gives_it(tmp_path: Path) -> None:
+    """``__file__`` is absolute, as Python 3.9+ makes it, so a script that changes directory
+    still finds the files beside it (``sys.argv[0]`` is absolute too: runpy sets it to the
+    path it runs)."""
+    (tmp_path / "cfg.txt").write_text("beside the script\n")
+    (tmp_path / "train.py").write_text(
+        "import os, sys\nfrom pathlib import Path\nhere = Path(__file__).parent\n"
+        "os.chdir('/')\nprint('file', __file__, 'argv0', sys.argv[0])\n"
+        "print((here / 'cfg.txt').read_text().strip())\n")
+    bare = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    p = doctor("--no-flops", "--", "python", "train.py", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert bare.stdout.startswith(f"file {tmp_path / 'train.py'} argv0 train.py\n")
+    assert p.stdout == bare.stdout.replace("argv0 train.py", f"argv0 {tmp_path / 'train.py'}")
+    assert "beside the script" in p.stdout
+
+
 def test_exit_code_is_preserved(tmp_path: Path) -> None:
     p = doctor("--json", str(tmp_path / "r.json"), "--", "python", "train_ok.py",
                "--epochs", "1", "--exit-code", "3")

@@ -499,7 +499,9 @@ def _run_script(w: Watch, target: Target, steps: int, live: bool = False,
                 running.enter_context(c)
             with guard:
                 if target.kind == "path":
-                    runpy.run_path(target.target, run_name="__main__")
+                    # Absolute, as Python (3.9+) makes a script's __file__: a script that
+                    # changes directory still finds the files beside it.
+                    runpy.run_path(os.path.abspath(target.target), run_name="__main__")
                 else:
                     runpy.run_module(target.target, run_name="__main__", alter_sys=True)
     except MetricsServerError as e:  # before the script ran: a usage error, not the script's
