@@ -461,3 +461,22 @@ def test_a_ctrl_c_that_leaves_exec_d_code_still_ends_with_status_130(tmp_path: P
     assert p.returncode == 130, p.stderr[-2000:]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status"] == "interrupted"
+
+
+def test_a_reader_that_goes_away_neither_changes_the_status_nor_loses_the_report(
+        tmp_path: Path) -> None:
+    """``redline doctor … 2>&1 | head -1``: the report's lines meet a broken pipe. The run
+    still writes its JSON and ends with the script's own status."""
+    script = _script(tmp_path, LOOP + "for _ in range(8):\n    step()\n"
+                     "print('trained', flush=True)\nraise SystemExit(3)\n")
+    out = tmp_path / "r.json"
+    p = subprocess.Popen([sys.executable, "-m", "redline.cli.main", "doctor", "--no-flops",
+                          "--json", str(out), "--", "python", str(script)], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert p.stdout is not None
+    first = p.stdout.readline()
+    p.stdout.close()  # as `head -1` does after its line
+    assert p.wait(timeout=120) == 3, first
+    report = json.loads(out.read_text())
+    assert report["status"] == "script_error"
+    assert report["measurements"]["timing"]["steps_total"] >= 1

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from rich.console import Console
+
 from redline.measure.interrupts import redeliver_signal
 
 REAL_EXIT = os._exit
@@ -256,3 +258,28 @@ class BlockedWatch:
             for fd in (r, w):
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+class StderrConsole(Console):
+    """A console whose broken pipe is an error to its caller (:func:`to_stderr`); rich's own
+    handling sends stdout, not stderr, to /dev/null and exits with status 1."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
+def to_stderr(what: str | Callable[[], object]) -> None:
+    """Print ``what`` (a line, or a function that prints) on stderr. Where its reader has gone
+    (``2>&1 | head``: a broken pipe), redline's remaining output is dropped (stderr then writes
+    to /dev/null, so neither a later line nor the flush at exit raises) and the run goes on to
+    write its files and end with the script's exit status."""
+    try:
+        if callable(what):
+            what()
+        else:
+            print(what, file=sys.stderr)
+        sys.stderr.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stderr.fileno())
+        os.close(devnull)

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from redline.core.files import OutputPathError, output_problem, refuse_overwriting_inputs
 from redline.core.report import Report
 from redline.data.advise import tune_starved_loader
@@ -36,9 +34,11 @@ from redline.doctor.exits import (
     BlockedWatch,
     OsExitGuard,
     Signals,
+    StderrConsole,
     StopMeasurement,
     Terminated,
     exit_now,
+    to_stderr,
 )
 from redline.doctor.launch import rank_command, run_launcher
 from redline.doctor.options import DoctorError, DoctorOptions
@@ -369,18 +369,18 @@ def run_doctor(cmd: list[str], options: DoctorOptions | None = None, *,
                 for li in w.inst.loaders:
                     li.loader = None  # release the user's loader and dataset
             if show:
-                print_report(report, Console(stderr=True))
+                to_stderr(lambda: print_report(report, StderrConsole(stderr=True)))
             written = write_json(report, json_path) if json_path and info.rank == 0 else None
             if written is not None and show:
-                print(f"redline: JSON report written to {written}", file=sys.stderr)
+                to_stderr(f"redline: JSON report written to {written}")
             if html_path and info.rank == 0:
                 page = write_html([to_dict(report)], html_path, [" ".join(cmd)])
                 if show:
-                    print(f"redline: HTML report written to {page} (opens offline in a browser)",
-                          file=sys.stderr)
+                    to_stderr(f"redline: HTML report written to {page} (opens offline in a "
+                               "browser)")
             if w.timeline_written is not None and show:
-                print(f"redline: timeline written to {w.timeline_written} (open it in "
-                      "https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
+                to_stderr(f"redline: timeline written to {w.timeline_written} (open it in "
+                           "https://ui.perfetto.dev or chrome://tracing)")
             if signals.received is not None and code == 0:
                 code = 128 + signals.received  # stopped while reporting: say so to the scheduler
             return DoctorResult(report=report, exit_code=code, json_path=written, script_error=error)

@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from rich.console import Console
-
-from redline.doctor.exits import StopMeasurement
+from redline.doctor.exits import StderrConsole, StopMeasurement, to_stderr
 from redline.measure.config import WatchConfig
 from redline.measure.ranks import STORE_ENV
 from redline.report.json_io import write_json
@@ -82,10 +80,10 @@ class MeasuredProcess:
             status, detail = "no_steps", f"rank {i} ended without a training step"
         report = w.report(show=False, command=s.command, status=status, status_detail=detail)
         if i == 0:
-            print_report(report, Console(stderr=True))
+            to_stderr(lambda: print_report(report, StderrConsole(stderr=True)))
             if s.json_path:
                 written = write_json(report, s.json_path)
-                print(f"redline: JSON report written to {written}", file=sys.stderr)
+                to_stderr(f"redline: JSON report written to {written}")
         if error is not None and not isinstance(error, KeyboardInterrupt):
             raise error  # spawn hands it to the parent, as without redline
 
