@@ -104,6 +104,30 @@ def test_crashing_script_still_reports_and_writes(tmp_path: Path) -> None:
     assert data["measurements"]["timing"]["steps_total"] == 12
 
 
+def test_a_run_shorter_than_its_warm_up_leaves_the_start_up_out(tmp_path: Path) -> None:
+    """Four steps, three of warm-up and one counted for FLOPs: the statistics fall back to
+    the warm-up steps after the first (which runs from the start, the script's imports and
+    model build included: it would read as host work in the loop), and the note counts
+    every step that ran."""
+    (tmp_path / "train.py").write_text(
+        "import time\nimport torch\nfrom torch import nn\ntime.sleep(0.5)  # a slow start-up\n"
+        "model = nn.Linear(64, 8)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n"
+        "    nn.functional.mse_loss(model(torch.randn(16, 64)), torch.randn(16, 8)).backward()\n"
+        "    opt.step()\n    opt.zero_grad()\n")
+    out = tmp_path / "r.json"
+    p = doctor("--warmup", "3", "--json", str(out), "--", "python", "train.py", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    data = load(out)
+    t = data["measurements"]["timing"]
+    assert (t["steps_total"], t["steps_warmup"], t["steps_excluded"], t["steps_measured"]) == (
+        4, 3, 1, 0)
+    assert len(t["step_times_s"]) == 2 and max(t["step_times_s"]) < 0.25
+    note = data["measurements"]["notes"][0]
+    assert note.startswith("Only 4 step(s) ran (1 of them slowed on purpose")
+    assert "after the first (which also holds the script's start-up)" in note
+
+
 def test_script_that_never_steps(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     p = doctor("--json", str(out), "--", "python", "never_steps.py")

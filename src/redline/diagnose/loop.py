@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from redline.core.findings import Evidence, Finding, ceiling_speedup, severity_for
 from redline.core.measurements import CodeSite, LoopWork, Measurements, PeriodicStall
+from redline.core.words import ordinal
 from redline.diagnose.thresholds import (
     HOST_CODE_MIN_FRACTION,
     HOST_WORK_MIN_FRACTION,
@@ -287,7 +288,7 @@ def periodic_stall(m: Measurements) -> list[Finding]:
         where += f", at {_where(p.site)}" + (f": `{p.site.text}`" if p.site.text else "")
     return [Finding(
         id="periodic_stall", severity=severity_for(p.step_fraction),
-        title=f"Every {p.period_steps}th step takes {p.extra_s_per_slow_step * 1e3:.0f} ms more "
+        title=f"Every {ordinal(p.period_steps)} step takes {p.extra_s_per_slow_step * 1e3:.0f} ms more "
         f"than the median step ({where}): {p.step_fraction:.0%} of the time",
         evidence=ev, ceiling_speedup=ceiling_speedup(_removable(m, p.step_fraction)),
         fix=f"Find what runs every {p.period_steps} steps there and move it off the step path (a "

@@ -28,6 +28,7 @@ from redline.core.measurements import (
     StepTiming,
 )
 from redline.core.report import TraceSummary
+from redline.core.words import ordinal
 from redline.measure.ddp import ddp_stats, fsdp_stats, snapshot
 from redline.measure.drift import STARTUP_EXCESS, startup_cost, step_modes, step_trend
 from redline.measure.evaluation import evaluation_metrics
@@ -139,11 +140,20 @@ def build_measurements(w: Recorder) -> Measurements:
     steps = w.measured_steps
     if not steps:
         steps = [step for step in w.steps if step.kind != "excluded"]
-        if steps:
-            notes.append(
-                f"Only {len(steps)} step(s) ran, none after the {w.config.warmup_steps} warm-up "
-                "step(s): statistics below include warm-up steps and are less reliable."
-            )
+        total, _, excluded, _ = w.step_counts
+        ran = (f"Only {total} step(s) ran" + (f" ({excluded} of them slowed on purpose for FLOP "
+               "counting or a trace, left out)" if excluded else "")
+               + f", none after the {w.config.warmup_steps} warm-up step(s)")
+        if len(steps) > 1 and steps[0].index == 0:
+            # The first step runs from the watch's start: under doctor, the script's imports
+            # and model build; it would read as minutes of host work in the loop.
+            steps = steps[1:]
+            notes.append(f"{ran}: statistics below are over the warm-up steps after the first "
+                         "(which also holds the script's start-up) and are less reliable.")
+        elif steps:
+            notes.append(f"{ran}: statistics below are over warm-up steps and are less "
+                         "reliable" + (", the first of them holding the script's start-up."
+                                       if steps[0].index == 0 else "."))
         elif w.step_counts[2]:
             notes.append(
                 f"Step time unknown: the only {w.step_counts[2]} step(s) that ran were slowed "
@@ -156,7 +166,7 @@ def build_measurements(w: Recorder) -> Measurements:
         notes.append(
             f"The run closed {w.tracker.closed:,} steps, more than the {w.config.steps_kept:,} "
             f"step records a watch keeps (WatchConfig.steps_kept): step statistics, the "
-            f"breakdown and the timeline are over every {stride}th step, a uniform sample; "
+            f"breakdown and the timeline are over every {ordinal(stride)} step, a uniform sample; "
             "step counts are exact."
         )
     startup = None
