@@ -28,6 +28,7 @@ from redline.compare.stats import (
     STEPS,
     Sample,
     batch_sample,
+    ratio_interval,
     t_quantile,
     t_sf,
     welch,
@@ -64,6 +65,33 @@ def test_welch_by_hand() -> None:
     assert r.p_value == pytest.approx(2 * t_sf(r.t, r.df))
     half = t_quantile(0.975, r.df) * (va + vb) ** 0.5
     assert (r.ci_low_s, r.ci_high_s) == pytest.approx((2 - half, 2 + half))
+
+
+def test_the_relative_change_s_interval_is_fieller_s_and_never_below_minus_100_percent() -> None:
+    """A wide before run: the difference's interval over the before mean goes below −100 %
+    (impossible for a time); Fieller's interval of the ratio solves its defining equation at
+    both ends, holds the observed ratio, and stays above −100 %."""
+    before = Sample(mean_s=0.0101, n=10, std_s=0.0040, steps=30, method=BATCH_MEANS)
+    after = Sample(mean_s=0.00227, n=10, std_s=0.00115, steps=20, method=BATCH_MEANS)
+    r = welch(before, after)
+    assert r.ci_low_s / before.mean_s < -1.0
+    lo, hi = ratio_interval(before_mean_s=before.mean_s, before_se_s=before.standard_error_s,
+                            after_mean_s=after.mean_s, after_se_s=after.standard_error_s,
+                            df=r.df) or (None, None)
+    assert lo is not None and hi is not None
+    q = t_quantile(0.975, r.df or 0) ** 2
+    for ratio in (lo, hi):
+        lhs = (after.mean_s - ratio * before.mean_s) ** 2
+        rhs = q * (after.standard_error_s ** 2 + ratio ** 2 * before.standard_error_s ** 2)
+        assert lhs == pytest.approx(rhs, rel=1e-9)
+    assert 0.0 < lo < after.mean_s / before.mean_s < hi
+    test = step_test(before, after, "step_time")
+    v = verdict_of(test, min_effect_fraction=0.05, alpha=0.05, step_time_before_s=None,
+                   step_time_after_s=None, throughput_before=None, throughput_after=None)
+    assert f"95 % CI {lo - 1:+.1%} to {hi - 1:+.1%}" in v.reason
+    # a before run whose mean is not told from zero bounds no ratio
+    assert ratio_interval(before_mean_s=1.0, before_se_s=1.0, after_mean_s=1.0,
+                          after_se_s=0.1, df=5.0) is None
 
 
 def test_batches() -> None:
@@ -212,6 +240,14 @@ def test_differences_are_stated_and_an_old_report_gets_the_weaker_test() -> None
     c = compare_reports(old, after, before_source="old", after_source="new")
     fields = {d.field for d in c.differences}
     assert {"schema", "device", "device_name", "batch_size"} <= fields
+    assert "command" not in fields  # neither names one
+    old["command"], after["command"] = ["python", "a.py"], ["python", "b.py"]
+    old["measurements"]["config"]["batch_size"] = None
+    rows = {d.field: d for d in compare_reports(old, after, before_source="old",
+                                                after_source="new").differences}
+    assert (rows["command"].before, rows["command"].after) == ("python a.py", "python b.py")
+    assert rows["batch_size"].consequence.startswith("the batch is unknown on one side")
+    old["measurements"]["config"]["batch_size"] = 32
     assert c.verdict.test is not None and c.verdict.test.method == "summary"
     assert c.verdict.test.metric == "time_per_sample"
     # twice the samples in the same step time: half the time per sample

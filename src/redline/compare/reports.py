@@ -177,6 +177,14 @@ def compare_reports(before: dict[str, Any], after: dict[str, Any], *, before_sou
                       metrics=metric_deltas(before, after), notes=notes)
 
 
+def _command(report: dict[str, Any]) -> str | None:
+    """The command a report measured, as one line (None where it names none)."""
+    command = report.get("command")
+    if isinstance(command, list) and command:
+        return " ".join(str(word) for word in command)
+    return command if isinstance(command, str) and command else None
+
+
 def context_differences(before: dict[str, Any], after: dict[str, Any]) -> list[Difference]:
     """What differs between the runs besides their speed, each with what it means here."""
     rows: list[tuple[str, Any, Any, str]] = [
@@ -195,9 +203,14 @@ def context_differences(before: dict[str, Any], after: dict[str, Any]) -> list[D
          "different device models: the difference is the hardware's as much as the code's"),
         ("world_size", world_size(before), world_size(after),
          "a different number of ranks: step times and throughput are rank 0's, per rank"),
+        ("command", _command(before), _command(after),
+         "a different command: the runs may train different programs or settings"),
         ("batch_size", _at(before, "measurements", "config", "batch_size"),
          _at(after, "measurements", "config", "batch_size"),
-         "a different batch: the step does different work; compared per sample"),
+         "a different batch: the step does different work; compared per sample"
+         if all(_at(d, "measurements", "config", "batch_size") is not None
+                for d in (before, after))
+         else "the batch is unknown on one side: compared per step, taken as the same work"),
         ("precision", _at(before, "measurements", "config", "precision"),
          _at(after, "measurements", "config", "precision"),
          "a different precision: numerics differ as well as speed"),

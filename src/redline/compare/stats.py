@@ -147,6 +147,28 @@ def welch(before: Sample, after: Sample, confidence: float = CONFIDENCE) -> Welc
                        ci_low_s=diff - half, ci_high_s=diff + half)
 
 
+def ratio_interval(*, before_mean_s: float, before_se_s: float, after_mean_s: float,
+                   after_se_s: float, df: float | None,
+                   confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """The ``confidence`` interval of ``after / before`` (Fieller's theorem, Fieller 1954, for
+    two independent means with the Welch–Satterthwaite ``df``): the relative change's interval
+    is this less 1, never below −100 % as the difference's interval divided by the before mean
+    can be. None when it is unbounded: the before mean is not told from zero at this
+    confidence (its spread is too wide to bound a ratio).
+
+    Solves ``(a − R·b)² = t²·(se_a² + R²·se_b²)`` for R."""
+    a, b = after_mean_s, before_mean_s
+    if df is None or (before_se_s == 0 and after_se_s == 0):
+        return (a / b, a / b) if b > 0 else None
+    q = t_quantile(0.5 + confidence / 2, df) ** 2
+    va, vb = after_se_s ** 2, before_se_s ** 2
+    g = b * b - q * vb
+    if g <= 0:
+        return None
+    root = math.sqrt(q * (a * a * vb + va * g))  # the discriminant, > 0 where g > 0
+    return (a * b - root) / g, (a * b + root) / g
+
+
 def one_sample(sample: Sample, expected_s: float,
                confidence: float = CONFIDENCE) -> WelchResult:
     """Student's t-test of ``sample.mean − expected_s`` for a value known without spread (a

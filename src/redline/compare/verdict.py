@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from redline.compare.model import (
     IMPROVEMENT,
     NO_CHANGE,
@@ -17,6 +19,7 @@ from redline.compare.stats import (
     SUMMARY,
     Sample,
     WelchResult,
+    ratio_interval,
     welch,
 )
 
@@ -90,9 +93,9 @@ def verdict_of(test: StepTest | None, *, min_effect_fraction: float, alpha: floa
     else:
         words = METRIC_WORDS.get(test.metric, test.metric)
         rel = test.difference_fraction
-        size = (f"{words} {_ms(test.before_mean_s)} → {_ms(test.after_mean_s)} "
-                f"({rel:+.1%}, 95 % CI {test.ci_low_s / test.before_mean_s:+.1%} to "
-                f"{test.ci_high_s / test.before_mean_s:+.1%}, p = {test.p_value:.2g})"
+        size = (f"{words} over the steps tested {_ms(test.before_mean_s)} → "
+                f"{_ms(test.after_mean_s)} "
+                f"({rel:+.1%}, 95 % CI {_relative_interval(test)}, p = {test.p_value:.2g})"
                 if test.before_mean_s > 0 else f"{words} {test.difference_s:+.3g} s")
         if test.p_value >= alpha:
             verdict = NO_CHANGE
@@ -130,6 +133,22 @@ def verdict_of(test: StepTest | None, *, min_effect_fraction: float, alpha: floa
                               or throughput_before <= 0
                               else (throughput_after / throughput_before - 1) * 100),
         test=test, contention_adjusted_delta_fraction=adjusted)
+
+
+def _relative_interval(test: StepTest) -> str:
+    """The relative change's 95 % interval in words: Fieller's for the ratio of the means
+    (:func:`redline.compare.stats.ratio_interval`); a projection (a value without spread) or
+    a test without spread has the difference's interval over the exact baseline."""
+    if test.before_std_s is None:
+        return (f"{test.ci_low_s / test.before_mean_s:+.1%} to "
+                f"{test.ci_high_s / test.before_mean_s:+.1%}")
+    ratio = ratio_interval(
+        before_mean_s=test.before_mean_s, before_se_s=test.before_std_s / math.sqrt(test.before_n),
+        after_mean_s=test.after_mean_s,
+        after_se_s=(test.after_std_s or 0.0) / math.sqrt(test.after_n), df=test.df)
+    if ratio is None:
+        return "unbounded (the before run's spread is as wide as its mean: run more steps)"
+    return f"{ratio[0] - 1:+.1%} to {ratio[1] - 1:+.1%}"
 
 
 def _ms(seconds: float) -> str:
