@@ -93,6 +93,7 @@ def test_decoding_fetch_burns_cpu_where_sleeping_does_not() -> None:
     slept, burnt = sleepy.host.data_fetch_cpu_fraction, dec.host.data_fetch_cpu_fraction
     assert slept is not None and burnt is not None
     assert slept < 0.2 and burnt > 5 * slept
+    assert burnt <= 1.0  # one thread: its CPU time within its wall time
 
 
 class _Fetch(Dataset[tuple[torch.Tensor, torch.Tensor]]):

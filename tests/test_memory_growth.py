@@ -304,6 +304,7 @@ def test_a_window_too_short_for_the_trend_test_says_so() -> None:
     (curve,) = _timeline(sampler, None).curves
     assert curve.window_samples == 5
     assert "5 samples in the window, a trend test needs 7: measure more steps" in memory_line()
+    assert "/1k steps" not in memory_line()  # a slope fitted to 5 samples is not shown
     for i in range(10, 17):
         sampler.add(float(i), 400 * MIB + i * 8 * MIB, {})
     (curve,) = _timeline(sampler, None).curves

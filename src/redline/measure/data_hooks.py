@@ -168,9 +168,9 @@ class DataHooks:
                 on_data()
             countdown -= 1
             read = not countdown
-            if read:
-                cpu_start_s = thread_time()
+            if read:  # the CPU clock read next to the wall clock: CPU ≤ wall for the fetch
                 delay_start_s = delay()
+                cpu_start_s = thread_time()
             start_s = clock()
             push([DATA_WAIT, start_s, 0.0])
             try:
@@ -179,6 +179,7 @@ class DataHooks:
                 exit_(DATA_WAIT, clock())
                 raise
             end_s = clock()
+            cpu_end_s = thread_time() if read else 0.0
             # batch_samples' own fast path, inline for the usual batch (a tensor, or a tuple or
             # list that starts with one): this runs at every fetch
             kind = type(batch)
@@ -187,7 +188,7 @@ class DataHooks:
                     else batch_samples(batch))
             if read:
                 fetch_weight = weight
-                add_reading((thread_time() - cpu_start_s) * fetch_weight,
+                add_reading((cpu_end_s - cpu_start_s) * fetch_weight,
                             (delay() - delay_start_s) * fetch_weight, (end_s - start_s) * fetch_weight)
                 countdown = next_read()
             first = inst._iter_info.pop(id(it), None) if inst._iter_info else None
@@ -227,8 +228,8 @@ class DataHooks:
             if self._on_data is not None:
                 self._on_data()
             delay = self.run_delay.read if self.run_delay is not None else _no_delay
-            cpu_start_s = time.thread_time()
             delay_start_s = delay()
+            cpu_start_s = time.thread_time()
             start_s = clock()
             tracker.enter(DATA_WAIT, start_s)
             try:
@@ -237,9 +238,9 @@ class DataHooks:
                 tracker.exit(DATA_WAIT, clock())
                 return
             end_s = clock()
+            cpu_s = time.thread_time() - cpu_start_s
             tracker.fetched(end_s, batch_samples(item))
-            tracker.add_fetch_reading(time.thread_time() - cpu_start_s, delay() - delay_start_s,
-                                      end_s - start_s)
+            tracker.add_fetch_reading(cpu_s, delay() - delay_start_s, end_s - start_s)
             yield item
 
     def install_h2d(self, stack: ExitStack) -> None:

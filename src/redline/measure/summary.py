@@ -225,7 +225,9 @@ def build_measurements(w: Recorder) -> Measurements:
                           if win and win.io_available and win.wall_s > 0 else None),
         read_chars_per_s=(win.read_chars / win.wall_s
                           if win and win.io_available and win.wall_s > 0 else None),
-        data_fetch_cpu_fraction=data_cpu / data_read if data_read > 1e-6 else None,
+        # one thread's CPU time cannot pass its wall time: a ratio above 1 is the two clocks'
+        # granularity on short fetches
+        data_fetch_cpu_fraction=min(1.0, data_cpu / data_read) if data_read > 1e-6 else None,
         shm_total_bytes=shm.total_bytes if shm else None,
         shm_free_bytes=shm.free_bytes if shm else None,
         cpu_flags=flags,

@@ -157,9 +157,10 @@ def render_memory(m: Measurements, console: Console) -> None:
         who += "" if curve.kind != "host_rss" else (" main" if curve.process == "main"
                                                  else f" worker {curve.pid}")
         per_k = curve.slope_bytes_per_1k_steps
-        slope = ("" if per_k is None else f" · {'+' if per_k >= 0 else ''}{_mib(per_k)}"
-                 "/1k steps")
         need = samples_for_trend(MEMORY_TREND_MIN_Z)
+        # a slope fitted to fewer samples than the trend test needs is noise: not shown
+        slope = ("" if per_k is None or curve.window_samples < need else
+                 f" · {'+' if per_k >= 0 else ''}{_mib(per_k)}/1k steps")
         short = ("" if curve.window_samples >= need else
                  f" · {curve.window_samples} samples in the window, a trend test needs {need}: "
                  "measure more steps")
