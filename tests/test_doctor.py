@@ -277,3 +277,25 @@ def test_bad_values_name_the_flag(args: list[str], message: str,
         main(args)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_workers_seen_are_the_loader_s_workers_not_every_child(tmp_path: Path) -> None:
+    """A 'spawn' DataLoader also starts multiprocessing's resource tracker, a child process
+    that is no worker: two workers are two."""
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, "
+        "TensorDataset\n"
+        "def main():\n"
+        "    data = TensorDataset(torch.randn(640, 32), torch.randint(0, 4, (640,)))\n"
+        "    loader = DataLoader(data, batch_size=16, num_workers=2, "
+        "multiprocessing_context='spawn', persistent_workers=True)\n"
+        "    model = nn.Linear(32, 4)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x, y in loader:\n"
+        "        nn.functional.cross_entropy(model(x), y).backward()\n"
+        "        opt.step()\n        opt.zero_grad()\n"
+        "if __name__ == '__main__':\n    main()\n")
+    out = tmp_path / "r.json"
+    p = doctor("--no-flops", "--json", str(out), "--", "python", "train.py", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    host = load(out)["measurements"]["host"]
+    assert host["workers_seen"] == 2, host

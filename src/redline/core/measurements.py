@@ -161,6 +161,8 @@ class HostMetrics:
     workers_cpu_cores: float | None
     """CPU seconds of its child processes (DataLoader workers) per wall second."""
     workers_seen: int
+    """DataLoader worker processes seen during the window (other child processes, such as
+    multiprocessing's resource tracker, are not counted)."""
     main_rss_peak_bytes: int | None
     workers_rss_peak_bytes: int | None
     read_bytes_per_s: float | None

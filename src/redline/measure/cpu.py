@@ -42,6 +42,8 @@ class CpuWindow:
     """CPU seconds of its child processes (DataLoader workers) during the window."""
     children_seen: int
     """Distinct child processes seen during the window."""
+    children_pids: frozenset[int] = frozenset()
+    """Their process ids (told apart as DataLoader workers or not by the caller)."""
     read_bytes: int
     """Bytes read from storage (Linux /proc/<pid>/io read_bytes), process + children."""
     read_chars: int
@@ -286,13 +288,13 @@ class CpuSampler:
             child_cpu = 0.0
             read_bytes = read_chars = 0
             io_ok = True
-            seen = 0
+            seen: set[int] = set()
             delay: float | None = 0.0
             for pid, last in self._last.items():
                 base = self._base.get(pid, zero)
                 if pid in self._base and last is base:
                     continue  # unchanged since the window began (e.g. died before it)
-                seen += 1
+                seen.add(pid)
                 child_cpu += max(0.0, last.cpu_s - base.cpu_s)
                 if last.run_delay_s is None or delay is None:
                     delay = None
@@ -315,7 +317,8 @@ class CpuSampler:
                 wall_s=wall,
                 main_cpu_s=main_cpu,
                 children_cpu_s=child_cpu,
-                children_seen=seen,
+                children_seen=len(seen),
+                children_pids=frozenset(seen),
                 read_bytes=read_bytes,
                 read_chars=read_chars,
                 main_rss_peak_bytes=self._peak_main,

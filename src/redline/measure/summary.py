@@ -218,7 +218,10 @@ def build_measurements(w: Recorder) -> Measurements:
         torch_threads=torch.get_num_threads(),
         main_cpu_cores=win.main_cpu_s / win.wall_s if win and win.wall_s > 0 else None,
         workers_cpu_cores=win.children_cpu_s / win.wall_s if win and win.wall_s > 0 else None,
-        workers_seen=win.children_seen if win else 0,
+        # the loaders' own workers: multiprocessing's resource tracker (spawn) and the
+        # script's other child processes are children too, not workers
+        workers_seen=len(win.children_pids & {pid for info in inst.loaders
+                                               for pid in info.worker_pids}) if win else 0,
         main_rss_peak_bytes=win.main_rss_peak_bytes if win else None,
         workers_rss_peak_bytes=win.children_rss_peak_bytes if win else None,
         read_bytes_per_s=(win.read_bytes / win.wall_s
