@@ -16,11 +16,13 @@ The trace (tests/trace_fixtures.py), in µs, after dropping the last ProfilerSte
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from pathlib import Path
 
 import pytest
 
+from redline.report.trace_render import render
 from redline.trace import TraceError, analyze_paths, load_trace
 from trace_fixtures import synthetic_events, write_trace
 
@@ -106,6 +108,11 @@ def test_trace_without_gpu_events_says_so(tmp_path: Path) -> None:
     a = analyze_paths([write_trace(tmp_path / "cpu.json.gz", ev)])
     assert a.ranks[0].temporal is None
     assert any("no GPU events" in w for w in a.warnings)
+    out = io.StringIO()
+    render(a, [], out)
+    text = out.getvalue()
+    assert "│ None" not in text  # an unknown device is said in words
+    assert "Kernel types: none (the trace holds no device kernels)" in text
 
 
 def test_rocm_string_streams_and_hip_names(tmp_path: Path) -> None:

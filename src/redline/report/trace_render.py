@@ -52,7 +52,8 @@ def render(analysis: TraceAnalysis, findings: list[Finding],
     for rank in analysis.ranks:
         temporal = rank.temporal
         if temporal is None:
-            rows.append([str(rank.rank), str(rank.device_name), "no GPU events", *[""] * 7])
+            rows.append([str(rank.rank), str(rank.device_name or "none seen"), "no GPU events",
+                         *[""] * 7])
             continue
         idle = rank.idle_sum_over_streams
         idle_us = sum(idle.values()) or 1.0
@@ -68,11 +69,14 @@ def render(analysis: TraceAnalysis, findings: list[Finding],
               rows)
     types_us = analysis.kernel_types_us
     types_total_us = sum(types_us.values()) or 1.0
-    out.table("Kernel types (all ranks)",
-              [Column(header="type", wrap=True), Column(header="ms", right=True),
-               Column(header="share", right=True)],
-              [[name, f"{duration_us / 1e3:,.2f}", f"{duration_us / types_total_us:.1%}"]
-               for name, duration_us in sorted(types_us.items(), key=lambda x: -x[1])])
+    if types_us:
+        out.table("Kernel types (all ranks)",
+                  [Column(header="type", wrap=True), Column(header="ms", right=True),
+                   Column(header="share", right=True)],
+                  [[name, f"{duration_us / 1e3:,.2f}", f"{duration_us / types_total_us:.1%}"]
+                   for name, duration_us in sorted(types_us.items(), key=lambda x: -x[1])])
+    else:
+        out.line("Kernel types: none (the trace holds no device kernels)")
     first = next((rank_entry for rank_entry in analysis.ranks if rank_entry.temporal is not None), None)
     if first is not None:
         _render_rank_details(out, first)
