@@ -126,6 +126,7 @@ def test_a_run_shorter_than_its_warm_up_leaves_the_start_up_out(tmp_path: Path) 
     note = data["measurements"]["notes"][0]
     assert note.startswith("Only 4 step(s) ran (1 of them slowed on purpose")
     assert "after the first (which also holds the script's start-up)" in note
+    assert "config: batch unknown · no DataLoader" in p.stderr  # no DataLoader: said, not None
 
 
 def test_script_that_never_steps(tmp_path: Path) -> None:

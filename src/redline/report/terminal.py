@@ -205,7 +205,8 @@ def render(report: Report, console: Console) -> None:
               f"workers {loader_config.num_workers} · pin_memory {loader_config.pin_memory} · prefetch "
               f"{loader_config.prefetch_factor} · persistent {loader_config.persistent_workers}")
     console.print(
-        f"config: batch {cfg.batch_size} · {loader} · precision {cfg.precision} · torch threads "
+        f"config: batch {cfg.batch_size or 'unknown'} · {loader} · precision "
+        f"{cfg.precision or 'unknown'} · torch threads "
         f"{cfg.torch_threads} · data {cfg.data_source}")
     tput = timing.throughput_samples_per_s
     mfu = measurements.mfu
