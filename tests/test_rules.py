@@ -205,6 +205,27 @@ def test_data_starvation_in_process_cpu_bound() -> None:
     assert get(m, "cpu_preprocessing").ceiling_speedup == pytest.approx(1 / (1 - 0.6 * 0.95))
 
 
+def test_a_saturating_training_process_gets_workers_and_the_cores_they_need() -> None:
+    """num_workers=0 and the training process alone keeps both CPUs busy: workers, and fewer
+    intra-op threads to leave them cores, not workers alone."""
+    m = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
+                     host={"data_fetch_cpu_fraction": 0.95, "main_cpu_cores": 1.95})
+    fix = get(m, "data_starvation").fix
+    assert "num_workers=1" in fix and "torch.set_num_threads(1)" in fix
+
+
+def test_cpu_work_in_a_tensor_dataset_fetch_is_per_sample_indexing_not_decoding() -> None:
+    m = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
+                     host={"data_fetch_cpu_fraction": 0.95},
+                     loaders=[loader(num_workers=0, dataset_type="TensorDataset")])
+    fix = get(m, "cpu_preprocessing").fix
+    assert "BatchSampler(RandomSampler(ds), batch_size=B" in fix
+    assert "decode" not in fix and "CachedDataset" not in fix
+    other = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
+                         host={"data_fetch_cpu_fraction": 0.95})
+    assert "CachedDataset" in get(other, "cpu_preprocessing").fix
+
+
 def test_data_split_reports_both_sides_when_mixed() -> None:
     m = measurements(phases={"data_wait": 0.6, "forward": 0.1, "backward": 0.2},
                      host={"data_fetch_cpu_fraction": 0.4})

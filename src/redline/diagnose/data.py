@@ -104,6 +104,13 @@ def _workers(m: Measurements) -> int:
     return m.config.loader.num_workers if m.config.loader is not None else 0
 
 
+def _dataset_type(m: Measurements) -> str | None:
+    """The dataset type of the loader the report describes (the config's), if known."""
+    return next((loader.dataset_type for loader in m.loaders
+                 if loader.settings == m.config.loader
+                 and loader.batch_size == m.config.batch_size), None)
+
+
 def _saturated(m: Measurements) -> bool:
     h = m.host
     return (h.main_cpu_cores or 0.0) + (h.workers_cpu_cores or 0.0) >= CPUS_SATURATED * h.cpus_available
@@ -149,6 +156,10 @@ def data_starvation(m: Measurements) -> list[Finding]:
                + f"). {rec} = usable CPUs ({cpus:g}) − 1 for the training process, a starting "
                "point; redline.data.autotune_loader(make_loader, step) measures the best "
                "setting in your loop.")
+        if saturated:  # the training process alone keeps the CPUs busy: workers need cores
+            fix += (f" The training process alone keeps {h.main_cpu_cores or 0:.2f} of the "
+                    f"{cpus:g} CPUs busy: leave the workers cores by lowering its intra-op "
+                    f"threads (torch.set_num_threads({max(1, round(cpus) - rec)})).")
     elif saturated:
         fix = (f"The {cpus:g} usable CPUs are saturated (training process {h.main_cpu_cores or 0:.2f}"
                f" + workers {h.workers_cpu_cores or 0:.2f} cores): more workers will not help. "
@@ -216,6 +227,14 @@ def cpu_preprocessing(m: Measurements) -> list[Finding]:
            "until on device), or decode on the GPU.")
     if _workers(m) > 0 and _saturated(m):
         fix = "CPUs are saturated: " + fix.split("; ", 1)[1]
+    if _dataset_type(m) == "TensorDataset":
+        # Nothing to decode: the CPU time is the loader indexing tensors one sample at a time
+        # and stacking them again (default_collate).
+        fix = ("The dataset is a TensorDataset: the fetch's CPU time is the DataLoader indexing "
+               "it sample by sample and stacking the samples again. Index it a batch at a "
+               "time: DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), batch_size=B, "
+               "drop_last=False), batch_size=None) hands TensorDataset one list of indices per "
+               "batch; or slice the tensors in the loop.")
     return [Finding(
         id="cpu_preprocessing", severity=severity_for(removable),
         title=f"CPU preprocessing (decode/augment) makes {share:.0%} of the data wait "
