@@ -40,10 +40,9 @@ class CpuWindow:
     """CPU seconds of the training process (all its threads)."""
     children_cpu_s: float
     """CPU seconds of its child processes (DataLoader workers) during the window."""
-    children_seen: int
-    """Distinct child processes seen during the window."""
     children_pids: frozenset[int] = frozenset()
-    """Their process ids (told apart as DataLoader workers or not by the caller)."""
+    """Process ids of the distinct child processes seen during the window (told apart as
+    DataLoader workers or not by the caller)."""
     read_bytes: int
     """Bytes read from storage (Linux /proc/<pid>/io read_bytes), process + children."""
     read_chars: int
@@ -317,7 +316,6 @@ class CpuSampler:
                 wall_s=wall,
                 main_cpu_s=main_cpu,
                 children_cpu_s=child_cpu,
-                children_seen=len(seen),
                 children_pids=frozenset(seen),
                 read_bytes=read_bytes,
                 read_chars=read_chars,

@@ -154,9 +154,9 @@ def build_measurements(w: Recorder) -> Measurements:
             notes.append(f"{ran}: statistics below are over warm-up steps and are less "
                          "reliable" + (", the first of them holding the script's start-up."
                                        if steps[0].index == 0 else "."))
-        elif w.step_counts[2]:
+        elif excluded:
             notes.append(
-                f"Step time unknown: the only {w.step_counts[2]} step(s) that ran were slowed "
+                f"Step time unknown: the only {excluded} step(s) that ran were slowed "
                 "on purpose (FLOP counting or a trace) and are left out of the statistics; run "
                 "more steps, or without FLOP counting (count_flops=False, redline doctor --no-flops), "
                 "to time them."

@@ -260,29 +260,22 @@ class StepTracker:
         follows before the next fetch (:meth:`fetch_used`), the last fetch fetched an
         evaluation batch, so its wait is evaluation time, not data wait, and its samples are
         not the step's (a validation loader's batches are no training throughput)."""
-        fetch, acc = self._fetch, self._acc
-        if fetch is None or fetch[7] or fetch[0] is not acc:
-            return
-        fetch[7] = True
-        _move_fetch(acc, fetch, -1)
-        if fetch[6] is not None:
-            fetch[6].evaluation_iterators += 1
+        fetch = self._fetch
+        if fetch is not None and not fetch[_F_MOVED] and fetch[_F_ACC] is self._acc:
+            _move_fetch(fetch, to_evaluation=True)
 
     def fetch_used(self) -> None:
         """An outermost forward in training mode or a backward began: the last fetch fed
         training, whatever evaluation forwards ran after it."""
         fetch = self._fetch
-        if fetch is not None and fetch[7] and fetch[0] is self._acc:
-            fetch[7] = False
-            _move_fetch(self._acc, fetch, 1)
-            if fetch[6] is not None:
-                fetch[6].evaluation_iterators -= 1
+        if fetch is not None and fetch[_F_MOVED] and fetch[_F_ACC] is self._acc:
+            _move_fetch(fetch, to_evaluation=False)
 
     def fetch_loader(self, loader: Any) -> None:
         """The last fetch was its iterator's first, from ``loader`` (an object with an
         ``evaluation_iterators`` count, raised while its batch counts as evaluation's)."""
         if self._fetch is not None:
-            self._fetch[6] = loader
+            self._fetch[_F_LOADER] = loader
 
     def backward_began(self) -> None:
         """An outermost backward began: the step's forwards in eval mode with gradients enabled
@@ -335,8 +328,8 @@ class StepTracker:
         acc.data_run_delay_s += run_delay_s
         acc.data_read_s += wall_s
         fetch = self._fetch
-        if fetch is not None and fetch[0] is acc:  # the reading of the fetch just made
-            fetch[3], fetch[4], fetch[5] = cpu_s, run_delay_s, wall_s
+        if fetch is not None and fetch[_F_ACC] is acc:  # the reading of the fetch just made
+            fetch[_F_CPU], fetch[_F_DELAY], fetch[_F_READ] = cpu_s, run_delay_s, wall_s
 
     # -- boundaries -----------------------------------------------------------------------
     def on_backward_end(self, t: float) -> None:
@@ -497,15 +490,24 @@ class StepTracker:
                 self._on_close(rec, exact)
 
 
-def _move_fetch(acc: _Acc, fetch: list[Any], sign: int) -> None:
-    """Move what ``fetch`` (a :attr:`StepTracker._fetch` record) added to ``acc`` from data
-    wait to evaluation (``sign`` −1) or back (+1)."""
-    wait = fetch[1]
+_F_ACC, _F_WAIT, _F_SAMPLES, _F_CPU, _F_DELAY, _F_READ, _F_LOADER, _F_MOVED = range(8)
+"""Fields of a fetch record (:attr:`StepTracker._fetch`): a list, made at every fetch."""
+
+
+def _move_fetch(fetch: list[Any], *, to_evaluation: bool) -> None:
+    """Move what ``fetch`` added to its step's accumulators from data wait to evaluation, or
+    back, and count its iterator's first batch as evaluation's, or no longer."""
+    acc: _Acc = fetch[_F_ACC]
+    sign = -1 if to_evaluation else 1
+    wait = fetch[_F_WAIT]
     acc.phases[DATA_WAIT] += sign * wait
     acc.phases[EVALUATION] -= sign * wait
     acc.batches += sign
-    if fetch[2] is not None and acc.samples is not None:
-        acc.samples += sign * fetch[2]
-    acc.data_cpu_s += sign * fetch[3]
-    acc.data_run_delay_s += sign * fetch[4]
-    acc.data_read_s += sign * fetch[5]
+    if fetch[_F_SAMPLES] is not None and acc.samples is not None:
+        acc.samples += sign * fetch[_F_SAMPLES]
+    acc.data_cpu_s += sign * fetch[_F_CPU]
+    acc.data_run_delay_s += sign * fetch[_F_DELAY]
+    acc.data_read_s += sign * fetch[_F_READ]
+    fetch[_F_MOVED] = to_evaluation
+    if fetch[_F_LOADER] is not None:
+        fetch[_F_LOADER].evaluation_iterators -= sign
