@@ -460,7 +460,11 @@ def test_on_cuda_the_ceiling_is_bounded_by_the_device_idle_share() -> None:
 
 
 @pytest.mark.parametrize(("via", "framework", "setting"), [
-    ("transformers.trainer:_prepare_input", "the Hugging Face Trainer", "logging_steps"),
+    ("transformers.trainer:_maybe_log_save_evaluate", "the Hugging Face Trainer",
+     "logging_steps"),
+    ("transformers.trainer:_prepare_input", "the Hugging Face Trainer",
+     "remove_unused_columns"),
+    ("transformers:num_parameters", "the Hugging Face Trainer", "Override floating_point_ops"),
     ("lightning.pytorch.loops.fit_loop:advance", "Lightning", "log_every_n_steps"),
     (None, None, "vectorize"),
 ])
@@ -475,5 +479,8 @@ def test_host_code_inside_a_framework_is_told_as_the_framework_s_own(
              if f.id == "host_work_in_loop")
     assert f.evidence.get("framework") == framework
     assert setting in f.fix and "train.py:73" in f.title
+    if via is not None and via.endswith(("_prepare_input", "num_parameters")):
+        # work that logging and progress settings do not change is not sent to them
+        assert "logging_steps" not in f.fix and "disable_tqdm" not in f.fix
     if framework is not None:
         assert f.fix.startswith(f"The largest share is {framework}'s own per-step work ({via})")

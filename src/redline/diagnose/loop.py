@@ -33,12 +33,41 @@ _FRAMEWORKS = {
 """Packages whose own per-step code a sampled line can run through (``CodeSite.via``), with
 the settings that make that code run less often."""
 
+_FLOP_ESTIMATE = (
+    "FLOP estimate for its logs (Trainer.floating_point_ops: the model's parameters are counted "
+    "again at every step)",
+    "Override floating_point_ops in a Trainer subclass to return a number computed once (or 0 "
+    "where the logged total_flos is not used).")
+
+_FRAMEWORK_FRAMES = {
+    ("transformers", "_prepare_input"): (
+        "move of each batch to the device (one .to() call per tensor of the batch)",
+        "Let the collator return only the fields the model's forward takes "
+        "(remove_unused_columns=True, the default) and keep dataloader_pin_memory=True on a "
+        "GPU; a larger batch spreads this fixed cost over more samples."),
+    ("transformers", "floating_point_ops"): _FLOP_ESTIMATE,
+    ("transformers", "num_parameters"): _FLOP_ESTIMATE,
+    ("transformers", "estimate_tokens"): _FLOP_ESTIMATE,
+}
+"""Framework functions whose per-step work the logging and progress settings do not change:
+(package, function name prefix) → (what the function does, the fix). The fix of a framework's
+other code is its logging and progress settings (:data:`_FRAMEWORKS`)."""
+
 
 def _framework_of(site: CodeSite) -> tuple[str, str] | None:
     """The training framework whose code spent a site's time, from its ``via``, and its
     settings; None for the user's own code or another library."""
     package = (site.via or "").split(":", 1)[0].split(".", 1)[0]
     return _FRAMEWORKS.get(package)
+
+
+def _framework_frame(site: CodeSite) -> tuple[str, str] | None:
+    """What a framework's function under a site does and its own fix, where the generic
+    logging and progress settings would not change it (:data:`_FRAMEWORK_FRAMES`)."""
+    module, _, function = (site.via or "").partition(":")
+    package = module.split(".", 1)[0]
+    return next((v for (pkg, prefix), v in _FRAMEWORK_FRAMES.items()
+                 if pkg == package and function.startswith(prefix)), None)
 
 
 def _where(site: CodeSite) -> str:
@@ -200,10 +229,16 @@ def host_work_in_loop(m: Measurements) -> list[Finding]:
         # framework's own per-step work, which the user changes through its settings.
         name, settings = framework
         ev["framework"] = name
-        fix = (f"The largest share is {name}'s own per-step work ({sites[0].via}), not code "
-               f"of yours: log and refresh progress less often ({settings}), drop per-step "
-               "callbacks you do not need; a larger batch spreads this fixed cost over more "
-               "samples.")
+        frame = _framework_frame(sites[0])
+        if frame is not None:
+            what, own_fix = frame
+            fix = (f"The largest share is {name}'s own per-step work ({sites[0].via}), not "
+                   f"code of yours: its {what}. {own_fix}")
+        else:
+            fix = (f"The largest share is {name}'s own per-step work ({sites[0].via}), not "
+                   f"code of yours: log and refresh progress less often ({settings}), drop "
+                   "per-step callbacks you do not need; a larger batch spreads this fixed "
+                   "cost over more samples.")
     return [Finding(
         id="host_work_in_loop", severity=severity_for(f),
         title=f"Host code between the training phases takes {f:.0%} of each step: "
