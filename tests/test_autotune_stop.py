@@ -34,12 +34,14 @@ def _loader(s: LoaderSettings) -> DataLoader[Any]:
 def _script(monkeypatch: pytest.MonkeyPatch,
             rates: dict[int, tuple[float, float, float]],
             ready_fetch_s: float | None = None, timed_epochs: int = 0,
-            round_s: float | None = None) -> list[LoaderSettings]:
+            round_s: float | None = None,
+            busy: dict[int, float] | None = None) -> list[LoaderSettings]:
     """Trials by worker count: (samples/s, spread, start-up s); the main process (0 workers)
     waits 90 % of a 100 ms step (a fetch of 90 ms a batch: Little's law asks for 9 workers,
     12 with the headroom); ``timed_epochs``: the whole epochs the worker trials time (0:
-    inside one), ``round_s`` the workers' round they timed at an epoch start. Returns the
-    settings tried, in order."""
+    inside one), ``round_s`` the workers' round they timed at an epoch start, ``busy`` the
+    cores busy by worker count (0.2 where not given: a fetch that waits). Returns the settings
+    tried, in order."""
     tried: list[LoaderSettings] = []
 
     def fake_measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
@@ -53,7 +55,8 @@ def _script(monkeypatch: pytest.MonkeyPatch,
             rate *= 1.01  # a deeper queue: no measurable gain
         wait = max(0.0, 1 - rate / 800)
         return Trial(settings=s, torch_threads=threads, samples_per_s=rate, data_wait_fraction=wait,
-                     cpu_cores_busy=0.2, seconds=startup + 1.0, timed_batches=48,
+                     cpu_cores_busy=(busy or {}).get(s.num_workers, 0.2),
+                     seconds=startup + 1.0, timed_batches=48,
                      spread_fraction=spread, startup_s=startup,
                      ready_fetch_s=ready_fetch_s if s.num_workers else None,
                      whole_epochs=timed_epochs if s.num_workers else 0,
@@ -330,3 +333,26 @@ def test_measured_start_up_decides_whether_workers_pay() -> None:
     epoch = autotune_loader(make, _consumer(0.005), cpus=2)
     assert epoch.payback_samples == SAMPLES
     assert epoch.settings.num_workers >= 8, epoch.reason
+
+
+@pytest.mark.parametrize(("one_worker", "chosen"), [(700.0, 1), (640.0, 2)])
+def test_a_computing_fetch_also_tries_one_worker_fewer_and_keeps_it_when_as_fast(
+        monkeypatch: pytest.MonkeyPatch, one_worker: float, chosen: int) -> None:
+    """The main process computed its fetch (half of its wall time, with a core busy for all of
+    it, while its consumer slept on a device), Little's law with headroom asked for 2 workers
+    and the CPUs are then saturated: one worker, which shares the cores less with the training
+    process, is tried once and kept at an equal or better rate."""
+    tried = _script(monkeypatch, {0: (400.0, 0.0, 0.09), 1: (one_worker, 0.02, 0.1),
+                                  2: (690.0, 0.02, 0.1)},
+                    busy={0: 0.5, 1: 1.0, 2: 1.9})
+    plan = autotune_loader(_loader, lambda b: None, cpus=2.0)
+    assert _workers(tried) == [0, 2, 1]
+    assert plan.settings.num_workers == chosen
+    assert ("as fast with fewer" in plan.reason) == (chosen == 1)
+
+
+def test_a_waiting_fetch_is_not_tried_with_fewer_workers_than_little_s_law_asks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tried = _script(monkeypatch, {12: (700.0, 0.02, 0.3), 18: (705.0, 0.02, 0.4)})
+    autotune_loader(_loader, lambda b: None, cpus=2.0)
+    assert 11 not in _workers(tried)
