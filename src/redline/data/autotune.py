@@ -423,18 +423,22 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                  "each batch, each epoch's refill)")) if v is not None]
             takes, takes_what = min(takes_by, key=lambda b: b[0]) if takes_by else (None, "")
             if made is not None and takes is not None and _waits(best, budget) and \
-                    made >= takes * (1 + noise):
+                    made > takes:
                 # The workers can make more than the loop can take: more of them add batches
                 # nothing takes. (Not against what the loop took: a loop short of what its
                 # workers make by Little's law may still gain from more batches in flight,
-                # where fetch times are uneven.) Only for a fetch that waits: a computing
-                # fetch's round ran beside an idle consumer, faster than in the loop.
+                # where fetch times are uneven.) No noise margin on top: W is already the
+                # slowest of a whole round of concurrent fetches, a bound the workers beat in
+                # steady state, and a search that added half again as many workers past it
+                # gained nothing (benchmarks/loader_autotune.py, lat10ms-b16). Only for a
+                # fetch that waits: a computing fetch's round ran beside an idle consumer,
+                # faster than in the loop.
                 makers_ahead = True
                 w_s = max(best.round_s or 0.0, fetch_s)
                 reason = (f"{best.settings.num_workers} workers can make {made:,.0f} "
                           f"samples/s (Little's law: {best.settings.num_workers} batches per "
                           f"{w_s:.2f} s, the slowest fetch of a round of them all fetching at "
-                          f"once), more than the {takes:,.0f} {takes_what}, by ≥ {noise:.0%}: "
+                          f"once), more than the {takes:,.0f} {takes_what}: "
                           "more workers cannot gain; a deeper queue, which hides uneven fetch "
                           "times, is not tried")
                 break
