@@ -54,18 +54,22 @@ _FRAMEWORK_FRAMES = {
 other code is its logging and progress settings (:data:`_FRAMEWORKS`)."""
 
 
+def _via_parts(site: CodeSite) -> tuple[str, str]:
+    """(top-level package, function) of a site's ``via`` ('' for each where there is none)."""
+    module, _, function = (site.via or "").partition(":")
+    return module.split(".", 1)[0], function
+
+
 def _framework_of(site: CodeSite) -> tuple[str, str] | None:
     """The training framework whose code spent a site's time, from its ``via``, and its
     settings; None for the user's own code or another library."""
-    package = (site.via or "").split(":", 1)[0].split(".", 1)[0]
-    return _FRAMEWORKS.get(package)
+    return _FRAMEWORKS.get(_via_parts(site)[0])
 
 
 def _framework_frame(site: CodeSite) -> tuple[str, str] | None:
     """What a framework's function under a site does and its own fix, where the generic
     logging and progress settings would not change it (:data:`_FRAMEWORK_FRAMES`)."""
-    module, _, function = (site.via or "").partition(":")
-    package = module.split(".", 1)[0]
+    package, function = _via_parts(site)
     return next((v for (pkg, prefix), v in _FRAMEWORK_FRAMES.items()
                  if pkg == package and function.startswith(prefix)), None)
 
