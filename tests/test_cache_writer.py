@@ -1,6 +1,7 @@
-"""The cache's background writer: a sample computed and not yet written is read back from
-memory, stored as it was when computed, written by the caller when the thread falls behind,
-and a write that fails stops writing without losing a value."""
+"""The cache's writer: a sample computed and not yet written is read back from memory, stored
+as it was when computed; large samples go to a background thread, small ones and a DataLoader
+worker's are written by the caller; the caller writes when the thread falls behind, and a
+write that fails stops writing without losing a value."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ import torch
 from torch.utils.data import Dataset
 
 from redline.data import CachedDataset
-from redline.data.cache_writer import QUEUED_BATCHES, WRITE_BATCH, StoreWriter
+from redline.data.cache_writer import INLINE_BELOW, QUEUED_BATCHES, WRITE_BATCH, StoreWriter
+from redline.data.sample_codec import encode
+
+LARGE = INLINE_BELOW // 4 + 1
+"""float32 values a sample that make it large enough for the background thread."""
 
 
 class Numbers(Dataset[int]):
@@ -58,7 +63,7 @@ def test_a_sample_not_yet_written_is_read_back_without_computing_it_again(
 
     def det(i: int) -> torch.Tensor:
         calls.append(i)
-        return torch.full((4,), float(i))
+        return torch.full((LARGE,), float(i))
 
     store = HeldStore()
     ds = CachedDataset(Numbers(WRITE_BATCH), det, store=store)  # type: ignore[arg-type]
@@ -93,7 +98,7 @@ def test_a_tensor_changed_in_place_after_it_was_computed_is_stored_as_it_was(
 def test_a_writer_thread_that_falls_behind_makes_the_caller_write(
         monkeypatch: pytest.MonkeyPatch) -> None:
     store = HeldStore()
-    writer = StoreWriter(store)  # type: ignore[arg-type]
+    writer = StoreWriter(store, inline_below=0)  # type: ignore[arg-type]
     n = (QUEUED_BATCHES + 3) * WRITE_BATCH
     done = threading.Event()
 
@@ -132,3 +137,59 @@ def test_a_write_that_fails_stops_writing_and_every_value_stays_right(
     assert all(float(o[0]) == i % (3 * WRITE_BATCH) for i, o in enumerate(out))
     st = ds.stats()
     assert not st.complete and st.uncached == 6 * WRITE_BATCH  # none stored: each was counted
+
+
+def test_small_samples_are_written_by_the_caller_and_large_ones_by_the_thread() -> None:
+    store = HeldStore()
+    writer = StoreWriter(store)  # type: ignore[arg-type]
+    for i in range(WRITE_BATCH):  # small: the caller writes the batch once it is full
+        writer.submit(b"s%d" % i, b"x" * 100)
+    assert store.writers == [threading.current_thread().name] and not writer.pending
+    for i in range(WRITE_BATCH):  # large: handed to the thread, readable until written
+        writer.submit(b"l%d" % i, b"y" * INLINE_BELOW)
+    assert len(writer.pending) == WRITE_BATCH and len(store.writers) == 1
+    store.release.set()
+    writer.close()
+    assert store.writers[1:] == ["redline-cache-writer"] and len(store.data) == 2 * WRITE_BATCH
+    assert writer.take_counts() == (100 * WRITE_BATCH + INLINE_BELOW * WRITE_BATCH, 0)
+
+
+class NamingStore:
+    """A store that appends, for each batch written, the writing process's id and thread name
+    to a file (readable after a DataLoader's workers are gone)."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    def get(self, key: bytes) -> bytes | None:
+        return None
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | memoryview | None]:
+        return [None] * len(keys)
+
+    def put_many(self, items: list[tuple[bytes, bytes]]) -> int:
+        import os
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {threading.current_thread().name} {len(items)}\n")
+        return sum(len(v) for _, v in items)
+
+
+def test_a_dataloader_worker_writes_its_batches_itself(tmp_path: Path) -> None:
+    import os
+
+    from torch.utils.data import DataLoader
+
+    log = tmp_path / "writes"
+    n = 3 * WRITE_BATCH
+    ds = CachedDataset(Numbers(n), lambda i: torch.full((LARGE,), float(i)),
+                       store=NamingStore(log))  # type: ignore[arg-type]
+    got = [b for b in DataLoader(ds, batch_size=8, num_workers=1)]
+    assert torch.equal(torch.cat(got)[:, 0], torch.arange(n, dtype=torch.float32))
+    lines = [ln.split() for ln in log.read_text().splitlines()]
+    # large samples, which the training process would hand to its thread, written in the
+    # worker by its own thread, a batch a store call
+    assert {(int(pid) != os.getpid(), name) for pid, name, _ in lines} == {(True, "MainThread")}
+    assert sum(int(k) for *_, k in lines) == n
+    st = ds.stats()
+    one = len(encode(torch.full((LARGE,), 0.0)))
+    assert (st.misses, st.uncached, st.bytes_written) == (n, 0, n * one)

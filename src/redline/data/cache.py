@@ -19,11 +19,12 @@ reaches ``max_bytes``, new samples are passed through uncached and nothing is ev
 A full disk behaves the same: one warning, then pass-through; training never stops for the
 cache.
 
-Writes are off the training thread (:mod:`redline.data.cache_writer`): a computed sample is
-encoded on the caller's side (tensors and arrays as raw bytes, :mod:`redline.data.sample_codec`)
-and written in batches by a background thread of each process (the main one, each DataLoader
-worker), read back from memory until then. The filling epoch so costs little more than the
-uncached one (``benchmarks/cache.py``; the README's cache section has its numbers).
+Writes are batched (:mod:`redline.data.cache_writer`): a computed sample is encoded on the
+caller's side (tensors and arrays as raw bytes, :mod:`redline.data.sample_codec`) and written
+a batch at a time, by a background thread of the training process for large samples, by the
+caller itself in a DataLoader worker and for small samples (where that measured cheaper), and
+read back from memory until then (``benchmarks/cache.py``; the README's cache section has its
+numbers).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from redline.data import store_place
 from redline.data.cache_writer import WRITE_BATCH, StoreWriter, writer_state_for_pickle
@@ -319,7 +320,8 @@ class CachedDataset(Dataset[Any]):
         forked worker makes its own, the parent's thread is not in it)."""
         w = self._writer_here()
         if w is None:
-            w = self._writer = StoreWriter(self.store)
+            # A DataLoader worker writes its batches itself (see cache_writer's docstring).
+            w = self._writer = StoreWriter(self.store, inline=get_worker_info() is not None)
             self._writer_pid = process_id()
             _WITH_WRITER.add(self)
             # DataLoader workers end through multiprocessing's exit path, which runs these
