@@ -10,7 +10,7 @@ Anything else is pickled (``P1``).
 
 Encoding makes one copy of each tensor's bytes, into the one buffer that is stored (joined
 once, never grown): the caller's tensor may be changed in place right after (a random
-transform's ``add_``), while the write happens later, on the cache's writer thread. A tensor
+transform's ``add_``), while the write happens later, when the cache's batch is full. A tensor
 that is dense in another order than C's (channels-last, a transpose: what ``permute`` then an
 elementwise op returns, as an image decoded HWC and made CHW does) is stored in its memory
 order with that order in the header, so encoding copies its bytes as they lie rather than
