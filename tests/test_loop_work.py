@@ -484,3 +484,15 @@ def test_host_code_inside_a_framework_is_told_as_the_framework_s_own(
         assert "logging_steps" not in f.fix and "disable_tqdm" not in f.fix
     if framework is not None:
         assert f.fix.startswith(f"The largest share is {framework}'s own per-step work ({via})")
+
+
+def test_host_code_no_sample_named_keeps_its_ceiling_and_ranks_by_it() -> None:
+    """82 % of the step outside the phases with no stack sample to name the code: the
+    finding still bounds what removing it gives, so it ranks above a 7 % data wait."""
+    m = replace(measurements(phases={"data_wait": 0.07, "forward": 0.03, "backward": 0.04,
+                                     "optimizer": 0.03}),
+                loop=_loop(other_fraction=0.83, samples=0, sampled_s=0.0))
+    found = diagnose(m)
+    f = found[0]
+    assert f.id == "host_work_in_loop" and "no stack sample" in f.title
+    assert f.ceiling_speedup == pytest.approx(1 / (1 - 0.83))

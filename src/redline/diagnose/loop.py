@@ -215,7 +215,10 @@ def host_work_in_loop(m: Measurements) -> list[Finding]:
             id="host_work_in_loop", severity=severity_for(f),
             title=f"{f:.0%} of each step is spent outside every measured phase; no stack sample "
             "named its code",
-            evidence={"other_fraction": round(lw.other_fraction, 4), "samples": 0}, ceiling_speedup=None,
+            evidence={"other_fraction": round(lw.other_fraction, 4), "samples": 0},
+            # the same bound as a sampled one's: what is outside the phases, less the kinds
+            # other findings name, is what removing that code can give back
+            ceiling_speedup=ceiling_speedup(_removable(m, f)),
             fix="Profile the loop between the optimizer step and the next forward (py-spy record, "
             "or `redline doctor --trace`) to find the code that spends it.")]
     if f < HOST_CODE_MIN_FRACTION:
