@@ -176,6 +176,12 @@ class HostMetrics:
     shm_free_bytes: int | None
     cpu_flags: list[str] = field(default_factory=list)
     """Relevant CPU features (amx_bf16, avx512_bf16) when present."""
+    gemm_fp32_flops_per_s: float | None = None
+    """FLOP/s of a 256×1024×1024 fp32 matrix product on the training process's torch threads
+    (:mod:`redline.measure.cpu_gemm`), measured when the watch closes where the device is a
+    CPU with AMX bf16 units and the step ran in fp32 with its FLOPs counted; None elsewhere."""
+    gemm_bf16_flops_per_s: float | None = None
+    """The same product's FLOP/s in bf16, measured with ``gemm_fp32_flops_per_s``."""
     data_fetch_run_delay_fraction: float | None = None
     """Seconds the training thread was runnable but waiting for a CPU inside data fetches ÷
     wall seconds inside them (scheduler run delay, /proc/<pid>/task/<tid>/schedstat); None

@@ -6,7 +6,9 @@ from __future__ import annotations
 from redline.core.findings import Evidence, Finding, ceiling_speedup, severity_for
 from redline.core.measurements import Measurements
 from redline.diagnose.thresholds import (
+    CPU_MATMUL_BOUND_FRACTION,
     MIN_COMPUTE_FRACTION,
+    MIN_CPU_BF16_CEILING,
     SMALL_BATCH_MAX_BUSY,
     SMALL_BATCH_MAX_MEMORY_FRACTION,
     SMALL_BATCH_MIN_FIXED_FRACTION,
@@ -164,6 +166,17 @@ def _peak_ratio(m: Measurements, slow: str, fast: str) -> float | None:
     return a[0] / b[0]
 
 
+def _cpu_gemm_share(m: Measurements) -> float | None:
+    """Share of the step spent in matrix products on a CPU: the step's counted FLOP/s ÷ the
+    CPU's measured fp32 product rate on the same threads (capped at the compute share, which
+    holds them); None where either is unknown."""
+    rate, achieved = m.host.gemm_fp32_flops_per_s, m.mfu.achieved_flops_per_s
+    comp = _compute_fraction(m)
+    if not rate or achieved is None or comp is None:
+        return None
+    return min(comp, achieved / rate)
+
+
 def no_mixed_precision(m: Measurements) -> list[Finding]:
     eff = m.precision.effective
     if eff not in ("fp32", "tf32"):
@@ -176,24 +189,53 @@ def no_mixed_precision(m: Measurements) -> list[Finding]:
     comp = _compute_fraction(m)
     if comp is None or comp < MIN_COMPUTE_FRACTION:
         return []  # compute is not where the time goes: precision is not the lever yet
-    ratio = _peak_ratio(m, eff, low) if on_cuda else None
-    ceiling = None
-    if comp is not None and ratio is not None:
+    evidence: Evidence = {"precision": eff, "compute_fraction": round(comp, 3)}
+    severity = None
+    if on_cuda:
+        ratio = _peak_ratio(m, eff, low)
         # Amdahl: the compute share runs at most peak(low)/peak(eff) times faster.
-        ceiling = ceiling_speedup(comp * (1.0 - ratio))
+        ceiling = ceiling_speedup(comp * (1.0 - ratio)) if ratio is not None else None
+        evidence[f"peak_{eff}_over_{low}"] = None if ratio is None else round(ratio, 4)
+        evidence["compute_capability"] = m.device.compute_capability
+    else:
+        # Only the matrix products gain from AMX, at the rate this CPU measured for them.
+        share = _cpu_gemm_share(m)
+        fp32, bf16 = m.host.gemm_fp32_flops_per_s, m.host.gemm_bf16_flops_per_s
+        ratio = fp32 / bf16 if fp32 and bf16 else None
+        ceiling = (ceiling_speedup(share * max(0.0, 1.0 - ratio))
+                   if share is not None and ratio is not None else None)
+        evidence.update({
+            "matmul_fraction": None if share is None else round(share, 3),
+            "achieved_flops_per_s": m.mfu.achieved_flops_per_s,
+            "cpu_gemm_fp32_flops_per_s": fp32, "cpu_gemm_bf16_flops_per_s": bf16,
+            "measured_fp32_over_bf16": None if ratio is None else round(ratio, 4)})
+        if ceiling is None or share is None or share < CPU_MATMUL_BOUND_FRACTION:
+            # The products' share is unknown (FLOPs not counted), or too small to be sure
+            # AMX gains more than autocast's casts cost: said, at low severity.
+            severity = "low"
+        if ceiling is not None and ceiling < MIN_CPU_BF16_CEILING:
+            return []
+    if severity is None:
+        severity = "high" if ceiling and ceiling >= 1.5 else "medium"
     amp = ("torch.autocast('cuda', dtype=torch.bfloat16)" if low == "bf16" and on_cuda else
            "torch.autocast('cuda', dtype=torch.float16) with torch.amp.GradScaler()" if on_cuda
            else "torch.autocast('cpu', dtype=torch.bfloat16)")
     return [Finding(
-        id="no_mixed_precision", severity="high" if ceiling and ceiling >= 1.5 else "medium",
+        id="no_mixed_precision", severity=severity,
         title=f"Training runs in {eff} on a device with {low} matrix units",
-        evidence={"precision": eff, "compute_fraction": None if comp is None else round(comp, 3),
-         f"peak_{eff}_over_{low}": None if ratio is None else round(ratio, 4),
-         "compute_capability": m.device.compute_capability},
+        evidence=evidence,
         ceiling_speedup=ceiling,
         fix=f"Run forward and loss under {amp}; keep the optimizer in fp32. Compare loss and "
         "gradient norm with an fp32 run from the same weights for a few hundred steps before "
-        "keeping it.")]
+        "keeping it." + ("" if on_cuda or severity != "low" else
+                         " Whether it pays is unknown here: " + (
+                             "redline did not count the step's FLOPs, so it cannot tell "
+                             if ceiling is None else
+                             f"the step's FLOPs run at {share:.0%} of this CPU's fp32 rate for "
+                             "a large matrix product, too little to tell ") +
+                         "a step of large matrix products (which AMX runs several times faster "
+                         "in bf16) from one of small layers (which may gain nothing); time a few "
+                         "steps both ways."))]
 
 
 def fp32_matmul_on_tensor_cores(m: Measurements) -> list[Finding]:

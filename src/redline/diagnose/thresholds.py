@@ -95,6 +95,20 @@ MIN_COMPUTE_FRACTION = 0.3
 """Precision findings need the device to compute ≥ 30 % of the step; below that, faster math
 changes little (Amdahl) and the data or host findings come first (the path's order)."""
 
+MIN_CPU_BF16_CEILING = 1.10
+"""On a CPU with AMX, no_mixed_precision needs its Amdahl ceiling (the step's matrix-product
+share sped up by the CPU's measured fp32 ÷ bf16 rate) to reach 1.10× to be said at all."""
+
+CPU_MATMUL_BOUND_FRACTION = 0.5
+"""On a CPU with AMX, no_mixed_precision is medium or high only where the step's counted FLOPs
+run at ≥ half of the CPU's measured fp32 rate for a large matrix product (its products are
+large and make most of the step); below, low ("time it"). Autocast casts every weight and
+activation it converts, and small products gain little from the tiles: MLPs of 2–4 layers
+(widths 128–2048, batches 32–512, 1 and 2 threads, Adam) on a Sapphire Rapids CPU ran 0.86–1.16×
+as fast under bf16 autocast at shares 0.24–0.45 (one case 1.76×), and 1.37–2.03× at shares
+0.52–0.75; a small CNN at share 0.43 ran 2.15× as fast (its convolutions run below the product
+rate, so its share reads low), which a low finding still names."""
+
 # -- trace rules ------------------------------------------------------------------------------
 
 TRACE_SHARE_MIN = 0.05

@@ -26,6 +26,7 @@ from redline.core.measurements import NvmlSummary
 from redline.measure.collectives import Arrival, read_arrivals
 from redline.measure.config import WatchConfig
 from redline.measure.cpu import CpuSampler, CpuWindow
+from redline.measure.cpu_gemm import GemmRates
 from redline.measure.cuda import CudaMemory, CudaStepTimer, SyncCounter, read_memory
 from redline.measure.ddp import ParallelSnapshot, is_parallel, snapshot
 from redline.measure.flops import FlopWindow
@@ -98,6 +99,9 @@ class Recorder:
         self.nvml_summary: NvmlSummary | None = None
         self.cpu_window: CpuWindow | None = None
         self.cuda_memory: CudaMemory | None = None
+        self.gemm_rates: GemmRates | None = None
+        """This CPU's matrix-product rates, probed once by the first report that needs them
+        (measure/cpu_gemm.py): a report built again does not probe again."""
         self.t_enter = 0.0
         self.t_exit: float | None = None
         self.window_start: float | None = None

@@ -29,6 +29,9 @@ from redline.core.measurements import (
 )
 from redline.core.report import TraceSummary
 from redline.core.words import ordinal
+from redline.measure.cpu_gemm import REPEATS as GEMM_REPEATS
+from redline.measure.cpu_gemm import SHAPE as GEMM_SHAPE
+from redline.measure.cpu_gemm import measure_gemm_rates
 from redline.measure.ddp import ddp_stats, fsdp_stats, snapshot
 from redline.measure.drift import STARTUP_EXCESS, startup_cost, step_modes, step_trend
 from redline.measure.evaluation import evaluation_metrics
@@ -272,6 +275,14 @@ def build_measurements(w: Recorder) -> Measurements:
     mfu = mfu_for(dev, precision.effective, w.flops.flops, w.flops.conv_flops,
                   timing.step_time_mean_s, counted=w.config.count_flops,
                   flop_error=w.flops.error, cudnn_tf32=bool(torch.backends.cudnn.allow_tf32))
+    if (dev.type == "cpu" and "amx_bf16" in flags and precision.effective in ("fp32", "tf32")
+            and w.flops.flops):
+        # What no_mixed_precision needs to tell a step of large matrix products from one of
+        # small layers (measure/cpu_gemm.py); probed once per watch, after its loop.
+        if w.gemm_rates is None:
+            w.gemm_rates = measure_gemm_rates()
+        host.gemm_fp32_flops_per_s = w.gemm_rates.fp32_flops_per_s
+        host.gemm_bf16_flops_per_s = w.gemm_rates.bf16_flops_per_s
     # The loader the report describes: one a framework named, else the first whose batches
     # fed training (a validation loader iterated first, as Lightning's sanity check does, is
     # not it), else the first iterated.
@@ -434,6 +445,11 @@ def _sources(w: Recorder) -> dict[str, str]:
                + " ÷ mean step time (the measured window's wall time ÷ its steps) ÷ peak from "
                "redline/data/peak_flops.json",
     }
+    if w.gemm_rates is not None:
+        src["gemm_rates"] = (
+            f"a {'×'.join(map(str, GEMM_SHAPE))} matrix product (torch.mm) in fp32 and in bf16 "
+            f"on {w.gemm_rates.threads} torch thread(s), best of {GEMM_REPEATS} after one "
+            "untimed call, timed when the report was built (redline/measure/cpu_gemm.py)")
     src["memory_over_time"] = (
         "RSS of the process and of each child (psutil memory_info) every "
         f"{w.config.sample_interval_s:g} s on the CPU sampler's thread"
