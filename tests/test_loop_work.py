@@ -210,7 +210,7 @@ def test_ticks_slow_in_warm_up_and_while_little_time_is_outside_the_phases() -> 
 
     measuring = [False]
     tracker = StepTracker(time.perf_counter)
-    sampler = CodeSampler(tracker, 0, lambda: measuring[0], interval_s=0.005)
+    sampler = CodeSampler(tracker, 0, lambda: measuring[0], interval_s=0.005, jitter=(1, 1))
     assert sampler.tick(1.0) == stacks.SLOW_TICK_S == sampler.slow_interval_s == 0.05
     assert sampler.tick(1.05) == 0.05 and sampler.ticks == 0
     measuring[0] = True
@@ -245,7 +245,10 @@ def test_ticks_slow_in_warm_up_and_while_little_time_is_outside_the_phases() -> 
 def test_the_slowed_period_is_never_longer_than_the_ticking_threads_interval() -> None:
     tracker = StepTracker(time.perf_counter)
     assert CodeSampler(tracker, 0, lambda: False, interval_s=0.005,
-                       longest_s=0.02).tick(1.0) == 0.02
+                       longest_s=0.02, jitter=(1, 1)).tick(1.0) == 0.02
+    # drawn periods too
+    jittered = CodeSampler(tracker, 0, lambda: False, interval_s=0.005, longest_s=0.02)
+    assert max(jittered.tick(1.0 + k) for k in range(50)) == 0.02
     assert CodeSampler(tracker, 0, lambda: False, interval_s=0.1).slow_interval_s == 0.1
 
 
@@ -496,3 +499,73 @@ def test_host_code_no_sample_named_keeps_its_ceiling_and_ranks_by_it() -> None:
     f = found[0]
     assert f.id == "host_work_in_loop" and "no stack sample" in f.title
     assert f.ceiling_speedup == pytest.approx(1 / (1 - 0.83))
+
+
+def _confusion(pred: list[int], true: list[int]) -> list[list[int]]:
+    table = [[0] * 4 for _ in range(4)]
+    for _ in range(1000):  # a per-step metric in pure Python (~8 ms): it holds the GIL
+        for p, t in zip(pred, true, strict=True):
+            table[t][p] += 1
+    return table
+
+
+def test_pure_python_beside_a_dataloader_is_sampled_where_it_runs() -> None:
+    """A per-step metric in pure Python holds the GIL for most of the step; the batches come
+    from a DataLoader whose collate releases it. The ticks must land in the metric (where the
+    time goes), not at the collate (where the GIL is next released)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model, opt = _model()
+    data = TensorDataset(torch.randn(16384, 32), torch.randint(0, 4, (16384,)))
+    with redline.watch(warmup_steps=2, count_flops=False) as w:
+        for step, (x, y) in enumerate(DataLoader(data, batch_size=256)):
+            _train_step(model, opt, x, y)
+            _confusion(model(x).argmax(1).tolist(), y.tolist())
+            if step == 40:
+                break
+    report = w.report(show=False)
+    lw = report.measurements.loop
+    assert lw is not None and lw.other_fraction > 0.5 and lw.samples >= 20
+    f = _found(report, "host_work_in_loop")
+    assert str(f.evidence["site_1"]).endswith("(_confusion)")
+    # the samples split the step as the phases' clock does (within a fifth of it)
+    assert lw.kind_fractions["code"] == pytest.approx(lw.other_fraction, abs=0.2)
+
+
+def test_the_switch_interval_is_lowered_while_sampling_and_given_back() -> None:
+    import sys
+    from contextlib import ExitStack
+
+    from redline.measure.stacks import SWITCH_INTERVAL_S, shorten_switch_interval
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        with ExitStack() as stack:
+            shorten_switch_interval(stack)
+            assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        # a program that changed it meanwhile keeps its own value
+        with ExitStack() as stack:
+            shorten_switch_interval(stack)
+            sys.setswitchinterval(0.002)
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+        # a lower value is left as it is
+        sys.setswitchinterval(0.0002)
+        with ExitStack() as stack:
+            shorten_switch_interval(stack)
+            assert sys.getswitchinterval() == pytest.approx(0.0002)
+        # the watch does it for its life only
+        sys.setswitchinterval(0.005)
+        _run(lambda *a: None, steps=5)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_tick_periods_are_drawn_around_the_nominal_one() -> None:
+    tracker = StepTracker(time.perf_counter)
+    sampler = CodeSampler(tracker, 0, lambda: False, interval_s=0.005)
+    periods = [sampler.tick(1.0 + k) for k in range(200)]  # warm-up: nominal 50 ms
+    assert all(0.025 <= p <= 0.075 for p in periods)
+    assert len(set(periods)) > 150 and 0.045 < sum(periods) / len(periods) < 0.055

@@ -36,7 +36,7 @@ from redline.measure.memory import MemorySampler, cuda_reader
 from redline.measure.nvml import NvmlSampler, import_pynvml
 from redline.measure.profile import TraceCapture
 from redline.measure.ranks import ProgressBeacon, rank_info
-from redline.measure.stacks import CodeSampler, GcPauses
+from redline.measure.stacks import CodeSampler, GcPauses, shorten_switch_interval
 from redline.measure.timeline import RECENT_STEPS, StepRecord, StepTracker
 
 T = TypeVar("T")
@@ -212,6 +212,7 @@ class Recorder:
             return self._state == "measuring"
         self.gc_pauses = GcPauses(self.tracker, measuring)
         self.gc_pauses.install(stack)
+        shorten_switch_interval(stack)  # a tick then lands where the loop is (stacks.py)
         self.code = CodeSampler(self.tracker, threading.get_ident(), measuring, self.gc_pauses,
                                 period, longest_s=self.config.sample_interval_s)
         self.cpu.set_ticker(self.code.tick, period)
