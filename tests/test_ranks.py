@@ -3,6 +3,7 @@ table, the merged view, arrival skew at collectives, and the straggler with its 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from redline.core.findings import Finding
+from redline.core.report import RankEntry, RanksReport
 from redline.runs.ranks import decode, encode, merge
 
 STEP = 0.040
@@ -373,3 +375,44 @@ def test_the_gather_stops_waiting_for_a_writer_that_ended() -> None:
     t = time.monotonic()
     assert store.gather(["rank2"], timeout_s=30, gone=gone) == {}
     assert ENDED_GRACE_S <= time.monotonic() - t < ENDED_GRACE_S + 4
+
+
+def _bimodal_entry(rank: int, host: str, run_delay_s: float | None) -> RankEntry:
+    return RankEntry(rank=rank, local_rank=rank, host=host, status="completed", steps_measured=50,
+                     last_step=53, step_time_mean_s=0.0063, data_wait_s=0.0004, h2d_copy_s=0.0,
+                     forward_s=0.0006, backward_s=0.0042, optimizer_s=0.001, comm_s=0.0036,
+                     comm_wait_s=0.0007, transfer_s=0.0029, throughput_samples_per_s=1e4,
+                     main_cpu_cores=0.7, collectives=100, last_arrivals=50, lateness_s=0.0006,
+                     run_delay_s=run_delay_s)
+
+
+def _bimodal(phase: str = "backward", extra: float = 0.29) -> Finding:
+    return Finding(id="step_time_bimodal", severity="medium", title="two levels",
+                   evidence={"extra_fraction": extra, "phase": phase}, ceiling_speedup=1.4,
+                   fix="find what differs")
+
+
+def test_two_levels_that_the_hosts_cpu_waits_explain_are_left_out_of_the_job_report() -> None:
+    """Each rank waited ~0.85 ms a step for a CPU, alone under half of the slow level's
+    ~1.8 ms a step; the two on one host together explain it, since every step waits at the
+    all-reduce for the last rank."""
+    from redline.diagnose.ranks import bimodal_is_the_hosts
+    from redline.runs.ranks import _merge_findings
+
+    shared = RanksReport(world_size=2, missing=[], merged={}, arrivals_source="test",
+                         ranks=[_bimodal_entry(0, "a", 0.00081), _bimodal_entry(1, "a", 0.00088)])
+    assert bimodal_is_the_hosts(shared, 0, _bimodal())
+    others = {1: {"findings": [dataclasses.asdict(_bimodal())]}}
+    assert "step_time_bimodal" not in {f.id for f in _merge_findings([_bimodal()], others, shared)}
+    # ranks on two hosts: each host's one rank waited too little to explain it
+    apart = dataclasses.replace(shared, ranks=[_bimodal_entry(0, "a", 0.00081),
+                                               _bimodal_entry(1, "b", 0.00088)])
+    assert not bimodal_is_the_hosts(apart, 0, _bimodal())
+    kept = _merge_findings([_bimodal()], others, apart)
+    assert [f.id for f in kept] == ["step_time_bimodal"] and kept[0].rank is None
+    # a difference in a phase without collectives is the job's own, whatever the waits
+    assert not bimodal_is_the_hosts(shared, 0, _bimodal(phase="data_wait"))
+    # a wait that is unknown on one rank decides nothing
+    unknown = dataclasses.replace(shared, ranks=[_bimodal_entry(0, "a", 0.00081),
+                                                 _bimodal_entry(1, "a", None)])
+    assert not bimodal_is_the_hosts(unknown, 0, _bimodal())

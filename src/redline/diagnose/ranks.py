@@ -15,6 +15,7 @@ import statistics
 from redline.core.findings import Finding, ceiling_speedup, severity_for
 from redline.core.report import RankEntry, RanksReport
 from redline.diagnose.thresholds import (
+    BIMODAL_DELAY_SHARE,
     STRAGGLER_HELD_DELAY_SHARE,
     STRAGGLER_MIN_CAUSED_SHARE,
     STRAGGLER_MIN_LAST_SHARE,
@@ -221,3 +222,29 @@ def straggler(r: RanksReport) -> list[Finding]:
          "share_of_step": round(cost, 4), "clock_error_ms": round(r.clock_error_s * 1e3, 3),
          **numbers},
         ceiling_speedup=ceiling_speedup(cost) if actionable else None, fix=fix, rank=slow.rank)]
+
+
+COLLECTIVE_PHASES = frozenset({"forward", "backward", "comm"})
+"""Phases in which a rank of a data-parallel job waits at collectives: DDP's buffer broadcast
+before forward and gradient all-reduce inside backward, FSDP's all-gathers and reductions in
+both, and the loop's own collectives."""
+
+
+def bimodal_is_the_hosts(r: RanksReport, rank: int, f: Finding) -> bool:
+    """Whether ``rank``'s ``step_time_bimodal`` is its host's CPUs rather than the job's code:
+    its two levels differ in a phase that waits at collectives, and the training threads of
+    the ranks on its host waited for a CPU, per step, for at least :data:`BIMODAL_DELAY_SHARE`
+    of what its slow level cost. A rank's own rule weighs only its own thread's wait, but at a
+    collective every rank waits for the last to arrive, so a CPU another rank of the host
+    lacked slows this one's step as much as its own would (two ranks sharing two cores, each
+    waiting 13-14 % of its steps, gave steps of 4.4 and 8.5 ms)."""
+    me = next((e for e in r.ranks if e.rank == rank), None)
+    extra, phase = f.evidence.get("extra_fraction"), f.evidence.get("phase")
+    if (me is None or me.step_time_mean_s is None or not isinstance(extra, int | float)
+            or phase not in COLLECTIVE_PHASES):
+        return False
+    local = [e for e in r.ranks if e.host == me.host and e.status != "missing"]
+    if any(e.run_delay_s is None for e in local):
+        return False
+    waited_s = sum(e.run_delay_s or 0.0 for e in local)
+    return waited_s >= BIMODAL_DELAY_SHARE * extra * me.step_time_mean_s

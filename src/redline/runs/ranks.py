@@ -23,6 +23,7 @@ from redline.core.findings import Finding, rank
 from redline.core.measurements import Measurements
 from redline.core.report import MergedMetric, RankEntry, RanksReport, Report
 from redline.diagnose.engine import diagnose_ranks, diagnose_trace
+from redline.diagnose.ranks import bimodal_is_the_hosts
 from redline.measure.ranks import GATHER_TIMEOUT_S, JobStore, RankInfo, process_ended
 from redline.measure.recorder import Recorder
 from redline.measure.timeline import BACKWARD, FORWARD, OPTIMIZER
@@ -274,6 +275,12 @@ def _merge_findings(own: list[Finding], others: dict[int, dict[str, Any]],
     for rank_index, rank_summary in others.items():
         by_rank[rank_index] = [Finding(**{k: v for k, v in finding.items() if k != "rank"})
                       for finding in rank_summary["findings"]]
+    for rank_index, rank_findings in by_rank.items():
+        # two step-time levels that the CPU waits of the host's ranks explain: decided here,
+        # where every rank's wait is known (diagnose/ranks.py)
+        by_rank[rank_index] = [finding for finding in rank_findings
+                               if finding.id != "step_time_bimodal"
+                               or not bimodal_is_the_hosts(ranks, rank_index, finding)]
     reported = len(by_rank)
     ids: dict[str, list[tuple[int, Finding]]] = defaultdict(list)
     for rank_index, rank_findings in by_rank.items():
