@@ -83,7 +83,8 @@ in pure Python (~8 ms of a ~10 ms step) beside a DataLoader, 47 of 48 ticks land
 collate (``torch.stack`` releases the GIL), and the metric's line was never named. At 1 ms the
 ticks split the step as the phases' clock does (87 % outside the phases against 82 %). The
 loop pays the same one forced switch a tick as before; Python threads of the user's that
-compete for the GIL switch more often while the watch measures."""
+compete for the GIL switch more often while the watch measures (DataLoader workers forked
+meanwhile keep the interval: it is copied at the fork)."""
 
 JITTER = (0.5, 1.5)
 """Each tick's period is drawn uniformly from this range times its nominal period: a fixed
