@@ -120,3 +120,15 @@ def test_the_report_probes_once_where_the_rule_needs_it(monkeypatch: pytest.Monk
     monkeypatch.setattr(summary, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
     assert _watched_run().report(show=False).measurements.host.gemm_fp32_flops_per_s is None
     assert calls == [1]
+
+
+def test_a_probe_that_fails_leaves_the_rates_unknown_and_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def probe() -> GemmRates:
+        raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'BFloat16'")
+
+    monkeypatch.setattr(summary, "measure_gemm_rates", probe)
+    monkeypatch.setattr(summary, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    m = _watched_run().report(show=False).measurements
+    assert m.host.gemm_fp32_flops_per_s is None and "gemm_rates" not in m.sources
+    assert any("could not be measured" in n and "BFloat16" in n for n in m.notes)

@@ -280,9 +280,15 @@ def build_measurements(w: Recorder) -> Measurements:
         # What no_mixed_precision needs to tell a step of large matrix products from one of
         # small layers (measure/cpu_gemm.py); probed once per watch, after its loop.
         if w.gemm_rates is None:
-            w.gemm_rates = measure_gemm_rates()
-        host.gemm_fp32_flops_per_s = w.gemm_rates.fp32_flops_per_s
-        host.gemm_bf16_flops_per_s = w.gemm_rates.bf16_flops_per_s
+            try:
+                w.gemm_rates = measure_gemm_rates()
+            except RuntimeError as e:  # a torch build without a CPU bf16 product: unknown
+                notes.append(f"This CPU's matrix-product rates could not be measured "
+                             f"({type(e).__name__}: {e}); no_mixed_precision cannot weigh "
+                             "the step's products.")
+        if w.gemm_rates is not None:
+            host.gemm_fp32_flops_per_s = w.gemm_rates.fp32_flops_per_s
+            host.gemm_bf16_flops_per_s = w.gemm_rates.bf16_flops_per_s
     # The loader the report describes: one a framework named, else the first whose batches
     # fed training (a validation loader iterated first, as Lightning's sanity check does, is
     # not it), else the first iterated.
