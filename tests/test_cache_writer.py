@@ -1,7 +1,7 @@
 """The cache's writer: a sample computed and not yet written is read back from memory, stored
-as it was when computed; large samples go to a background thread, small ones and a DataLoader
-worker's are written by the caller; the caller writes when the thread falls behind, and a
-write that fails stops writing without losing a value."""
+as it was when computed; the training process's batches go to a background thread, a
+DataLoader worker's are written by the worker; the caller writes when the thread falls behind,
+and a write that fails stops writing without losing a value."""
 
 from __future__ import annotations
 
@@ -15,11 +15,8 @@ import torch
 from torch.utils.data import Dataset
 
 from redline.data import CachedDataset
-from redline.data.cache_writer import INLINE_BELOW, QUEUED_BATCHES, WRITE_BATCH, StoreWriter
+from redline.data.cache_writer import QUEUED_BATCHES, WRITE_BATCH, StoreWriter
 from redline.data.sample_codec import encode
-
-LARGE = INLINE_BELOW // 4 + 1
-"""float32 values a sample that make it large enough for the background thread."""
 
 
 class Numbers(Dataset[int]):
@@ -63,7 +60,7 @@ def test_a_sample_not_yet_written_is_read_back_without_computing_it_again(
 
     def det(i: int) -> torch.Tensor:
         calls.append(i)
-        return torch.full((LARGE,), float(i))
+        return torch.full((4,), float(i))
 
     store = HeldStore()
     ds = CachedDataset(Numbers(WRITE_BATCH), det, store=store)  # type: ignore[arg-type]
@@ -98,7 +95,7 @@ def test_a_tensor_changed_in_place_after_it_was_computed_is_stored_as_it_was(
 def test_a_writer_thread_that_falls_behind_makes_the_caller_write(
         monkeypatch: pytest.MonkeyPatch) -> None:
     store = HeldStore()
-    writer = StoreWriter(store, inline_below=0)  # type: ignore[arg-type]
+    writer = StoreWriter(store)  # type: ignore[arg-type]
     n = (QUEUED_BATCHES + 3) * WRITE_BATCH
     done = threading.Event()
 
@@ -139,19 +136,18 @@ def test_a_write_that_fails_stops_writing_and_every_value_stays_right(
     assert not st.complete and st.uncached == 6 * WRITE_BATCH  # none stored: each was counted
 
 
-def test_small_samples_are_written_by_the_caller_and_large_ones_by_the_thread() -> None:
+def test_an_inline_writer_writes_each_full_batch_on_the_callers_thread() -> None:
     store = HeldStore()
-    writer = StoreWriter(store)  # type: ignore[arg-type]
-    for i in range(WRITE_BATCH):  # small: the caller writes the batch once it is full
+    writer = StoreWriter(store, inline=True)  # type: ignore[arg-type]
+    for i in range(WRITE_BATCH + 3):
         writer.submit(b"s%d" % i, b"x" * 100)
-    assert store.writers == [threading.current_thread().name] and not writer.pending
-    for i in range(WRITE_BATCH):  # large: handed to the thread, readable until written
-        writer.submit(b"l%d" % i, b"y" * INLINE_BELOW)
-    assert len(writer.pending) == WRITE_BATCH and len(store.writers) == 1
-    store.release.set()
+    # the full batch written at once, by the caller; the rest held (and readable) until then
+    assert store.writers == [threading.current_thread().name] and len(writer.pending) == 3
     writer.close()
-    assert store.writers[1:] == ["redline-cache-writer"] and len(store.data) == 2 * WRITE_BATCH
-    assert writer.take_counts() == (100 * WRITE_BATCH + INLINE_BELOW * WRITE_BATCH, 0)
+    assert store.writers == [threading.current_thread().name] * 2
+    assert len(store.data) == WRITE_BATCH + 3 and not writer.pending
+    assert writer._thread is None
+    assert writer.take_counts() == (100 * (WRITE_BATCH + 3), 0)
 
 
 class NamingStore:
@@ -181,15 +177,14 @@ def test_a_dataloader_worker_writes_its_batches_itself(tmp_path: Path) -> None:
 
     log = tmp_path / "writes"
     n = 3 * WRITE_BATCH
-    ds = CachedDataset(Numbers(n), lambda i: torch.full((LARGE,), float(i)),
+    ds = CachedDataset(Numbers(n), lambda i: torch.full((4,), float(i)),
                        store=NamingStore(log))  # type: ignore[arg-type]
     got = [b for b in DataLoader(ds, batch_size=8, num_workers=1)]
     assert torch.equal(torch.cat(got)[:, 0], torch.arange(n, dtype=torch.float32))
     lines = [ln.split() for ln in log.read_text().splitlines()]
-    # large samples, which the training process would hand to its thread, written in the
-    # worker by its own thread, a batch a store call
+    # written in the worker by its own thread, a batch a store call
     assert {(int(pid) != os.getpid(), name) for pid, name, _ in lines} == {(True, "MainThread")}
     assert sum(int(k) for *_, k in lines) == n
     st = ds.stats()
-    one = len(encode(torch.full((LARGE,), 0.0)))
+    one = len(encode(torch.full((4,), 0.0)))
     assert (st.misses, st.uncached, st.bytes_written) == (n, 0, n * one)

@@ -21,10 +21,9 @@ cache.
 
 Writes are batched (:mod:`redline.data.cache_writer`): a computed sample is encoded on the
 caller's side (tensors and arrays as raw bytes, :mod:`redline.data.sample_codec`) and written
-a batch at a time, by a background thread of the training process for large samples, by the
-caller itself in a DataLoader worker and for small samples (where that measured cheaper), and
-read back from memory until then (``benchmarks/cache.py``; the README's cache section has its
-numbers).
+a batch at a time, by a background thread of the training process, by the worker itself in a
+DataLoader worker (where that measured cheaper), and read back from memory until then
+(``benchmarks/cache.py``; the README's cache section has its numbers).
 """
 
 from __future__ import annotations

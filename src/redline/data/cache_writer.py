@@ -3,16 +3,14 @@ side (one copy of their bytes, so a tensor changed in place afterwards is stored
 gathered into batches, and written one store call (one LMDB transaction) a batch, by the caller
 or by one background thread per process and dataset.
 
-Who writes a batch is chosen by what a background thread can save there. In the training
-process, for batches of samples of :data:`INLINE_BELOW` bytes and more, the thread: the
-caller then pays the encoding and a queue append per sample, and the store's copies, its
-commit and its lock (shared by every DataLoader worker and rank writing to the same LMDB) are
-waited for by the thread (py-lmdb releases the GIL inside LMDB's calls; the Redis client inside
-its socket calls). For smaller samples, and always in a DataLoader worker, the caller writes
-each batch when it is full: the thread's wake-ups and its GIL hand-overs (one per LMDB put) cost
-the caller more than such a write, and a loader's workers already keep the cores busy, so a
-thread there only adds them. ``benchmarks/cache.py`` measures both ways; the README's cache
-section has the comparison.
+Who writes a batch depends on the process. In the training process, the background thread:
+the training thread then pays the encoding and a queue append per sample, and the store's
+copies, its commit and its lock (shared by every DataLoader worker and rank writing to the same
+LMDB) are waited for by the writer thread (py-lmdb releases the GIL inside LMDB's calls; the
+Redis client inside its socket calls). In a DataLoader worker, the worker itself, when a batch
+is full: the worker is not the training thread, its sibling workers already keep the cores
+busy, and a thread there only adds its wake-ups and GIL hand-overs (one per LMDB put) to the
+worker's own work (``benchmarks/cache.py``; the README's cache section has the comparison).
 
 The thread's queue is bounded (:data:`QUEUED_BATCHES` batches of at most :data:`WRITE_BATCH`
 samples or :data:`BATCH_BYTES` bytes): when it is full (a store slower than the pipeline, or a
@@ -43,11 +41,6 @@ WRITE_BATCH = 32
 BATCH_BYTES = 8 * 2**20
 """Bytes per store call at most: a batch of large samples goes out before it holds 32."""
 
-INLINE_BELOW = 64 * 2**10
-"""Bytes a sample, on average over a batch, below which the training process writes the batch
-itself rather than hand it to the thread: between ``benchmarks/cache.py``'s 10 kB samples,
-whose fill is cheaper written by the caller, and its 147 kB ones, cheaper on the thread."""
-
 QUEUED_BATCHES = 4
 """Batches waiting for the writer thread at most; one more is written by the caller itself.
 With :data:`BATCH_BYTES`, bounds what a process holds unwritten to ~40 MiB (one sample larger
@@ -57,14 +50,10 @@ than BATCH_BYTES makes a batch of its own)."""
 class StoreWriter:
     """The writer of one dataset in one process (see the module docstring)."""
 
-    def __init__(self, store: Store, *, inline: bool = False,
-                 inline_below: int = INLINE_BELOW) -> None:
+    def __init__(self, store: Store, *, inline: bool = False) -> None:
         self.store = store
         self.inline = inline
         """Write every batch on the caller's thread (a DataLoader worker's writer)."""
-        self.inline_below = inline_below
-        """Average bytes a sample below which a batch is written on the caller's thread
-        (0: every batch goes to the background thread)."""
         self.pending: dict[bytes, bytes] = {}
         """Samples handed to the writer and not written yet (key → stored form)."""
         self.failure: str | None = None
@@ -91,9 +80,8 @@ class StoreWriter:
     def _send(self) -> None:
         if not self._batch:
             return
-        batch, size = self._batch, self._batch_bytes
-        self._batch, self._batch_bytes = [], 0
-        if self.inline or size < self.inline_below * len(batch):
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        if self.inline:
             self._write(batch)
             return
         if self._thread is None or not self._thread.is_alive():
