@@ -412,6 +412,11 @@ def test_two_levels_that_the_hosts_cpu_waits_explain_are_left_out_of_the_job_rep
     assert [f.id for f in kept] == ["step_time_bimodal"] and kept[0].rank is None
     # a difference in a phase without collectives is the job's own, whatever the waits
     assert not bimodal_is_the_hosts(shared, 0, _bimodal(phase="data_wait"))
+    # eight ranks of a node each waiting ~2 % of their steps: not a contended host, however
+    # much their waits sum to
+    node = dataclasses.replace(shared, world_size=8,
+                               ranks=[_bimodal_entry(k, "a", 0.00015) for k in range(8)])
+    assert not bimodal_is_the_hosts(node, 0, _bimodal())
     # a wait that is unknown on one rank decides nothing
     unknown = dataclasses.replace(shared, ranks=[_bimodal_entry(0, "a", 0.00081),
                                                  _bimodal_entry(1, "a", None)])

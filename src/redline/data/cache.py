@@ -176,8 +176,9 @@ class CachedDataset(Dataset[Any]):
         self._warned = False
         self._said: set[str] = set()
         self._writer: StoreWriter | None = None
-        """This process's background writer (made on the first miss; its ``pending`` samples
-        are read back from memory first)."""
+        """This process's writer (made on the first miss: a background thread's in the training
+        process, the worker's own in a DataLoader worker; its ``pending`` samples are read back
+        from memory first)."""
         self._writer_pid = -1
 
     def __len__(self) -> int:
@@ -200,8 +201,9 @@ class CachedDataset(Dataset[Any]):
 
     def flush(self) -> None:
         """Wait until the samples this process computed are written (they are written
-        WRITE_BATCH at a time by a background thread, before a fork, and at exit), and publish
-        its counters."""
+        WRITE_BATCH at a time, by a background thread in the training process and by the
+        worker in a DataLoader worker, before a fork, and at exit), and publish its
+        counters."""
         self._drain()
         self._flush()
 
@@ -315,8 +317,8 @@ class CachedDataset(Dataset[Any]):
             self._queue(puts)
 
     def _queue(self, puts: list[tuple[bytes, bytes]]) -> None:
-        """Hand computed samples to this process's background writer (made on first use: a
-        forked worker makes its own, the parent's thread is not in it)."""
+        """Hand computed samples to this process's writer (made on first use: a forked worker
+        makes its own, the parent's thread is not in it)."""
         w = self._writer_here()
         if w is None:
             # A DataLoader worker writes its batches itself (see cache_writer's docstring).

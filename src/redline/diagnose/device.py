@@ -209,12 +209,16 @@ def no_mixed_precision(m: Measurements) -> list[Finding]:
             "achieved_flops_per_s": m.mfu.achieved_flops_per_s,
             "cpu_gemm_fp32_flops_per_s": fp32, "cpu_gemm_bf16_flops_per_s": bf16,
             "measured_fp32_over_bf16": None if ratio is None else round(ratio, 4)})
-        if ceiling is None or share is None or share < CPU_MATMUL_BOUND_FRACTION:
-            # The products' share is unknown (FLOPs not counted), or too small to be sure
-            # AMX gains more than autocast's casts cost: said, at low severity.
-            severity = "low"
+        if m.mfu.achieved_flops_per_s == 0:
+            return []  # FLOPs counted, none of them in matrix products: nothing to speed up
         if ceiling is not None and ceiling < MIN_CPU_BF16_CEILING:
             return []
+        if ceiling is None or share is None or share < CPU_MATMUL_BOUND_FRACTION:
+            # The products' share is unknown, or too small to be sure AMX gains more than
+            # autocast's casts cost: said, at low severity, with no ceiling (the probe's
+            # large-product gain is not what small products get, so the Amdahl bound would
+            # rank a guess above measured findings).
+            severity, ceiling = "low", None
     if severity is None:
         severity = "high" if ceiling and ceiling >= 1.5 else "medium"
     amp = ("torch.autocast('cuda', dtype=torch.bfloat16)" if low == "bf16" and on_cuda else
@@ -230,7 +234,10 @@ def no_mixed_precision(m: Measurements) -> list[Finding]:
         "keeping it." + ("" if on_cuda or severity != "low" else
                          " Whether it pays is unknown here: " + (
                              "redline did not count the step's FLOPs, so it cannot tell "
-                             if ceiling is None else
+                             if m.mfu.achieved_flops_per_s is None else
+                             "this CPU's matrix-product rates were not measured (see the "
+                             "report's notes), so redline cannot tell "
+                             if share is None else
                              f"the step's FLOPs run at {share:.0%} of this CPU's fp32 rate for "
                              "a large matrix product, too little to tell ") +
                          "a step of large matrix products (which AMX runs several times faster "

@@ -1,4 +1,5 @@
-"""The straggler of a multi-process job, from arrival skew at collectives.
+"""The straggler of a multi-process job, from arrival skew at collectives; and whether a rank's
+two step-time levels are its host's (:func:`bimodal_is_the_hosts`).
 
 Under DDP every rank's step time is the same (the gradient all-reduce is a barrier inside
 backward), so per-rank step times hide the slow rank; the order in which ranks arrive at each
@@ -16,6 +17,7 @@ from redline.core.findings import Finding, ceiling_speedup, severity_for
 from redline.core.report import RankEntry, RanksReport
 from redline.diagnose.thresholds import (
     BIMODAL_DELAY_SHARE,
+    BIMODAL_RANK_DELAY_MIN_FRACTION,
     STRAGGLER_HELD_DELAY_SHARE,
     STRAGGLER_MIN_CAUSED_SHARE,
     STRAGGLER_MIN_LAST_SHARE,
@@ -234,7 +236,8 @@ def bimodal_is_the_hosts(r: RanksReport, rank: int, f: Finding) -> bool:
     """Whether ``rank``'s ``step_time_bimodal`` is its host's CPUs rather than the job's code:
     its two levels differ in a phase that waits at collectives, and the training threads of
     the ranks on its host waited for a CPU, per step, for at least :data:`BIMODAL_DELAY_SHARE`
-    of what its slow level cost. A rank's own rule weighs only its own thread's wait, but at a
+    of what its slow level cost (each rank's wait counted where it is material:
+    :data:`BIMODAL_RANK_DELAY_MIN_FRACTION`). A rank's own rule weighs only its own wait, but at a
     collective every rank waits for the last to arrive, so a CPU another rank of the host
     lacked slows this one's step as much as its own would (two ranks sharing two cores, each
     waiting 13-14 % of its steps, gave steps of 4.4 and 8.5 ms)."""
@@ -244,7 +247,11 @@ def bimodal_is_the_hosts(r: RanksReport, rank: int, f: Finding) -> bool:
             or phase not in COLLECTIVE_PHASES):
         return False
     local = [e for e in r.ranks if e.host == me.host and e.status != "missing"]
-    if any(e.run_delay_s is None for e in local):
+    if any(e.run_delay_s is None or not e.step_time_mean_s for e in local):
         return False
-    waited_s = sum(e.run_delay_s or 0.0 for e in local)
+    # only the ranks that were held off their CPUs materially: small waits of many ranks
+    # summed would explain any level away
+    waited_s = sum(e.run_delay_s or 0.0 for e in local
+                   if (e.run_delay_s or 0.0)
+                   >= BIMODAL_RANK_DELAY_MIN_FRACTION * (e.step_time_mean_s or 0.0))
     return waited_s >= BIMODAL_DELAY_SHARE * extra * me.step_time_mean_s

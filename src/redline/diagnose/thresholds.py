@@ -260,6 +260,12 @@ CONTENTION_EXPLAINS_SHARE = 0.5
 wait for a CPU) rose from the first third of the steps to the last by ≥ half the step time's
 rise (``cpu_contention`` names the load)."""
 
+BIMODAL_RANK_DELAY_MIN_FRACTION = 0.05
+"""In a multi-process job, a rank's wait for a CPU counts toward explaining another rank's two
+step-time levels only where it is ≥ 5 % of its own step (the materiality of the other
+step-share rules): eight ranks of a node each waiting 2 % of their steps are not a contended
+host, and their waits summed would explain away any level."""
+
 BIMODAL_DELAY_SHARE = 0.5
 """Two step-time levels are the host's when the training loop's thread waited for a CPU over
 the steps for ≥ half the time the slow level cost: on a shared host the loop runs at two

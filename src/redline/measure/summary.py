@@ -279,7 +279,14 @@ def build_measurements(w: Recorder) -> Measurements:
             and w.flops.flops):
         # What no_mixed_precision needs to tell a step of large matrix products from one of
         # small layers (measure/cpu_gemm.py); probed once per watch, after its loop.
-        if w.gemm_rates is None:
+        if w.rank.local_world_size > 1:
+            # the host's ranks would probe at once (each report is built as the job ends),
+            # and each would measure the others' products too: up to 5x lower rates
+            notes.append(f"This CPU's matrix-product rates were not measured: "
+                         f"{w.rank.local_world_size} ranks share this host and would time "
+                         "their probes against each other; no_mixed_precision cannot weigh "
+                         "the step's products.")
+        elif w.gemm_rates is None:
             try:
                 w.gemm_rates = measure_gemm_rates()
             except RuntimeError as e:  # a torch build without a CPU bf16 product: unknown
