@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from factories import measurements
+from redline.core.findings import Finding, rank
 from redline.core.measurements import Measurements, MfuResult
 from redline.diagnose import diagnose
 from redline.diagnose.device import no_mixed_precision
@@ -64,6 +65,12 @@ def test_a_middling_share_is_said_at_low_severity_with_no_ceiling() -> None:
     data = measurements(phases={"data_wait": 0.06, "forward": 0.4, "backward": 0.4})
     found = diagnose(replace(amx(0.22), breakdown=data.breakdown))
     assert [f.id for f in found][-1] == "no_mixed_precision"
+    assert small.evidence["gain_unknown"] is True
+    # after another low finding without a ceiling too: a lever to time, not a measured waste
+    waste = Finding(id="unused_parameter_search", severity="low", title="t", evidence={},
+                    ceiling_speedup=None, fix="f")
+    assert [f.id for f in rank([small, waste])] == ["unused_parameter_search",
+                                                     "no_mixed_precision"]
 
 
 def test_counted_flops_with_no_products_are_not_told() -> None:

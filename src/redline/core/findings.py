@@ -106,9 +106,12 @@ def rank(findings: list[Finding]) -> list[Finding]:
 
     Returns:
         A new list of the same findings: by ``ceiling_speedup`` descending, then those whose
-        ceiling is None, each group by severity (high, medium, low, then unknown severities).
+        ceiling is None, each group by severity (high, medium, low, then unknown severities);
+        within a severity, a finding whose evidence says its gain is unknown
+        (``gain_unknown``: a lever to try and time, not a measured waste) after the others.
     """
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(findings, key=lambda f: (f.ceiling_speedup is None,
                                            -(f.ceiling_speedup or 0.0),
-                                           order.get(f.severity, len(order))))
+                                           order.get(f.severity, len(order)),
+                                           f.evidence.get("gain_unknown") is True))

@@ -219,6 +219,7 @@ def no_mixed_precision(m: Measurements) -> list[Finding]:
             # large-product gain is not what small products get, so the Amdahl bound would
             # rank a guess above measured findings).
             severity, ceiling = "low", None
+            evidence["gain_unknown"] = True
     if severity is None:
         severity = "high" if ceiling and ceiling >= 1.5 else "medium"
     amp = ("torch.autocast('cuda', dtype=torch.bfloat16)" if low == "bf16" and on_cuda else
