@@ -128,18 +128,18 @@ def _watched_run(**kw: Any) -> Any:
 
 
 def test_the_report_probes_once_where_the_rule_needs_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
+    calls: list[int | None] = []
 
-    def probe() -> GemmRates:
-        calls.append(1)
-        return GemmRates(fp32_flops_per_s=FP32, bf16_flops_per_s=BF16, threads=2)
+    def probe(threads: int | None = None) -> GemmRates:
+        calls.append(threads)
+        return GemmRates(fp32_flops_per_s=FP32, bf16_flops_per_s=BF16, threads=threads or 2)
 
     monkeypatch.setattr(summary, "measure_gemm_rates", probe)
     monkeypatch.setattr(summary, "cpu_flags", lambda: frozenset({"amx_bf16"}))
     w = _watched_run()
     first = w.report(show=False).measurements
     again = w.report(show=False).measurements
-    assert calls == [1]  # a report built again reads the first probe's rates
+    assert calls == [torch.get_num_threads()]  # a report built again reads the first's rates
     for m in (first, again):
         assert (m.host.gemm_fp32_flops_per_s, m.host.gemm_bf16_flops_per_s) == (FP32, BF16)
         assert "256×1024×1024" in m.sources["gemm_rates"]
@@ -148,12 +148,12 @@ def test_the_report_probes_once_where_the_rule_needs_it(monkeypatch: pytest.Monk
         .gemm_fp32_flops_per_s is None
     monkeypatch.setattr(summary, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
     assert _watched_run().report(show=False).measurements.host.gemm_fp32_flops_per_s is None
-    assert calls == [1]
+    assert len(calls) == 1
 
 
 def test_a_probe_that_fails_leaves_the_rates_unknown_and_says_so(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    def probe() -> GemmRates:
+    def probe(threads: int | None = None) -> GemmRates:
         raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'BFloat16'")
 
     monkeypatch.setattr(summary, "measure_gemm_rates", probe)
@@ -168,7 +168,7 @@ def test_ranks_sharing_the_host_do_not_probe_against_each_other(
     from redline.measure.ranks import RankInfo
 
     calls: list[int] = []
-    monkeypatch.setattr(summary, "measure_gemm_rates", lambda: calls.append(1))
+    monkeypatch.setattr(summary, "measure_gemm_rates", lambda **kw: calls.append(1))
     monkeypatch.setattr(summary, "cpu_flags", lambda: frozenset({"amx_bf16"}))
     w = _watched_run()
     info = w.rank
@@ -178,3 +178,28 @@ def test_ranks_sharing_the_host_do_not_probe_against_each_other(
     m = build_measurements(w)
     assert calls == [] and m.host.gemm_fp32_flops_per_s is None
     assert any("2 ranks share this host" in n for n in m.notes)
+
+
+def test_the_probe_runs_on_the_loops_threads_and_gives_them_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    before = torch.get_num_threads()
+    other = 1 if before > 1 else 2
+    try:
+        rates = measure_gemm_rates(shape=(32, 64, 64), repeats=1, threads=other)
+        assert rates.threads == other and torch.get_num_threads() == before
+        # a program that changes its threads after the loop: the report keeps the loop's
+        calls: list[int | None] = []
+
+        def probe(threads: int | None = None) -> GemmRates:
+            calls.append(threads)
+            return GemmRates(fp32_flops_per_s=FP32, bf16_flops_per_s=BF16, threads=threads or 0)
+
+        monkeypatch.setattr(summary, "measure_gemm_rates", probe)
+        monkeypatch.setattr(summary, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+        w = _watched_run()
+        torch.set_num_threads(other)
+        m = w.report(show=False).measurements
+        assert calls == [before] and m.config.torch_threads == before
+        assert m.host.torch_threads == before
+    finally:
+        torch.set_num_threads(before)

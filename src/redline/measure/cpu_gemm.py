@@ -39,10 +39,23 @@ class GemmRates:
     """torch.get_num_threads() while the probe ran (the training process's setting)."""
 
 
-def measure_gemm_rates(shape: tuple[int, int, int] = SHAPE,
-                       repeats: int = REPEATS) -> GemmRates:
-    """Time the product in fp32 and in bf16 (see the module docstring). Leaves torch's random
-    state, grad mode and autocast state as they were."""
+def measure_gemm_rates(shape: tuple[int, int, int] = SHAPE, repeats: int = REPEATS,
+                       threads: int | None = None) -> GemmRates:
+    """Time the product in fp32 and in bf16 (see the module docstring), on ``threads`` torch
+    threads (the training loop's, which the program may have changed since; None: the
+    current setting). Leaves torch's random state, grad mode, autocast state and thread count
+    as they were."""
+    before = torch.get_num_threads()
+    if threads is None or threads == before:
+        return _measure(shape, repeats)
+    torch.set_num_threads(threads)
+    try:
+        return _measure(shape, repeats)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure(shape: tuple[int, int, int], repeats: int) -> GemmRates:
     m, k, n = shape
     flops = 2.0 * m * k * n
     best: dict[torch.dtype, float] = {}

@@ -99,6 +99,9 @@ class Recorder:
         self.nvml_summary: NvmlSummary | None = None
         self.cpu_window: CpuWindow | None = None
         self.cuda_memory: CudaMemory | None = None
+        self.torch_threads: int | None = None
+        """torch.get_num_threads() when the measured window began (a program may change it
+        after its loop, before the report reads it)."""
         self.gemm_rates: GemmRates | None = None
         """This CPU's matrix-product rates, probed once by the first report that needs them
         (measure/cpu_gemm.py): a report built again does not probe again."""
@@ -298,6 +301,7 @@ class Recorder:
         """time.time_ns() − perf_counter in ns: puts step boundaries on the flight recorder's
         clock."""
         self.cpu.mark()
+        self.torch_threads = torch.get_num_threads()
         if self.nvml is not None:
             self.nvml.mark()
         if self.device.type == "cuda":

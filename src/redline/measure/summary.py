@@ -218,7 +218,7 @@ def build_measurements(w: Recorder) -> Measurements:
     host = HostMetrics(
         cpus_available=budget.cpus,
         cpus_source=budget.source,
-        torch_threads=torch.get_num_threads(),
+        torch_threads=w.torch_threads or torch.get_num_threads(),
         main_cpu_cores=win.main_cpu_s / win.wall_s if win and win.wall_s > 0 else None,
         workers_cpu_cores=win.children_cpu_s / win.wall_s if win and win.wall_s > 0 else None,
         # the loaders' own workers: multiprocessing's resource tracker (spawn) and the
@@ -288,7 +288,7 @@ def build_measurements(w: Recorder) -> Measurements:
                          "the step's products.")
         elif w.gemm_rates is None:
             try:
-                w.gemm_rates = measure_gemm_rates()
+                w.gemm_rates = measure_gemm_rates(threads=w.torch_threads)
             except RuntimeError as e:  # a torch build without a CPU bf16 product: unknown
                 notes.append(f"This CPU's matrix-product rates could not be measured "
                              f"({type(e).__name__}: {e}); no_mixed_precision cannot weigh "
@@ -311,7 +311,7 @@ def build_measurements(w: Recorder) -> Measurements:
                     else (round(timing.samples_per_step) if timing.samples_per_step else None)),
         loader=main_loader.settings if main_loader else None,
         precision=precision.effective,
-        torch_threads=torch.get_num_threads(),
+        torch_threads=w.torch_threads or torch.get_num_threads(),
         data_source=("DataLoader" if main_loader else
                      "wrapped iterable" if inst.wrapped_iterables else "not seen"),
     )
