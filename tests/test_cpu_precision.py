@@ -127,7 +127,9 @@ def _watched_run(**kw: Any) -> Any:
     return w
 
 
-def test_the_report_probes_once_where_the_rule_needs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def _amx_probe(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """Make the report see an AMX CPU and probe with a stub; returns the thread counts the
+    stub was called with."""
     calls: list[int | None] = []
 
     def probe(threads: int | None = None) -> GemmRates:
@@ -136,6 +138,11 @@ def test_the_report_probes_once_where_the_rule_needs_it(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(summary, "measure_gemm_rates", probe)
     monkeypatch.setattr(summary, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    return calls
+
+
+def test_the_report_probes_once_where_the_rule_needs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _amx_probe(monkeypatch)
     w = _watched_run()
     first = w.report(show=False).measurements
     again = w.report(show=False).measurements
@@ -188,14 +195,7 @@ def test_the_probe_runs_on_the_loops_threads_and_gives_them_back(
         rates = measure_gemm_rates(shape=(32, 64, 64), repeats=1, threads=other)
         assert rates.threads == other and torch.get_num_threads() == before
         # a program that changes its threads after the loop: the report keeps the loop's
-        calls: list[int | None] = []
-
-        def probe(threads: int | None = None) -> GemmRates:
-            calls.append(threads)
-            return GemmRates(fp32_flops_per_s=FP32, bf16_flops_per_s=BF16, threads=threads or 0)
-
-        monkeypatch.setattr(summary, "measure_gemm_rates", probe)
-        monkeypatch.setattr(summary, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+        calls = _amx_probe(monkeypatch)
         w = _watched_run()
         torch.set_num_threads(other)
         m = w.report(show=False).measurements
