@@ -191,6 +191,7 @@ def no_mixed_precision(m: Measurements) -> list[Finding]:
         return []  # compute is not where the time goes: precision is not the lever yet
     evidence: Evidence = {"precision": eff, "compute_fraction": round(comp, 3)}
     severity = None
+    unknown = ""
     if on_cuda:
         ratio = _peak_ratio(m, eff, low)
         # Amdahl: the compute share runs at most peak(low)/peak(eff) times faster.
@@ -220,6 +221,15 @@ def no_mixed_precision(m: Measurements) -> list[Finding]:
             # rank a guess above measured findings).
             severity, ceiling = "low", None
             evidence["gain_unknown"] = True
+            why = ("redline did not count the step's FLOPs, so it cannot tell"
+                   if m.mfu.achieved_flops_per_s is None else
+                   "this CPU's matrix-product rates were not measured (see the report's "
+                   "notes), so redline cannot tell" if share is None else
+                   f"the step's FLOPs run at {share:.0%} of this CPU's fp32 rate for a large "
+                   "matrix product, too little to tell")
+            unknown = (f" Whether it pays is unknown here: {why} a step of large matrix "
+                       "products (which AMX runs several times faster in bf16) from one of "
+                       "small layers (which may gain nothing); time a few steps both ways.")
     if severity is None:
         severity = "high" if ceiling and ceiling >= 1.5 else "medium"
     amp = ("torch.autocast('cuda', dtype=torch.bfloat16)" if low == "bf16" and on_cuda else
@@ -232,18 +242,7 @@ def no_mixed_precision(m: Measurements) -> list[Finding]:
         ceiling_speedup=ceiling,
         fix=f"Run forward and loss under {amp}; keep the optimizer in fp32. Compare loss and "
         "gradient norm with an fp32 run from the same weights for a few hundred steps before "
-        "keeping it." + ("" if on_cuda or severity != "low" else
-                         " Whether it pays is unknown here: " + (
-                             "redline did not count the step's FLOPs, so it cannot tell "
-                             if m.mfu.achieved_flops_per_s is None else
-                             "this CPU's matrix-product rates were not measured (see the "
-                             "report's notes), so redline cannot tell "
-                             if share is None else
-                             f"the step's FLOPs run at {share:.0%} of this CPU's fp32 rate for "
-                             "a large matrix product, too little to tell ") +
-                         "a step of large matrix products (which AMX runs several times faster "
-                         "in bf16) from one of small layers (which may gain nothing); time a few "
-                         "steps both ways."))]
+        "keeping it." + unknown)]
 
 
 def fp32_matmul_on_tensor_cores(m: Measurements) -> list[Finding]:

@@ -207,6 +207,7 @@ def build_measurements(w: Recorder) -> Measurements:
     shm = shm_info()
     win = w.cpu_window
     flags = sorted(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+    threads = w.torch_threads or torch.get_num_threads()  # the loop's, if it began a window
     data_cpu = sum(step.data_cpu_s for step in steps)
     data_delay = sum(step.data_run_delay_s for step in steps)
     data_read = sum(step.data_read_s for step in steps)  # the fetches whose CPU and delay were read
@@ -218,7 +219,7 @@ def build_measurements(w: Recorder) -> Measurements:
     host = HostMetrics(
         cpus_available=budget.cpus,
         cpus_source=budget.source,
-        torch_threads=w.torch_threads or torch.get_num_threads(),
+        torch_threads=threads,
         main_cpu_cores=win.main_cpu_s / win.wall_s if win and win.wall_s > 0 else None,
         workers_cpu_cores=win.children_cpu_s / win.wall_s if win and win.wall_s > 0 else None,
         # the loaders' own workers: multiprocessing's resource tracker (spawn) and the
@@ -279,20 +280,10 @@ def build_measurements(w: Recorder) -> Measurements:
             and w.flops.flops):
         # What no_mixed_precision needs to tell a step of large matrix products from one of
         # small layers (measure/cpu_gemm.py); probed once per watch, after its loop.
-        if w.rank.local_world_size > 1:
-            # the host's ranks would probe at once (each report is built as the job ends),
-            # and each would measure the others' products too: up to 5x lower rates
-            notes.append(f"This CPU's matrix-product rates were not measured: "
-                         f"{w.rank.local_world_size} ranks share this host and would time "
-                         "their probes against each other; no_mixed_precision cannot weigh "
-                         "the step's products.")
-        elif w.gemm_rates is None:
-            try:
-                w.gemm_rates = measure_gemm_rates(threads=w.torch_threads)
-            except RuntimeError as e:  # a torch build without a CPU bf16 product: unknown
-                notes.append(f"This CPU's matrix-product rates could not be measured "
-                             f"({type(e).__name__}: {e}); no_mixed_precision cannot weigh "
-                             "the step's products.")
+        why_not = _probe_gemm_rates(w, threads)
+        if why_not is not None:
+            notes.append(f"This CPU's matrix-product rates could not be measured: {why_not}; "
+                         "no_mixed_precision cannot weigh the step's products.")
         if w.gemm_rates is not None:
             host.gemm_fp32_flops_per_s = w.gemm_rates.fp32_flops_per_s
             host.gemm_bf16_flops_per_s = w.gemm_rates.bf16_flops_per_s
@@ -311,7 +302,7 @@ def build_measurements(w: Recorder) -> Measurements:
                     else (round(timing.samples_per_step) if timing.samples_per_step else None)),
         loader=main_loader.settings if main_loader else None,
         precision=precision.effective,
-        torch_threads=w.torch_threads or torch.get_num_threads(),
+        torch_threads=threads,
         data_source=("DataLoader" if main_loader else
                      "wrapped iterable" if inst.wrapped_iterables else "not seen"),
     )
@@ -348,6 +339,22 @@ def startup_end(w: Recorder, startup: StartupCost) -> int:
     """Index of the first steady step (the first step after the start-up)."""
     kept = [step for step in w.steps if step.kind != "excluded"]
     return kept[startup.steps].index if startup.steps < len(kept) else w.tracker.closed
+
+
+def _probe_gemm_rates(w: Recorder, threads: int) -> str | None:
+    """Probe this CPU's matrix-product rates into ``w.gemm_rates`` unless a report built
+    before did; why they could not be measured, if so."""
+    if w.rank.local_world_size > 1:
+        # the host's ranks would probe at once (each report is built as the job ends), and
+        # each would measure the others' products too: up to 5x lower rates
+        return (f"{w.rank.local_world_size} ranks share this host and would time their probes "
+                "against each other")
+    if w.gemm_rates is None:
+        try:
+            w.gemm_rates = measure_gemm_rates(threads=threads)
+        except RuntimeError as e:  # a torch build without a CPU bf16 product: unknown
+            return f"{type(e).__name__}: {e}"
+    return None
 
 
 def _competing(w: Recorder) -> list[CompetingProcess] | None:
