@@ -103,11 +103,12 @@ CPU_MATMUL_BOUND_FRACTION = 0.5
 """On a CPU with AMX, no_mixed_precision is medium or high only where the step's counted FLOPs
 run at ≥ half of the CPU's measured fp32 rate for a large matrix product (its products are
 large and make most of the step); below, low ("time it"). Autocast casts every weight and
-activation it converts, and small products gain little from the tiles: MLPs of 2–4 layers
-(widths 128–2048, batches 32–512, 1 and 2 threads, Adam) on a Sapphire Rapids CPU ran 0.86–1.16×
-as fast under bf16 autocast at shares 0.24–0.45 (one case 1.76×), and 1.37–2.03× at shares
-0.52–0.75; a small CNN at share 0.43 ran 2.15× as fast (its convolutions run below the product
-rate, so its share reads low), which a low finding still names."""
+activation it converts, and small products gain little from the tiles: in
+``benchmarks/cpu_bf16.py`` (MLPs of 2–4 layers, widths 128–2048, batches 32–512, Adam, 1 and 2
+threads, on a Sapphire Rapids CPU, 2026-12-05) bf16 autocast ran 0.73–1.14× as fast at shares
+0.13–0.43 (one 1.28×), and 1.38–2.20× at shares 0.53–0.67; the diagnosis benchmark's small CNN,
+at 0.38–0.42, ran 1.76–1.93× as fast (its convolutions run below the product rate, so its share
+reads low), which a low finding still names."""
 
 # -- trace rules ------------------------------------------------------------------------------
 
