@@ -126,8 +126,9 @@ KEY: tuple[JobKey, ...] = (
     JobKey(script="clean_mlp.py", cause_class="control",
            cause="none: compute-bound MLP, in-memory DataLoader",
            # Its fp32 products (batch 256, widths 512-1024) are large enough for AMX tiles: on
-           # a CPU with amx_bf16, bf16 autocast ran its step 2.65x as fast, so there the
-           # precision finding is true of it (the host's, not an injected cause).
+           # a CPU with amx_bf16 (Sapphire Rapids, 2026-12-05) its model and batch ran 2.65x as
+           # fast under bf16 autocast, so there the precision finding is true of it (the
+           # host's, not an injected cause; benchmarks/cpu_bf16.py's 512->1024x3 rows agree).
            tolerated_ids=("no_mixed_precision",)),
     JobKey(script="clean_cnn.py", cause_class="control",
            cause="none: compute-bound small CNN, in-memory DataLoader"),

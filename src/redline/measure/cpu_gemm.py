@@ -4,13 +4,13 @@ torch threads: what tells whether a CPU job's step would run faster in bf16.
 A CPU with AMX tiles (``amx_bf16``) multiplies bf16 matrices several times faster than its
 AVX-512 units do fp32 ones, but only matrices large enough to fill the tiles, and only the
 matrix products of a step gain. A step of small layers is bound by per-operator overhead: there
-autocast's casts cost about what the tiles save (a 128 → 512 → 512 → 1 MLP at batch 64 ran
-0.99× as fast under ``torch.autocast('cpu', dtype=torch.bfloat16)`` on a Sapphire Rapids CPU,
-while a 512 → 1024 → 1024 → 1024 → 20 MLP at batch 256 ran 2.65× as fast). So the share of the
-step spent in matrix products is estimated from the step's counted FLOPs: achieved FLOP/s ÷
-this probe's fp32 rate, on the same threads. The probe is one product of 256×1024 by
-1024×1024 (large enough for the tiles: oneDNN's bf16 kernels ran it at 5× the fp32 rate there,
-while a 128×128×128 product gained nothing), best of :data:`REPEATS`, after one untimed call
+autocast's casts cost about what the tiles save (``benchmarks/cpu_bf16.py`` on a Sapphire Rapids
+CPU, 2026-12-05: a 128 → 512 → 512 → 10 MLP at batch 64 ran 0.95–1.01× as fast under
+``torch.autocast('cpu', dtype=torch.bfloat16)``, a 512 → 1024 ×3 → 10 MLP at batch 256
+2.11–2.20× as fast). So the share of the step spent in matrix products is estimated from the
+step's counted FLOPs: achieved FLOP/s ÷ this probe's fp32 rate, on the same threads. The probe
+is one product of 256×1024 by 1024×1024, large enough for the tiles (the same run: bf16 at
+5.6–5.9× the fp32 rate), best of :data:`REPEATS`, after one untimed call
 in which oneDNN picks its kernel; a few tens of milliseconds in all, run once when the watch
 closes, never inside the loop.
 """
