@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from redline.data import CachedDataset
+from redline.data import CachedDataset, cache_proc
 
 
 class Numbers(Dataset[int]):
@@ -117,6 +117,9 @@ def test_full_store_warns_once_and_passes_through(tmp_path: Path) -> None:
 
 
 def test_disk_full_error_passes_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The store replaced in this process: the writer thread's path (the writer process's own
+    # failures: tests/test_cache_proc.py).
+    monkeypatch.setattr(cache_proc, "available", lambda: False)
     ds = CachedDataset(Numbers(8), square, path=tmp_path / "c")
 
     class FullDiskTxn:

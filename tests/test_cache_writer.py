@@ -1,7 +1,8 @@
 """The cache's writer: a sample computed and not yet written is read back from memory, stored
-as it was when computed; the training process's batches go to a background thread, a
-DataLoader worker's are written by the worker; the caller writes when the thread falls behind,
-and a write that fails stops writing without losing a value."""
+as it was when computed; a writer thread (the training process's, where it has no writer
+process: tests/test_cache_proc.py) takes batches off the caller, a DataLoader worker's are
+written by the worker; the caller writes when the thread falls behind, and a write that fails
+stops writing without losing a value."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from redline.data import CachedDataset
+from redline.data import CachedDataset, cache_proc
 from redline.data.cache_writer import QUEUED_BATCHES, WRITE_BATCH, StoreWriter
 from redline.data.sample_codec import encode
 
@@ -101,7 +102,7 @@ def test_a_writer_thread_that_falls_behind_makes_the_caller_write(
 
     def submit_all() -> None:
         for i in range(n):
-            writer.submit(str(i).encode(), b"x" * 10)
+            writer.submit(str(i).encode(), b"", b"x" * 10)
         done.set()
 
     caller = threading.Thread(target=submit_all, name="caller")
@@ -119,6 +120,7 @@ def test_a_writer_thread_that_falls_behind_makes_the_caller_write(
 
 def test_a_write_that_fails_stops_writing_and_every_value_stays_right(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_proc, "available", lambda: False)  # the writer thread's path
     ds = CachedDataset(Numbers(3 * WRITE_BATCH), lambda i: torch.full((4,), float(i)),
                        path=tmp_path / "c")
 
@@ -140,7 +142,7 @@ def test_an_inline_writer_writes_each_full_batch_on_the_callers_thread() -> None
     store = HeldStore()
     writer = StoreWriter(store, inline=True)  # type: ignore[arg-type]
     for i in range(WRITE_BATCH + 3):
-        writer.submit(b"s%d" % i, b"x" * 100)
+        writer.submit(b"s%d" % i, b"", b"x" * 100)
     # the full batch written at once, by the caller; the rest held (and readable) until then
     assert store.writers == [threading.current_thread().name] and len(writer.pending) == 3
     writer.close()

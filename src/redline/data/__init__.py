@@ -1,13 +1,23 @@
 """Data-path fixes: loader autotune, a device prefetcher, a cache of preprocessed samples and
-JPEG decode on the device."""
+JPEG decode on the device.
 
-from redline.core.loader import LoaderSettings
-from redline.data.autotune import LoaderPlan, autotune_loader
-from redline.data.cache import CachedDataset, CacheStats
-from redline.data.cache_split import CacheSplit
-from redline.data.device_decode import DeviceDecoder, JpegSplit
-from redline.data.prefetcher import DevicePrefetcher, PrefetchStats, map_tensors
-from redline.data.stores import LmdbStore, RedisStore
+The names are imported lazily: the cache's writer process (:mod:`redline.data.cache_proc`)
+imports the stores alone, without torch.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+    from redline.core.loader import LoaderSettings
+    from redline.data.autotune import LoaderPlan, autotune_loader
+    from redline.data.cache import CachedDataset, CacheStats
+    from redline.data.cache_split import CacheSplit
+    from redline.data.device_decode import DeviceDecoder, JpegSplit
+    from redline.data.prefetcher import DevicePrefetcher, PrefetchStats, map_tensors
+    from redline.data.stores import LmdbStore, RedisStore
 
 __all__ = [
     "CacheSplit",
@@ -24,3 +34,27 @@ __all__ = [
     "autotune_loader",
     "map_tensors",
 ]
+
+_LAZY = {
+    "LoaderSettings": "redline.core.loader",
+    "LoaderPlan": "redline.data.autotune",
+    "autotune_loader": "redline.data.autotune",
+    "CachedDataset": "redline.data.cache",
+    "CacheStats": "redline.data.cache",
+    "CacheSplit": "redline.data.cache_split",
+    "DeviceDecoder": "redline.data.device_decode",
+    "JpegSplit": "redline.data.device_decode",
+    "DevicePrefetcher": "redline.data.prefetcher",
+    "PrefetchStats": "redline.data.prefetcher",
+    "map_tensors": "redline.data.prefetcher",
+    "LmdbStore": "redline.data.stores",
+    "RedisStore": "redline.data.stores",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'redline.data' has no attribute {name!r}")

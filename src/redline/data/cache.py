@@ -41,10 +41,10 @@ from typing import Any
 
 from torch.utils.data import Dataset, get_worker_info
 
-from redline.data import store_place
-from redline.data.cache_writer import WRITE_BATCH, StoreWriter, writer_state_for_pickle
+from redline.data import cache_proc, store_place
+from redline.data.cache_writer import WRITE_BATCH, StoreWriter, Writer, writer_state_for_pickle
 from redline.data.fingerprint import dataset_fingerprint, transform_fingerprint
-from redline.data.sample_codec import FORMAT_VERSION, decode, encode
+from redline.data.sample_codec import FORMAT_VERSION, decode, encode_parts
 from redline.data.stores import LmdbStore, Store, process_id
 
 FLUSH_EVERY = 64
@@ -175,7 +175,7 @@ class CachedDataset(Dataset[Any]):
         self._writable = True
         self._warned = False
         self._said: set[str] = set()
-        self._writer: StoreWriter | None = None
+        self._writer: Writer | None = None
         """This process's writer (made on the first miss: a background thread's in the training
         process, the worker's own in a DataLoader worker; its ``pending`` samples are read back
         from memory first)."""
@@ -207,7 +207,7 @@ class CachedDataset(Dataset[Any]):
         self._drain()
         self._flush()
 
-    def _writer_here(self) -> StoreWriter | None:
+    def _writer_here(self) -> Writer | None:
         """This process's writer, if it made one (a forked worker's copy is its parent's)."""
         return self._writer if self._writer_pid == process_id() else None
 
@@ -224,7 +224,7 @@ class CachedDataset(Dataset[Any]):
             self._check_writer(w)
             self._flush()
 
-    def _check_writer(self, w: StoreWriter) -> None:
+    def _check_writer(self, w: Writer) -> None:
         """Say once, from this thread, why the writer stopped (if it did)."""
         if w.failure is not None and self._writable:
             self._stop_writing(w.failure)
@@ -278,7 +278,7 @@ class CachedDataset(Dataset[Any]):
         if blobs is None:
             blobs = self.store.get_many(keys)
         out: list[Any] = []
-        puts: list[tuple[bytes, bytes]] = []
+        puts: list[tuple[bytes, bytes, bytes | memoryview]] = []
         read = hits = 0
         w = self._writer_here()
         pending = w.pending if w is not None else {}
@@ -299,13 +299,13 @@ class CachedDataset(Dataset[Any]):
             if self._writable and blob is None:
                 encoded = self._encode(value, i)
                 if encoded is not None:
-                    puts.append((k, encoded))
+                    puts.append((k, *encoded))
         misses = len(indices) - hits
         self._add(hits=hits, misses=misses, read=read, uncached=misses - len(puts))
         self._store(puts)
         return out
 
-    def _store(self, puts: list[tuple[bytes, bytes]]) -> None:
+    def _store(self, puts: list[tuple[bytes, bytes, bytes | memoryview]]) -> None:
         """Queue computed samples for writing, unless the store cannot take them."""
         if not puts:
             return
@@ -316,20 +316,19 @@ class CachedDataset(Dataset[Any]):
         else:
             self._queue(puts)
 
-    def _queue(self, puts: list[tuple[bytes, bytes]]) -> None:
+    def _queue(self, puts: list[tuple[bytes, bytes, bytes | memoryview]]) -> None:
         """Hand computed samples to this process's writer (made on first use: a forked worker
         makes its own, the parent's thread is not in it)."""
         w = self._writer_here()
         if w is None:
-            # A DataLoader worker writes its batches itself (see cache_writer's docstring).
-            w = self._writer = StoreWriter(self.store, inline=get_worker_info() is not None)
+            w = self._writer = _new_writer(self.store)
             self._writer_pid = process_id()
             _WITH_WRITER.add(self)
             # DataLoader workers end through multiprocessing's exit path, which runs these
             # (before the counters' publication, priority 10).
             mp_util.Finalize(self, self._close_writer, exitpriority=11)
-        for k, v in puts:
-            w.submit(k, v)
+        for k, head, body in puts:
+            w.submit(k, head, body)
         self._check_writer(w)
 
     def get_deterministic(self, i: int) -> Any:
@@ -348,7 +347,7 @@ class CachedDataset(Dataset[Any]):
         self._add(hits=1, read=len(blob))
         return value
 
-    def _miss(self, i: int, key: bytes, w: StoreWriter | None) -> Any:
+    def _miss(self, i: int, key: bytes, w: Writer | None) -> Any:
         """Sample ``i``, not stored: computed, queued for writing, counted. Every read of a
         fill epoch takes this path, right after the user's transform (the CPU's caches cold),
         so once this process has its writer and counters it makes a handful of calls."""
@@ -358,7 +357,7 @@ class CachedDataset(Dataset[Any]):
                 or not self._writable
                 or getattr(self.store, "read_only_reason", None) is not None):
             encoded = self._encode(value, i) if self._writable else None
-            puts = [] if encoded is None else [(key, encoded)]
+            puts = [] if encoded is None else [(key, *encoded)]
             self._add(misses=1, uncached=1 - len(puts))
             self._store(puts)
             return value
@@ -369,19 +368,20 @@ class CachedDataset(Dataset[Any]):
             local[4] += 1
             self._flush()
             return value
-        w.submit(key, encoded)
+        w.submit(key, *encoded)
         if local[5] >= FLUSH_EVERY:
             self._flush()
         if w.failure is not None:
             self._check_writer(w)
         return value
 
-    def _encode(self, value: Any, i: int) -> bytes | None:
-        """The stored form of sample ``i``; None where it cannot be made (an object pickle
-        refuses: a lambda, an open file, a lock): the sample passes through uncached and
-        training goes on, said once."""
+    def _encode(self, value: Any, i: int) -> tuple[bytes, bytes | memoryview] | None:
+        """The stored form of sample ``i`` in two parts (:func:`.sample_codec.encode_parts`:
+        the second may be a view of ``value``'s memory, which the writer copies); None where
+        it cannot be made (an object pickle refuses: a lambda, an open file, a lock): the
+        sample passes through uncached and training goes on, said once."""
         try:
-            return encode(value)
+            return encode_parts(value)
         except Exception as e:  # pickle raises TypeError, AttributeError, PicklingError, …
             self._say("encode", f"sample {i} (a {type(value).__qualname__}) cannot be stored: "
                       f"{type(e).__name__}: {e}; samples that cannot be pickled pass through "
@@ -427,6 +427,19 @@ class CachedDataset(Dataset[Any]):
         hits, misses, read, written, uncached = c[:5]
         return CacheStats(hits=hits, misses=misses, bytes_read=read, bytes_written=written,
                           uncached=uncached)
+
+
+def _new_writer(store: Store) -> Writer:
+    """A DataLoader worker writes its batches itself (see cache_writer's docstring); the
+    training process hands an LMDB store's to a writer process (:mod:`.cache_proc`), or, where
+    the system has none or it cannot start, to a writer thread."""
+    if get_worker_info() is not None:
+        return StoreWriter(store, inline=True)
+    if isinstance(store, LmdbStore) and cache_proc.available():
+        w = cache_proc.ProcessWriter(store)
+        if w.start():
+            return w
+    return StoreWriter(store)
 
 
 if hasattr(os, "register_at_fork"):

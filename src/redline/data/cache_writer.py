@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 from redline.data.stores import Store, StoreFull
 
@@ -45,6 +45,27 @@ QUEUED_BATCHES = 4
 """Batches waiting for the writer thread at most; one more is written by the caller itself.
 With :data:`BATCH_BYTES`, bounds what a process holds unwritten to ~40 MiB (one sample larger
 than BATCH_BYTES makes a batch of its own)."""
+
+
+class Writer(Protocol):
+    """What a dataset calls on its writer in one process."""
+
+    pending: dict[bytes, Any]
+    """Samples handed over and not written yet (key → stored form): read your own writes."""
+
+    @property
+    def failure(self) -> str | None:
+        """Why writing stopped (None: it has not)."""
+        ...
+
+    def submit(self, key: bytes, head: bytes, body: bytes | memoryview) -> None:
+        """Take one sample's stored form, ``head + body`` (``body`` may be a view of the
+        caller's tensor: copied before this returns)."""
+        ...
+
+    def drain(self) -> None: ...
+    def close(self) -> None: ...
+    def take_counts(self) -> tuple[int, int]: ...
 
 
 class StoreWriter:
@@ -68,9 +89,10 @@ class StoreWriter:
         self._written = 0
         self._lost = 0
 
-    def submit(self, key: bytes, blob: bytes) -> None:
-        """Queue one sample's stored form for writing (readable from :attr:`pending` until it
-        is written)."""
+    def submit(self, key: bytes, head: bytes, body: bytes | memoryview) -> None:
+        """Queue one sample's stored form, ``head + body``, for writing (readable from
+        :attr:`pending` until it is written)."""
+        blob = body if not head and isinstance(body, bytes) else b"".join((head, body))
         self.pending[key] = blob
         self._batch.append((key, blob))
         self._batch_bytes += len(blob)

@@ -213,6 +213,19 @@ def _general_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview]:
     return header, _prefix(_TENSOR, header), raw
 
 
+def encode_parts(value: Any) -> tuple[bytes, bytes | memoryview]:
+    """The stored form of ``value`` as (its first bytes, the rest): for a tensor in a known
+    dense layout (a fill epoch's common case) the rest is a view of the tensor's own memory,
+    valid while the tensor is and not changed in place: copy it at once (a writer copies it
+    straight into its buffer, the one copy of the data). Otherwise the first bytes are empty
+    and the rest is :func:`encode`'s."""
+    if type(value) is torch.Tensor:  # the known layout, before any other attribute read
+        parts = _fast_parts(value)
+        if parts is not None:
+            return parts[1], parts[2]
+    return b"", encode(value)
+
+
 def encode(value: Any) -> bytes:
     """The stored form of ``value`` (see the module docstring). Never pickles a plain CPU
     tensor or a numeric numpy array."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from redline.core.errors import RedlineError
-from redline.data import store_place
+from redline.data import lmdb_env, store_place
 
 
 class StoreFull(RedlineError):
@@ -170,11 +170,7 @@ class LmdbStore:
         else:
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
-                # sync off: a cache needs integrity (kept by LMDB), not durability across
-                # power loss; an fsync per sample would cost more than the decode it saves.
-                return lmdb.open(str(self.path), map_size=self.max_bytes, subdir=True,
-                                 readahead=False, max_readers=512, lock=True, sync=False,
-                                 metasync=False)
+                return lmdb_env.open_writable(str(self.path), self.max_bytes)
             except (lmdb.Error, OSError) as e:
                 why = f"{self.path} is not writable ({type(e).__name__}: {e})"
         if not (self.path / "data.mdb").is_file():
@@ -212,6 +208,11 @@ class LmdbStore:
             return v
         return self.get_many([key])[0]
 
+    def note_written(self) -> None:
+        """Another process wrote for this one (the cache's writer process): the next miss
+        takes a new snapshot, as after a write of this process."""
+        self._puts += 1
+
     def _snapshot_fresh(self) -> bool:
         """Whether a miss in the current snapshot can be believed (see :data:`SNAPSHOT_S`)."""
         return (self._puts == self._txn_puts
@@ -221,7 +222,7 @@ class LmdbStore:
         if self._txn is not None:
             self._txn.abort()
         self._txn_puts, self._txn_began = self._puts, time.monotonic()
-        self._txn = _begin(env, buffers=True)
+        self._txn = lmdb_env.begin(env, buffers=True)
         return self._txn
 
     def get_many(self, keys: list[bytes]) -> list[bytes | memoryview | None]:
@@ -241,53 +242,14 @@ class LmdbStore:
         return out
 
     def put_many(self, items: list[tuple[bytes, bytes]]) -> int:
-        import lmdb
-
         env = self._open()
         if self.read_only_reason is not None:
             raise StoreFull(self.read_only_reason)
-        try:
-            return self._put(env, items)
-        except lmdb.MapFullError:
-            pass
-        # The batch does not fit whole: store what fits, one item a transaction, so a small
-        # store is filled rather than left empty by one batch larger than its room.
-        written = 0
-        for stored, item in enumerate(items):
-            try:
-                written += self._put(env, [item])
-            except lmdb.MapFullError as e:
-                raise StoreFull(f"reached its bound of {self.max_bytes:,} bytes", stored=stored,
-                                written=written) from e
+        stored, written, why = lmdb_env.put_items(env, items, self.max_bytes)
+        self._puts += 1
+        if why is not None:
+            raise StoreFull(why, stored=stored, written=written)
         return written
-
-    def _put(self, env: Any, items: list[tuple[bytes, bytes]]) -> int:
-        import lmdb
-
-        written = 0
-        try:
-            with _begin(env, write=True) as txn:
-                for k, v in items:
-                    if txn.put(k, v, overwrite=False):  # another worker may have stored it
-                        written += len(v)
-            self._puts += 1
-        except lmdb.MapFullError:
-            raise
-        except (lmdb.Error, OSError) as e:
-            raise StoreFull(f"write failed ({type(e).__name__}: {e})") from e
-        return written
-
-
-def _begin(env: Any, **kw: Any) -> Any:
-    """A transaction; where another process grew the map past this one's (a rank that read
-    more free space), this one adopts its size first (``mdb_env_set_mapsize(0)``)."""
-    import lmdb
-
-    try:
-        return env.begin(**kw)
-    except lmdb.MapResizedError:
-        env.set_mapsize(0)
-        return env.begin(**kw)
 
 
 class RedisStore:

@@ -1,0 +1,419 @@
+"""A cache's writes from the training process, by a writer process fed through shared memory.
+
+A writer thread in the training process shares its interpreter lock: every batch it wakes
+for, every LMDB put it makes (py-lmdb releases the lock around each one) hands the lock back
+and forth with the training thread, and on a sample-by-sample fill of small samples those
+hand-overs cost the training thread more than the writes themselves (``benchmarks/cache.py``;
+the README's cache section). A process has no such lock. So the training process copies each
+encoded sample into a ring in shared memory (an anonymous ``memfd``, mapped by both
+processes), and a small process of its own (:mod:`redline.data.cache_child`: Python and
+py-lmdb, no torch) writes what the ring holds into the LMDB store, a transaction a batch.
+
+The training thread's cost per sample is one copy into the ring. Once a batch is there it
+publishes the ring's new end, a store into the ring's header where the CPU keeps stores in
+order (:data:`ORDERED_STORES`), which the writer process reads when it looks (every
+:data:`~redline.data.cache_child.POLL_S` while records come); elsewhere, or where the writer
+process sleeps long, a word on a socket, without waiting. The writer process publishes how far
+it has written in the header; the training side frees those records then, and until then
+serves them from memory (read your own writes, :attr:`ProcessWriter.pending`). Where the ring
+has no room (a store slower than the pipeline), the training thread writes that sample itself,
+so memory never grows and it never waits longer than one write.
+
+A write that fails in the writer process (the store's bound, a full disk) is said in the
+header: the writer process drops what it holds from then on and counts it as not stored, and
+the dataset says why once. A writer process that cannot be started or dies is said the same
+way. LMDB's transactions keep a batch that was not committed from being read.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import mmap
+import os
+import platform
+import select
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from redline.data.cache_child import (
+    ASLEEP,
+    CONSUMED,
+    DRAIN,
+    EXIT,
+    FAILED,
+    HEADER_BYTES,
+    LOST,
+    MESSAGE_AT,
+    MESSAGE_LEN,
+    PUBLISHED,
+    RECORD,
+    WORD,
+    WRAP,
+    WRITE_BATCH,
+    WRITTEN,
+)
+from redline.data.stores import LmdbStore, StoreFull
+
+RING_BYTES = 32 * 2**20
+"""The ring's size: what the training process may hold unwritten at most (beside its header).
+A sample larger than a quarter of it is written by the training thread itself."""
+
+WINDOW_BYTES = 2**20
+"""Where records go back to the ring's beginning when the writer process has freed it (the
+rest of the ring is used when it has not): well within what a core's cache holds."""
+
+SEND_BYTES = WINDOW_BYTES // 4
+"""Bytes in the ring after which its end is published (if :data:`WRITE_BATCH` samples are not
+there before): the writer process frees the window's beginning while the next records come."""
+
+DRAIN_TIMEOUT_S = 120.0
+"""How long a drain waits for the writer process before it gives up on it (said once)."""
+
+ORDERED_STORES = platform.machine().lower() in {"x86_64", "amd64", "i386", "i686", "x86"}
+"""Whether the training side publishes the ring's end by a plain store in shared memory, which
+the writer process reads when it looks. x86 keeps stores in program order as other cores see
+them ("writes are not reordered with other writes", Intel SDM vol. 3A §9.2.2; AMD APM vol. 2
+§7.2), so a record's bytes are there before the end that covers them. Elsewhere the end goes
+through the socket, whose system call orders them. A store costs the training thread nothing;
+a word on the socket wakes a sleeping process, and in a virtual machine that wake-up (an
+inter-processor interrupt) cost the sender ~30 us, once a batch (``benchmarks/cache.py``)."""
+
+
+def _package_root(module_file: str, depth: int) -> str:
+    """The folder ``depth`` levels above a module's file: where its top package lies."""
+    path = os.path.abspath(module_file)
+    for _ in range(depth):
+        path = os.path.dirname(path)
+    return path
+
+
+def available() -> bool:
+    """Whether this system can run the writer process (Linux's ``memfd_create``)."""
+    return hasattr(os, "memfd_create")
+
+
+class ProcessWriter:
+    """The training process's writer of one dataset to one LMDB store (see the module
+    docstring); the same calls as :class:`~redline.data.cache_writer.StoreWriter`."""
+
+    def __init__(self, store: LmdbStore, *, ring_bytes: int | None = None) -> None:
+        ring_bytes = RING_BYTES if ring_bytes is None else ring_bytes
+        if ring_bytes < 4096 or ring_bytes % 8:
+            raise ValueError(f"ring_bytes must be a multiple of 8 of at least 4096, "
+                             f"got {ring_bytes}")
+        self.store = store
+        self.ring_bytes = ring_bytes
+        self.pending: dict[bytes, Any] = {}
+        """Samples in the ring not written yet (key → a view of the stored form)."""
+        self.failure: str | None = None
+        """Why writing stopped (None: it has not); read from the writer process's header
+        once a batch."""
+        self._inflight: collections.deque[tuple[int, bytes]] = collections.deque()
+        """(the end of its record, key) of each pending sample, in ring order."""
+        self._end = 0
+        """Where the next record goes (absolute position)."""
+        self._sent = 0
+        """The end last sent to the writer process."""
+        self._unsent = 0
+        self._unsent_bytes = 0
+        self._consumed = 0
+        """Where the writer process had written up to, when last read."""
+        self._taken = (0, 0)
+        """(bytes written, samples not stored) of the writer process already counted."""
+        self._own = [0, 0]
+        """(bytes written, samples not stored) by this side, not counted yet."""
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._map: mmap.mmap | None = None
+        self._head: memoryview | None = None
+        self._view: memoryview = memoryview(b"")
+        """The map as bytes (the pending samples are views of it)."""
+        self._req: socket.socket | None = None
+        """The training side's end of the socket pair that carries the ring's end (a socket,
+        not a pipe: a send to a writer process that is gone fails with EPIPE, never raises
+        SIGPIPE, which a program may have set to kill it)."""
+        self._ack = -1
+
+    # -- the training side's calls ------------------------------------------------------
+
+    def submit(self, key: bytes, head: bytes, body: bytes | memoryview) -> None:
+        """Copy one sample's stored form, ``head + body``, into the ring (readable from
+        :attr:`pending` until the writer process has written it). Every read of a fill epoch
+        takes this path, right after the user's transform (the CPU's caches cold): a handful
+        of operations, the writer process's header read once a batch."""
+        mem = self._map
+        if mem is None:  # closed (before a fork, or at exit): a later sample starts anew
+            if self.failure is not None or not self.start():
+                self._own[1] += 1
+                return
+            mem = self._map
+            assert mem is not None
+        n = len(head) + len(body)
+        need = (RECORD.size + len(key) + n + 7) & ~7
+        end = self._end
+        at = end % self.ring_bytes
+        if at + need > WINDOW_BYTES or end + need - self._consumed > self.ring_bytes:
+            at = self._place(need)
+            if at < 0:
+                self._write_here(key, b"".join((head, body)))  # too large, or no room
+                return
+            end = self._end
+        # Through the map, not a view of it: it takes any contiguous buffer (a tensor's bytes
+        # as ctypes' chars) without a cast.
+        v0 = HEADER_BYTES + at + RECORD.size + len(key)
+        mem[v0 - RECORD.size - len(key):v0] = RECORD.pack(len(key), n) + key
+        mem[v0:v0 + len(head)] = head
+        mem[v0 + len(head):v0 + n] = body
+        self._end = end = end + need
+        self.pending[key] = self._view[v0:v0 + n]
+        self._inflight.append((end, key))
+        self._unsent += 1
+        self._unsent_bytes += need
+        if self._unsent >= WRITE_BATCH or self._unsent_bytes >= SEND_BYTES:
+            self._send(end)
+            self._refresh()
+
+    def _place(self, need: int) -> int:
+        """Where a record of ``need`` bytes goes in the ring (its offset, after a wrap marker
+        where it goes back to the beginning), or -1 where it is too large or there is no room
+        (the writer process told what holds the room). Past the window it goes back to the
+        ring's beginning where the writer process has freed that: small records then cycle
+        through pages the CPU's caches and the page tables already hold, not fresh ones (a
+        first touch of a shared page costs a fault, more than the copy of a small sample)."""
+        size = self.ring_bytes
+        if need > size // 4:
+            return -1
+        for fresh in (False, True):
+            if fresh:
+                self._refresh()  # the writer process may have freed more since last read
+            end, consumed = self._end, self._consumed
+            at = end % size
+            wrap = 0
+            if at + need > size or (at + need > WINDOW_BYTES and end - at + need <= consumed):
+                wrap = size - at
+            if end + wrap + need - consumed <= size:
+                if wrap:
+                    assert self._map is not None
+                    RECORD.pack_into(self._map, HEADER_BYTES + at, WRAP, 0)
+                    self._end = end + wrap
+                    return 0
+                return at
+        if self._sent < self._end:
+            self._send(self._end)
+        return -1
+
+    def _refresh(self) -> None:
+        """Read the writer process's header: forget what it has written, learn whether it
+        failed."""
+        head = self._head
+        if head is None:
+            return
+        consumed = head[CONSUMED]
+        if consumed > self._consumed:
+            self._release(consumed)
+        if self.failure is None and head[FAILED]:
+            self.failure = self._message()
+
+    def drain(self) -> None:
+        """Return once everything submitted so far is written (or dropped by a failure)."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._refresh()
+        target = self._end
+        if self._consumed >= target:
+            return
+        # Waited for even after a failure of its writes: the writer process then drops and
+        # counts what it holds.
+        if self._send(target | DRAIN, wait=True):
+            deadline = time.monotonic() + DRAIN_TIMEOUT_S
+            while self._head is not None and self._head[CONSUMED] < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._fail(f"the cache's writer process wrote nothing for "
+                               f"{DRAIN_TIMEOUT_S:.0f} s")
+                    break
+                ready, _, _ = select.select([self._ack], [], [], min(left, 1.0))
+                if ready:
+                    with contextlib.suppress(OSError):
+                        os.read(self._ack, 4096)
+                elif proc.poll() is not None:
+                    self._fail(f"the cache's writer process ended (exit code "
+                               f"{proc.returncode})")
+                    break
+        self._refresh()
+
+    def close(self) -> None:
+        """Drain, end the writer process and free the ring (a later submit starts anew)."""
+        self.drain()
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                assert self._req is not None
+                self._req.setblocking(True)
+                self._req.send(WORD.pack(EXIT), socket.MSG_NOSIGNAL)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._collect_counts()
+        if self._req is not None:
+            self._req.close()
+        if self._ack >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._ack)
+        self._req, self._ack = None, -1
+        self.pending.clear()
+        self._inflight.clear()
+        head, view, mem = self._head, self._view, self._map
+        self._head, self._view, self._map = None, memoryview(b""), None
+        if head is not None:
+            head.release()
+        view.release()
+        if mem is not None:
+            with contextlib.suppress(BufferError):  # a view still held elsewhere: freed later
+                mem.close()
+        self._end = self._sent = self._consumed = 0
+        self._unsent = self._unsent_bytes = 0
+
+    def take_counts(self) -> tuple[int, int]:
+        """(bytes written, samples not stored) since the last call."""
+        self._collect_counts()
+        out = (self._own[0], self._own[1])
+        self._own = [0, 0]
+        return out
+
+    # -- inside -------------------------------------------------------------------------
+
+    def _collect_counts(self) -> None:
+        head = self._head
+        if head is None:
+            return
+        written, lost = head[WRITTEN], head[LOST]
+        self._own[0] += written - self._taken[0]
+        self._own[1] += lost - self._taken[1]
+        self._taken = (written, lost)
+
+    def _release(self, consumed: int) -> None:
+        """Forget the pending samples the writer process has written (read from the store from
+        now on: its next miss takes a new snapshot)."""
+        inflight, pending = self._inflight, self.pending
+        while inflight and inflight[0][0] <= consumed:
+            pending.pop(inflight.popleft()[1], None)
+        self._consumed = consumed
+        self.store.note_written()
+
+    def _write_here(self, key: bytes, blob: bytes) -> None:
+        try:
+            self._own[0] += self.store.put_many([(key, blob)])
+        except StoreFull as e:
+            self._own[1] += 1 - e.stored
+            self._own[0] += e.written
+            self._fail(f"{e} (fill-once policy: nothing is evicted)")
+
+    def _send(self, word: int, *, wait: bool = False) -> bool:
+        """Tell the writer process where the ring ends: a store in the header where the CPU
+        keeps stores in order (a word on the socket only where it sleeps long), else a word on
+        the socket, without waiting unless ``wait`` (a full socket drops the word: a later one
+        covers it). False where the writer process is gone."""
+        end = word & ~DRAIN
+        self._sent = end
+        self._unsent = self._unsent_bytes = 0
+        head = self._head
+        if ORDERED_STORES and not wait and head is not None:
+            head[PUBLISHED] = end
+            if not head[ASLEEP]:
+                return True
+            word = 0  # only a wake-up: the end is in the header
+        sock = self._req
+        if sock is None:
+            return False
+        try:
+            if wait:
+                sock.setblocking(True)
+            sock.send(WORD.pack(word), socket.MSG_NOSIGNAL)
+        except BlockingIOError:
+            return True
+        except OSError as e:  # the writer process is gone (EPIPE)
+            code = self._proc.poll() if self._proc is not None else None
+            self._fail(f"the cache's writer process ended (exit code {code}; "
+                       f"{type(e).__name__}: {e})")
+            return False
+        finally:
+            if wait:
+                with contextlib.suppress(OSError):
+                    sock.setblocking(False)
+        return True
+
+    def _fail(self, why: str) -> None:
+        """Stop writing: what the ring holds unwritten is counted as not stored."""
+        if self.failure is None:
+            self.failure = why
+        unwritten = len(self._inflight)
+        if unwritten:
+            self._own[1] += unwritten
+            self._release(self._end)
+
+    def _message(self) -> str:
+        head = self._head
+        assert head is not None and self._map is not None
+        n = min(int(head[MESSAGE_LEN]), HEADER_BYTES - MESSAGE_AT)
+        text = self._map[MESSAGE_AT:MESSAGE_AT + n].decode("utf-8", "replace")
+        return text or "the cache's writer process failed"
+
+    def start(self) -> bool:
+        """Make the ring and start the writer process; False (with :attr:`failure` saying
+        why) where it cannot."""
+        fds: list[int] = []
+        socks: list[socket.socket] = []
+        mem: mmap.mmap | None = None
+        try:
+            mem_fd = os.memfd_create("redline-cache-ring", os.MFD_CLOEXEC)
+            fds.append(mem_fd)
+            os.ftruncate(mem_fd, HEADER_BYTES + self.ring_bytes)
+            req_w, req_end = socket.socketpair()
+            socks += [req_w, req_end]
+            req_r = req_end.fileno()
+            ack_r, ack_w = os.pipe()
+            fds += [ack_r, ack_w]
+            req_w.setblocking(False)
+            mem = mmap.mmap(mem_fd, HEADER_BYTES + self.ring_bytes)
+            # The window's pages made now, in one go (~0.3 ms): a record's first touch of a
+            # page would cost a fault each.
+            n = HEADER_BYTES + min(WINDOW_BYTES, self.ring_bytes)
+            mem[:n] = bytes(n)
+            # Without site (-S: its start-up work, a few ms of the cores the epoch uses), so
+            # the folders that hold redline and lmdb are given.
+            import lmdb
+
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (
+                _package_root(__file__, 3), _package_root(lmdb.__file__, 2),
+                env.get("PYTHONPATH")) if p)
+            cmd = [sys.executable, "-S", "-m", "redline.data.cache_child", str(mem_fd),
+                   str(req_r), str(ack_w), str(self.ring_bytes), str(os.getpid()),
+                   str(self.store.path), str(self.store.max_bytes)]
+            proc = subprocess.Popen(cmd, pass_fds=(mem_fd, req_r, ack_w), env=env,
+                                    stdin=subprocess.DEVNULL, close_fds=True)
+        except (OSError, ValueError, ImportError) as e:
+            if mem is not None:
+                mem.close()
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            for sock in socks:
+                sock.close()
+            self.failure = (f"the cache's writer process could not start "
+                             f"({type(e).__name__}: {e})")
+            return False
+        for fd in (mem_fd, ack_w):  # the writer process's ends
+            os.close(fd)
+        req_end.close()
+        self._proc, self._map, self._req, self._ack = proc, mem, req_w, ack_r
+        self._head = memoryview(mem)[:HEADER_BYTES].cast("Q")
+        self._view = memoryview(mem)
+        return True

@@ -1,0 +1,66 @@
+"""The LMDB calls that the cache's stores and its writer process share: opening a store for
+writing, beginning a transaction, writing a batch. Nothing but ``lmdb`` is imported: the
+writer process (:mod:`redline.data.cache_child`) starts with Python and this module alone.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~5 ms at start-up)
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def open_writable(path: str, map_size: int) -> Any:
+    """The environment at ``path`` opened for writing (raises ``lmdb.Error``/``OSError``)."""
+    import lmdb
+
+    # sync off: a cache needs integrity (kept by LMDB), not durability across power loss; an
+    # fsync per sample would cost more than the decode it saves.
+    return lmdb.open(path, map_size=map_size, subdir=True, readahead=False, max_readers=512,
+                     lock=True, sync=False, metasync=False)
+
+
+def begin(env: Any, **kw: Any) -> Any:
+    """A transaction; where another process grew the map past this one's (a rank that read
+    more free space), this one adopts its size first (``mdb_env_set_mapsize(0)``)."""
+    import lmdb
+
+    try:
+        return env.begin(**kw)
+    except lmdb.MapResizedError:
+        env.set_mapsize(0)
+        return env.begin(**kw)
+
+
+def put_items(env: Any, items: list[tuple[bytes, Any]],
+              max_bytes: int) -> tuple[int, int, str | None]:
+    """Store the items not stored yet, one transaction for the batch: (items stored, bytes
+    written, why writing stopped or None). A batch that does not fit whole is stored one item
+    a transaction, so a small store is filled rather than left empty by one batch larger than
+    its room; nothing is overwritten (another worker or rank may have stored a key first)."""
+    import lmdb
+
+    try:
+        return len(items), _put(env, items), None
+    except lmdb.MapFullError:
+        pass
+    except (lmdb.Error, OSError) as e:
+        return 0, 0, f"write failed ({type(e).__name__}: {e})"
+    written = 0
+    for stored, item in enumerate(items):
+        try:
+            written += _put(env, [item])
+        except lmdb.MapFullError:
+            return stored, written, f"reached its bound of {max_bytes:,} bytes"
+        except (lmdb.Error, OSError) as e:
+            return stored, written, f"write failed ({type(e).__name__}: {e})"
+    return len(items), written, None
+
+
+def _put(env: Any, items: list[tuple[bytes, Any]]) -> int:
+    written = 0
+    with begin(env, write=True) as txn:
+        for k, v in items:
+            if txn.put(k, v, overwrite=False):
+                written += len(v)
+    return written

@@ -1,0 +1,294 @@
+"""The cache's writer process: the training process's samples go through a shared-memory ring
+to a process of its own (Python and lmdb, no torch) that writes them to the LMDB store. Every
+sample is stored as computed and read back from memory until written; a full ring makes the
+training thread write; the store's bound, a failing write, a writer process that dies or
+cannot start, and a training process that dies are each handled without a wrong value."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from redline.data import CachedDataset, cache_child, cache_proc
+from redline.data.cache_writer import StoreWriter
+from redline.data.sample_codec import encode
+
+pytestmark = pytest.mark.skipif(not cache_proc.available(), reason="needs memfd_create (Linux)")
+
+
+class Numbers(Dataset[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Counted:
+    """``i`` → a tensor of ``size`` floats, all ``i``; counts its calls."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self.calls: list[int] = []
+
+    def __call__(self, i: int) -> torch.Tensor:
+        self.calls.append(i)
+        return torch.full((self.size,), float(i))
+
+
+def _writer(ds: CachedDataset) -> cache_proc.ProcessWriter:
+    w = ds._writer
+    assert isinstance(w, cache_proc.ProcessWriter), type(w)
+    return w
+
+
+@pytest.fixture
+def stopped() -> Iterator[list[int]]:
+    """Pids to SIGCONT (and so never leave stopped) at the end of a test."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_a_fill_goes_through_the_writer_process_and_every_sample_is_stored(
+        tmp_path: Path) -> None:
+    det = Counted()
+    ds = CachedDataset(Numbers(300), det, path=tmp_path / "c")
+    first = [ds[i] for i in range(300)]
+    w = _writer(ds)
+    ds.flush()
+    assert w._proc is not None and w._proc.poll() is None
+    # a process of its own that never loaded torch (its start-up stays small)
+    maps = Path(f"/proc/{w._proc.pid}/maps").read_text()
+    assert "libtorch" not in maps and "lmdb" in maps
+    st = ds.stats()
+    assert (st.misses, st.uncached, st.complete) == (300, 0, True)
+    assert st.bytes_written == 300 * len(encode(torch.full((64,), 0.0)))
+    again = CachedDataset(Numbers(300), Counted(), path=tmp_path / "c")  # a new reader
+    assert all(torch.equal(again[i], first[i]) for i in range(300))
+    assert again.stats().hits == 300 and det.calls == list(range(300))
+    ds._close_writer()
+    assert w._proc is None
+
+
+def test_samples_not_yet_written_are_read_back_and_stored_as_computed(
+        tmp_path: Path, stopped: list[int]) -> None:
+    det = Counted()
+    ds = CachedDataset(Numbers(40), det, path=tmp_path / "c")
+    got = ds[0]
+    w = _writer(ds)
+    assert w._proc is not None
+    os.kill(w._proc.pid, signal.SIGSTOP)  # a writer process the host does not run
+    stopped.append(w._proc.pid)
+    first = [ds[i] for i in range(1, 40)]
+    for t in first:
+        t.add_(1000)  # the caller's random transform, in place, before the write
+    got.add_(1000)
+    again = [ds[i] for i in range(40)]
+    assert det.calls == list(range(40))  # read back from the ring, not computed again
+    assert all(float(t[0]) == i for i, t in enumerate(again))  # as computed, not as changed
+    assert w.pending  # held in memory: not written yet
+    os.kill(w._proc.pid, signal.SIGCONT)
+    ds.flush()
+    assert not w.pending
+    st = ds.stats()
+    assert (st.misses, st.hits, st.uncached) == (40, 40, 0)
+    fresh = CachedDataset(Numbers(40), Counted(), path=tmp_path / "c")
+    assert all(float(fresh[i][0]) == i for i in range(40))
+
+
+def test_records_wrap_around_a_small_ring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_proc, "RING_BYTES", 64 * 1024)
+    monkeypatch.setattr(cache_proc, "WINDOW_BYTES", 16 * 1024)
+    monkeypatch.setattr(cache_proc, "SEND_BYTES", 4 * 1024)
+    ds = CachedDataset(Numbers(2000), Counted(size=200), path=tmp_path / "c")
+    ds[0]
+    w = _writer(ds)
+    assert w.ring_bytes == 64 * 1024
+    for i in range(1, 2000):
+        ds[i]
+    assert w._end > 3 * w.ring_bytes  # laps round the ring
+    ds.flush()
+    st = ds.stats()
+    assert (st.misses, st.uncached) == (2000, 0)
+    fresh = CachedDataset(Numbers(2000), Counted(size=200), path=tmp_path / "c")
+    assert all(float(fresh[i][0]) == i for i in range(0, 2000, 7))
+    assert fresh.stats().misses == 0
+
+
+def test_a_full_ring_makes_the_training_thread_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopped: list[int]) -> None:
+    monkeypatch.setattr(cache_proc, "RING_BYTES", 64 * 1024)
+    monkeypatch.setattr(cache_proc, "WINDOW_BYTES", 16 * 1024)
+    ds = CachedDataset(Numbers(200), Counted(size=1000), path=tmp_path / "c")
+    ds[0]
+    w = _writer(ds)
+    assert w._proc is not None
+    os.kill(w._proc.pid, signal.SIGSTOP)
+    stopped.append(w._proc.pid)
+    for i in range(1, 200):  # ~4 kB each: the 64 kB ring holds ~16
+        ds[i]
+    assert len(w.pending) < 20  # the rest went to the store from this thread
+    fresh = CachedDataset(Numbers(200), Counted(size=1000), path=tmp_path / "c")
+    assert fresh[150] is not None and fresh.stats().hits == 1  # already there
+    os.kill(w._proc.pid, signal.SIGCONT)
+    ds.flush()
+    st = ds.stats()
+    assert (st.misses, st.uncached, st.complete) == (200, 0, True)
+
+
+def test_the_stores_bound_reached_in_the_writer_process_is_said_once(tmp_path: Path) -> None:
+    det = Counted(size=64 * 1024)  # 256 kB a sample, a 1 MiB store
+    ds = CachedDataset(Numbers(40), det, path=tmp_path / "c", max_bytes=2**20)
+    with pytest.warns(RuntimeWarning, match="reached its bound") as rec:
+        out = [ds[i] for i in range(40)]
+        ds.flush()
+        out += [ds[i] for i in range(40)]
+    assert len([r for r in rec if "reached its bound" in str(r.message)]) == 1
+    assert all(float(t[0]) == i % 40 for i, t in enumerate(out))
+    st = ds.stats()
+    assert not st.complete and 0 < st.misses - st.uncached < 40
+    assert st.hits + st.misses == 80
+
+
+def test_a_write_that_fails_in_the_writer_process_is_said_and_values_stay_right(
+        tmp_path: Path) -> None:
+    # A file size limit on the writer process (its writes then fail with EFBIG, as on a
+    # full disk).
+    det = Counted(size=16 * 1024)
+    ds = CachedDataset(Numbers(200), det, path=tmp_path / "c")
+    ds[0]
+    w = _writer(ds)
+    assert w._proc is not None
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.prlimit(w._proc.pid, resource.RLIMIT_FSIZE, (2 * 2**20, hard))
+    with pytest.warns(RuntimeWarning, match="write failed") as rec:
+        out = [ds[i] for i in range(200)]
+        ds.flush()
+        out += [ds[i] for i in range(200)]
+    assert len(rec) == 1, [str(r.message) for r in rec]
+    assert all(float(t[0]) == i % 200 for i, t in enumerate(out))
+    st = ds.stats()
+    assert not st.complete and st.uncached > 0
+
+
+def test_a_writer_process_that_dies_is_said_and_training_goes_on(
+        tmp_path: Path) -> None:
+    det = Counted()
+    ds = CachedDataset(Numbers(300), det, path=tmp_path / "c")
+    ds[0]
+    w = _writer(ds)
+    assert w._proc is not None
+    os.kill(w._proc.pid, signal.SIGKILL)
+    w._proc.wait(10)
+    with pytest.warns(RuntimeWarning, match="writer process ended") as rec:
+        out = [ds[i] for i in range(300)]
+        ds.flush()
+        out += [ds[i] for i in range(300)]
+    assert len(rec) == 1
+    assert all(float(t[0]) == i % 300 for i, t in enumerate(out))
+    assert not ds.stats().complete
+
+
+def test_where_the_writer_process_cannot_start_a_writer_thread_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*a: object, **k: object) -> None:
+        raise PermissionError(1, "Operation not permitted", sys.executable)
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    ds = CachedDataset(Numbers(100), Counted(), path=tmp_path / "c")
+    out = [ds[i] for i in range(100)]
+    assert isinstance(ds._writer, StoreWriter) and not ds._writer.inline
+    ds.flush()
+    st = ds.stats()
+    assert (st.misses, st.uncached, st.complete) == (100, 0, True)
+    assert all(float(t[0]) == i for i, t in enumerate(out))
+
+
+def test_the_end_goes_through_the_socket_where_stores_are_not_kept_in_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_proc, "ORDERED_STORES", False)
+    ds = CachedDataset(Numbers(500), Counted(), path=tmp_path / "c")
+    ds[0]
+    w = _writer(ds)
+    for i in range(1, 500):
+        ds[i]
+    assert w._head is not None and w._head[cache_child.PUBLISHED] == 0  # never by a store
+    deadline = time.monotonic() + 10
+    while w._head[cache_child.CONSUMED] < w._sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w._head[cache_child.CONSUMED] >= w._sent > 0  # written without a drain
+    ds.flush()
+    assert ds.stats().complete and ds.stats().misses == 500
+
+
+def test_a_dataloader_forked_after_a_fill_reads_what_the_ring_held(tmp_path: Path) -> None:
+    det = Counted()
+    ds = CachedDataset(Numbers(64), det, path=tmp_path / "c")
+    [ds[i] for i in range(64)]  # held in the ring or written: drained before the fork
+    got = torch.cat(list(DataLoader(ds, batch_size=16, num_workers=2)))
+    assert torch.equal(got[:, 0], torch.arange(64, dtype=torch.float32))
+    assert det.calls == list(range(64))  # the workers computed nothing again
+    st = ds.stats()
+    assert (st.misses, st.hits) == (64, 64)
+
+
+_CHILD = textwrap.dedent("""
+    import os, signal, sys, time, torch
+    from torch.utils.data import Dataset
+    from redline.data import CachedDataset
+
+    class Numbers(Dataset):
+        def __len__(self): return 500
+        def __getitem__(self, i): return i
+
+    ds = CachedDataset(Numbers(), lambda i: torch.full((64,), float(i)), path=sys.argv[1],
+                       fingerprint="f")
+    for i in range(500):
+        ds[i]
+    print(ds._writer._proc.pid, flush=True)
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_the_writer_process_ends_with_the_training_process(tmp_path: Path, how: str) -> None:
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "c"), how],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == (0 if how == "exit" else -signal.SIGKILL), out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10  # it looks for its parent every ALIVE_CHECK_S
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break
+        if state == "Z":  # ended; its parent (init here) has not reaped it yet
+            break
+        time.sleep(0.05)
+    else:
+        assert not Path(f"/proc/{pid}").exists(), "the writer process outlived its parent"
+    ds = CachedDataset(Numbers(500), Counted(), path=tmp_path / "c", fingerprint="f")
+    values = [ds[i] for i in range(500)]
+    assert all(float(v[0]) == i for i, v in enumerate(values))
+    if how == "exit":  # written at exit; after a kill, what was published by then is
+        assert ds.stats().hits == 500
