@@ -292,3 +292,138 @@ def test_the_writer_process_ends_with_the_training_process(tmp_path: Path, how: 
     assert all(float(v[0]) == i for i, v in enumerate(values))
     if how == "exit":  # written at exit; after a kill, what was published by then is
         assert ds.stats().hits == 500
+
+
+def test_a_writer_process_that_ends_idle_is_followed_by_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_child, "IDLE_EXIT_S", 0.3)
+    det = Counted()
+    ds = CachedDataset(Numbers(200), det, path=tmp_path / "c")
+    [ds[i] for i in range(100)]
+    w = _writer(ds)
+    first = w._proc
+    assert first is not None
+    first.wait(10)  # nothing more to write: it ends on its own (no process per idle dataset)
+    assert w._head is not None and w._head[cache_child.STATE] == cache_child.ENDED_IDLE
+    [ds[i] for i in range(100, 200)]
+    ds.flush()
+    assert w._proc is not first and not w.process_ended and w.failure is None
+    st = ds.stats()
+    assert (st.misses, st.uncached, st.complete) == (200, 0, True)
+    fresh = CachedDataset(Numbers(200), Counted(), path=tmp_path / "c")
+    assert all(float(fresh[i][0]) == i for i in range(200)) and fresh.stats().misses == 0
+
+
+def test_a_writer_process_that_fails_at_start_up_hands_over_to_a_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # starts, then exits 1 at once
+    ds = CachedDataset(Numbers(400), Counted(), path=tmp_path / "c")
+    with pytest.warns(RuntimeWarning, match="writer process ended.*a writer thread writes"):
+        out = [ds[i] for i in range(400)]
+        ds.flush()
+    assert isinstance(ds._writer, StoreWriter)
+    st = ds.stats()
+    # what it held is not stored (all of it where it was found gone only at the drain), what
+    # came after, the thread wrote
+    assert 0 < st.uncached <= 400 and st.misses == 400
+    assert all(float(t[0]) == i for i, t in enumerate(out))
+    again = [ds[i] for i in range(400)]  # the ones not stored are computed again, stored now
+    assert all(float(t[0]) == i for i, t in enumerate(again))
+    ds.flush()
+    st2 = ds.stats()
+    assert st2.hits == 400 - st.uncached and st2.bytes_written > st.bytes_written
+
+
+def test_a_drain_gives_up_on_a_writer_process_that_does_not_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopped: list[int]) -> None:
+    monkeypatch.setattr(cache_proc, "DRAIN_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(cache_proc, "ORDERED_STORES", False)  # every end a word on the socket
+    ds = CachedDataset(Numbers(20000), Counted(size=4), path=tmp_path / "c")
+    ds[0]
+    w = _writer(ds)
+    assert w._proc is not None
+    pid = w._proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    stopped.append(pid)
+    for i in range(1, 20000):  # its socket fills: words are dropped, never waited for
+        ds[i]
+    t = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="took no word|wrote nothing"):
+        ds.flush()
+    assert time.monotonic() - t < 10
+    assert not Path(f"/proc/{pid}/stat").exists() or \
+        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    fresh = CachedDataset(Numbers(20000), Counted(size=4), path=tmp_path / "c")
+    assert all(float(fresh[i][0]) == i for i in range(0, 20000, 997))
+
+
+def test_a_lagging_writer_process_has_the_whole_ring(
+        tmp_path: Path, stopped: list[int]) -> None:
+    ds = CachedDataset(Numbers(20001), Counted(size=16), path=tmp_path / "c")
+    ds[0]
+    ds.flush()  # the first record written (freed) before the writer process lags
+    w = _writer(ds)
+    assert w._proc is not None
+    os.kill(w._proc.pid, signal.SIGSTOP)
+    stopped.append(w._proc.pid)
+    here: list[bytes] = []
+    orig = w._write_here
+    w._write_here = lambda k, b: (here.append(k), orig(k, b))  # type: ignore[method-assign]
+    for i in range(1, 20001):  # ~2 MiB: past the window, well within the ring
+        ds[i]
+    assert not here and len(w.pending) == 20000
+    os.kill(w._proc.pid, signal.SIGCONT)
+    ds.flush()
+    assert ds.stats().complete
+
+
+def test_a_ring_smaller_than_the_window_still_wraps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_proc, "RING_BYTES", 64 * 1024)  # below WINDOW_BYTES
+    ds = CachedDataset(Numbers(2000), Counted(size=200), path=tmp_path / "c")
+    out = [ds[i] for i in range(2000)]
+    ds.flush()
+    assert all(float(t[0]) == i for i, t in enumerate(out)) and ds.stats().complete
+
+
+def test_counts_stay_right_after_the_writer_is_closed_and_used_again(tmp_path: Path) -> None:
+    ds = CachedDataset(Numbers(400), Counted(), path=tmp_path / "c")
+    [ds[i] for i in range(200)]
+    w = _writer(ds)
+    w.close()
+    [ds[i] for i in range(200, 400)]
+    ds.flush()
+    st = ds.stats()
+    one = len(encode(torch.full((64,), 0.0)))
+    assert (st.misses, st.uncached, st.bytes_written) == (400, 0, 400 * one)
+
+
+def test_descriptors_past_1024_are_fine(tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the descriptor limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        ds = CachedDataset(Numbers(300), Counted(), path=tmp_path / "c")
+        [ds[i] for i in range(300)]
+        w = _writer(ds)
+        assert w._ack >= 1024
+        ds.flush()
+        assert ds.stats().complete and w._proc is not None and w._proc.poll() is None
+        w.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_ctrl_c_to_the_training_programs_process_group_leaves_the_writes_alone(
+        tmp_path: Path) -> None:
+    ds = CachedDataset(Numbers(100), Counted(), path=tmp_path / "c")
+    [ds[i] for i in range(100)]
+    w = _writer(ds)
+    assert w._proc is not None
+    assert os.getpgid(w._proc.pid) != os.getpgid(0)  # SIGINT to our group does not reach it
+    ds.flush()
+    assert ds.stats().complete

@@ -19,11 +19,13 @@ reaches ``max_bytes``, new samples are passed through uncached and nothing is ev
 A full disk behaves the same: one warning, then pass-through; training never stops for the
 cache.
 
-Writes are batched (:mod:`redline.data.cache_writer`): a computed sample is encoded on the
-caller's side (tensors and arrays as raw bytes, :mod:`redline.data.sample_codec`) and written
-a batch at a time, by a background thread of the training process, by the worker itself in a
-DataLoader worker (where that measured cheaper), and read back from memory until then
-(``benchmarks/cache.py``; the README's cache section has its numbers).
+Writes are batched: a computed sample is encoded on the caller's side (tensors and arrays as
+raw bytes, :mod:`redline.data.sample_codec`) and written a batch at a time; in the training
+process by a writer process of its own, fed through a ring in shared memory
+(:mod:`redline.data.cache_proc`; a writer thread where that process cannot run,
+:mod:`redline.data.cache_writer`), in a DataLoader worker by the worker itself (where that
+measured cheaper); until written, samples are read back from memory (``benchmarks/cache.py``;
+the README's cache section has its numbers).
 """
 
 from __future__ import annotations
@@ -176,9 +178,9 @@ class CachedDataset(Dataset[Any]):
         self._warned = False
         self._said: set[str] = set()
         self._writer: Writer | None = None
-        """This process's writer (made on the first miss: a background thread's in the training
-        process, the worker's own in a DataLoader worker; its ``pending`` samples are read back
-        from memory first)."""
+        """This process's writer (made on the first miss: a writer process's or thread's in the
+        training process, the worker's own in a DataLoader worker; its ``pending`` samples are
+        read back from memory first)."""
         self._writer_pid = -1
 
     def __len__(self) -> int:
@@ -201,7 +203,7 @@ class CachedDataset(Dataset[Any]):
 
     def flush(self) -> None:
         """Wait until the samples this process computed are written (they are written
-        WRITE_BATCH at a time, by a background thread in the training process and by the
+        WRITE_BATCH at a time, by the training process's writer process or thread and by the
         worker in a DataLoader worker, before a fork, and at exit), and publish its
         counters."""
         self._drain()
@@ -225,9 +227,21 @@ class CachedDataset(Dataset[Any]):
             self._flush()
 
     def _check_writer(self, w: Writer) -> None:
-        """Say once, from this thread, why the writer stopped (if it did)."""
-        if w.failure is not None and self._writable:
-            self._stop_writing(w.failure)
+        """Say once, from this thread, why the writer stopped (if it did). Where the training
+        process's writer process ended on its own (killed, out of memory), a writer thread
+        goes on writing; the samples the process held unwritten are counted as not stored
+        (they are computed again when next read)."""
+        if w.failure is None or not self._writable:
+            return
+        if isinstance(w, cache_proc.ProcessWriter) and w.process_ended:
+            written, lost = w.take_counts()
+            self._add(written=written, uncached=lost, publish=False)
+            w.close()
+            self._writer = StoreWriter(self.store)
+            mp_util.Finalize(self, self._writer.close, exitpriority=11)
+            self._say("writer", f"{w.failure}; a writer thread writes from now on")
+            return
+        self._stop_writing(w.failure)
 
     def _add(self, hits: int = 0, misses: int = 0, read: int = 0, written: int = 0,
              uncached: int = 0, publish: bool = True) -> None:
@@ -325,8 +339,9 @@ class CachedDataset(Dataset[Any]):
             self._writer_pid = process_id()
             _WITH_WRITER.add(self)
             # DataLoader workers end through multiprocessing's exit path, which runs these
-            # (before the counters' publication, priority 10).
-            mp_util.Finalize(self, self._close_writer, exitpriority=11)
+            # (before the counters' publication, priority 10). The writer's own close, not the
+            # dataset's: a dataset that is dropped ends its writer process then.
+            mp_util.Finalize(self, w.close, exitpriority=11)
         for k, head, body in puts:
             w.submit(k, head, body)
         self._check_writer(w)

@@ -38,9 +38,15 @@ PUBLISHED = 8
 """u64 field (a cache line of its own) the training side writes: where the ring ends (where
 the CPU keeps stores in order: :data:`redline.data.cache_proc.ORDERED_STORES`)."""
 
-ASLEEP = 16
-"""u64 field (a cache line of its own) the writer process writes: 1 while it sleeps long
-(:data:`IDLE_POLL_S`), so the training side wakes it with a word on the socket."""
+STATE = 16
+"""u64 field (a cache line of its own) the writer process writes: :data:`AWAKE`,
+:data:`SLEEPING` or :data:`ENDED_IDLE`."""
+
+AWAKE, SLEEPING, ENDED_IDLE = 0, 1, 2
+"""The writer process looks at the ring every :data:`POLL_S`; it sleeps long
+(:data:`IDLE_POLL_S`: the training side wakes it with a word on the socket); it ended after
+:data:`IDLE_EXIT_S` with nothing to write (the training side starts another, which goes on
+where it stopped)."""
 
 MESSAGE_AT = 256
 """Where the failure message (UTF-8) begins in the header."""
@@ -75,6 +81,10 @@ IDLE_POLLS = 200
 IDLE_POLL_S = 0.05
 """How long it sleeps then, unless woken (a word on the socket)."""
 
+IDLE_EXIT_S = 5.0
+"""How long the writer process waits with nothing to write before it ends (a fill is over:
+no process is kept for a dataset that reads from its store)."""
+
 NICE_STEP = 10
 """How much nicer than the training process the writer process runs once started: nice +10
 weighs about a tenth of a training thread (the kernel's nice-to-weight table: 110 against
@@ -83,30 +93,92 @@ behind for a while (:data:`redline.data.cache_writer.NICE_STEP` says the same of
 thread)."""
 
 
-def serve(mem: mmap.mmap, req: int, ack: int, ring_bytes: int, parent: int, env: Any,
-          max_bytes: int) -> None:
+class _Ring:
+    """The writer process's side of the ring: the map, the store and where it has written."""
+
+    def __init__(self, mem: mmap.mmap, ring_bytes: int, env: Any, max_bytes: int,
+                 start: int) -> None:
+        self.head = memoryview(mem)[:HEADER_BYTES].cast("Q")
+        self.data = memoryview(mem)[HEADER_BYTES:]
+        self.ring_bytes = ring_bytes
+        self.env = env
+        self.max_bytes = max_bytes
+        self.consumed = start
+        """Where it has written up to (a writer process that follows one that ended idle
+        starts where that one stopped)."""
+
+    def write_up_to(self, end: int) -> None:
+        """Write the records up to ``end``, a transaction a batch; publish each batch's counts,
+        then how far it has written (the training side frees up to there)."""
+        head = self.head
+        while self.consumed < end:
+            at, items = self._batch(end)
+            if items and head[FAILED]:
+                head[LOST] += len(items)
+            elif items:
+                stored, written, why = lmdb_env.put_items(self.env, items, self.max_bytes)
+                head[WRITTEN] += written
+                if why is not None:
+                    head[LOST] += len(items) - stored
+                    say_failed(head, stopped_because(why))
+            head[CONSUMED] = self.consumed = at
+
+    def _batch(self, end: int) -> tuple[int, list[tuple[bytes, memoryview]]]:
+        """The records from where it has written up to ``end``, a batch at most: (where the
+        next one begins, (key, value) of each)."""
+        at, size, ring, data = self.consumed, 0, self.ring_bytes, self.data
+        items: list[tuple[bytes, memoryview]] = []
+        while at < end and len(items) < WRITE_BATCH and size < BATCH_BYTES:
+            off = at % ring
+            klen, vlen = RECORD.unpack_from(data, off)
+            if klen == WRAP:
+                at += ring - off
+                continue
+            k0 = off + RECORD.size
+            items.append((bytes(data[k0:k0 + klen]), data[k0 + klen:k0 + klen + vlen]))
+            size += vlen
+            at += (RECORD.size + klen + vlen + 7) & ~7
+        return at, items
+
+
+def stopped_because(why: str) -> str:
+    """The sentence a dataset says once when its store stops taking samples."""
+    if why.startswith("write failed"):
+        return why
+    return f"{why} (fill-once policy: nothing is evicted)"
+
+
+def serve(ring: _Ring, req: int, ack: int, parent: int, idle_exit_s: float) -> None:
     """Write what the training process puts in the ring, until it says :data:`EXIT`, closes
-    its end of the socket, or is gone."""
-    head = memoryview(mem)[:HEADER_BYTES].cast("Q")
-    ring = memoryview(mem)[HEADER_BYTES:]
-    consumed = published = 0
+    its end of the socket, or is gone (then what it had published is written first)."""
+    head = ring.head
+    poller = select.poll()  # not select(): descriptors past 1024 are common in training jobs
+    poller.register(req, select.POLLIN)
+    published = ring.consumed
     drains: list[int] = []
     leftover = b""
     ending = False
     idle = 0
-    alive_checked = time.monotonic()
+    alive_checked = idle_since = time.monotonic()
     while not ending:
-        timeout = POLL_S
+        timeout_ms = POLL_S * 1000
         if idle >= IDLE_POLLS:
-            head[ASLEEP] = 1
-            if head[PUBLISHED] == published:  # nothing came while the flag went up
-                timeout = min(IDLE_POLL_S, ALIVE_CHECK_S)
-        ready, _, _ = select.select([req], [], [], timeout)
-        head[ASLEEP] = 0
+            if time.monotonic() - idle_since >= idle_exit_s and not drains:
+                # Ends for good once the flag is up (the training side may read it at once
+                # and start the next writer process): what it publishes from here on is
+                # that one's to write.
+                head[STATE] = ENDED_IDLE
+                return
+            head[STATE] = SLEEPING
+            if head[PUBLISHED] <= published:  # nothing came while the flag went up
+                timeout_ms = min(IDLE_POLL_S, ALIVE_CHECK_S) * 1000
+        ready = poller.poll(timeout_ms)
+        head[STATE] = AWAKE
         if ready:
-            data = leftover + os.read(req, 65536)
-            if not data:
-                ending = True  # every write end closed
+            chunk = os.read(req, 65536)
+            if not chunk:
+                ending = True  # the training side closed its end
+            data = leftover + chunk
             whole = len(data) - len(data) % 8
             leftover = data[whole:]
             for (word,) in WORD.iter_unpack(data[:whole]):
@@ -123,46 +195,17 @@ def serve(mem: mmap.mmap, req: int, ack: int, ring_bytes: int, parent: int, env:
             if os.getppid() != parent:  # the training process is gone: write what it sent
                 ending = True
         published = max(published, head[PUBLISHED])
-        idle = 0 if consumed < published else idle + 1
-        while consumed < published:
-            consumed = _write_batch(head, ring, ring_bytes, consumed, published, env, max_bytes)
-            head[CONSUMED] = consumed
-        if drains and consumed >= max(drains):
+        if ring.consumed < published:
+            idle, idle_since = 0, now
+        else:
+            idle += 1
+        ring.write_up_to(published)
+        if drains and ring.consumed >= max(drains):
             drains.clear()
             try:  # noqa: SIM105 (contextlib: ~3 ms more at start-up)
                 os.write(ack, b"\1")
             except OSError:  # the training side is gone: nobody waits
                 pass
-
-
-def _write_batch(head: memoryview, ring: memoryview, ring_bytes: int, at: int, end: int,
-                 env: Any, max_bytes: int) -> int:
-    """Write the records from ``at`` (up to ``end``, at most a batch) in one transaction;
-    returns where the next record begins."""
-    items: list[tuple[bytes, memoryview]] = []
-    size = 0
-    while at < end and len(items) < WRITE_BATCH and size < BATCH_BYTES:
-        off = at % ring_bytes
-        klen, vlen = RECORD.unpack_from(ring, off)
-        if klen == WRAP:
-            at += ring_bytes - off
-            continue
-        k0 = off + RECORD.size
-        items.append((bytes(ring[k0:k0 + klen]), ring[k0 + klen:k0 + klen + vlen]))
-        size += vlen
-        at += (RECORD.size + klen + vlen + 7) & ~7
-    if not items:
-        return at
-    if head[FAILED]:
-        head[LOST] += len(items)
-        return at
-    stored, written, why = lmdb_env.put_items(env, items, max_bytes)
-    head[WRITTEN] += written
-    if why is not None:
-        head[LOST] += len(items) - stored
-        say_failed(head, why if why.startswith("write failed")
-                   else f"{why} (fill-once policy: nothing is evicted)")
-    return at
 
 
 def say_failed(head: memoryview, why: str) -> None:
@@ -174,21 +217,23 @@ def say_failed(head: memoryview, why: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``mem_fd req_fd ack_fd ring_bytes parent_pid path max_bytes``: the descriptors are the
-    ring's memfd, this side of the socket and the write end of the acknowledgement pipe."""
+    """``mem_fd req_fd ack_fd ring_bytes parent_pid path max_bytes start idle_exit_s``: the
+    descriptors are the ring's memfd, this side of the socket and the write end of the
+    acknowledgement pipe; ``start`` is where in the ring to begin; ``idle_exit_s`` is
+    :data:`IDLE_EXIT_S` as the training side has it."""
     mem_fd, req, ack, ring_bytes, parent = (int(x) for x in argv[:5])
-    path, max_bytes = argv[5], int(argv[6])
+    path, max_bytes, start, idle_exit_s = argv[5], int(argv[6]), int(argv[7]), float(argv[8])
     mem = mmap.mmap(mem_fd, HEADER_BYTES + ring_bytes)
     os.close(mem_fd)
-    head = memoryview(mem)[:HEADER_BYTES].cast("Q")
     try:
         # The training process sized the map (max_bytes is its budget already) and made the
         # folder; its own store holds the lease on an ephemeral one while it lives.
         env = lmdb_env.open_writable(path, max_bytes)
     except Exception as e:
-        say_failed(head, f"the cache's writer process could not open the store "
-                         f"({type(e).__name__}: {e})")
         env = None
+        say_failed(memoryview(mem)[:HEADER_BYTES].cast("Q"),
+                   f"write failed (the cache's writer process could not open the store: "
+                   f"{type(e).__name__}: {e})")
     # Started at the training process's priority, so that it gets going at once; from here
     # on it yields the cores to the training work.
     try:  # noqa: SIM105 (contextlib: ~3 ms more at start-up)
@@ -196,7 +241,7 @@ def main(argv: list[str]) -> int:
     except OSError:
         pass
     try:
-        serve(mem, req, ack, ring_bytes, parent, env, max_bytes)
+        serve(_Ring(mem, ring_bytes, env, max_bytes, start), req, ack, parent, idle_exit_s)
     finally:
         if env is not None:
             env.close()

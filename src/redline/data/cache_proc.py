@@ -39,10 +39,12 @@ import sys
 import time
 from typing import Any
 
+from redline.data import cache_child
 from redline.data.cache_child import (
-    ASLEEP,
+    ALIVE_CHECK_S,
     CONSUMED,
     DRAIN,
+    ENDED_IDLE,
     EXIT,
     FAILED,
     HEADER_BYTES,
@@ -51,10 +53,13 @@ from redline.data.cache_child import (
     MESSAGE_LEN,
     PUBLISHED,
     RECORD,
+    SLEEPING,
+    STATE,
     WORD,
     WRAP,
     WRITE_BATCH,
     WRITTEN,
+    stopped_because,
 )
 from redline.data.stores import LmdbStore, StoreFull
 
@@ -63,8 +68,9 @@ RING_BYTES = 32 * 2**20
 A sample larger than a quarter of it is written by the training thread itself."""
 
 WINDOW_BYTES = 2**20
-"""Where records go back to the ring's beginning when the writer process has freed it (the
-rest of the ring is used when it has not): well within what a core's cache holds."""
+"""Where records go back to the ring's beginning once the writer process has freed half of
+that window there (the rest of the ring is used while it lags more): well within what a core's
+cache holds. At most half the ring."""
 
 SEND_BYTES = WINDOW_BYTES // 4
 """Bytes in the ring after which its end is published (if :data:`WRITE_BATCH` samples are not
@@ -91,6 +97,13 @@ def _package_root(module_file: str, depth: int) -> str:
     return path
 
 
+_BOOT = ("import sys; sys.path += sys.argv[1:3]; from redline.data.cache_child import main; "
+         "sys.exit(main(sys.argv[3:]))")
+"""The writer process's program: isolated (-I -S: neither the working folder, nor PYTHONPATH,
+nor site's start-up work), given the folders that hold redline and lmdb, after the standard
+library's."""
+
+
 def available() -> bool:
     """Whether this system can run the writer process (Linux's ``memfd_create``)."""
     return hasattr(os, "memfd_create")
@@ -107,19 +120,23 @@ class ProcessWriter:
                              f"got {ring_bytes}")
         self.store = store
         self.ring_bytes = ring_bytes
+        self.window = min(WINDOW_BYTES, ring_bytes // 2)
         self.pending: dict[bytes, Any] = {}
         """Samples in the ring not written yet (key → a view of the stored form)."""
         self.failure: str | None = None
         """Why writing stopped (None: it has not); read from the writer process's header
         once a batch."""
+        self.process_ended = False
+        """The writer process ended (or stopped answering and was ended) before it was told to:
+        the dataset hands its writes to a writer thread from then on."""
         self._inflight: collections.deque[tuple[int, bytes]] = collections.deque()
         """(the end of its record, key) of each pending sample, in ring order."""
         self._end = 0
         """Where the next record goes (absolute position)."""
         self._sent = 0
-        """The end last sent to the writer process."""
+        """The end last published to the writer process."""
         self._unsent = 0
-        self._unsent_bytes = 0
+        """Records put in the ring since its end was last published."""
         self._consumed = 0
         """Where the writer process had written up to, when last read."""
         self._taken = (0, 0)
@@ -132,10 +149,13 @@ class ProcessWriter:
         self._view: memoryview = memoryview(b"")
         """The map as bytes (the pending samples are views of it)."""
         self._req: socket.socket | None = None
-        """The training side's end of the socket pair that carries the ring's end (a socket,
-        not a pipe: a send to a writer process that is gone fails with EPIPE, never raises
-        SIGPIPE, which a program may have set to kill it)."""
+        """The training side's end of the socket pair that carries words to the writer process
+        (a socket, not a pipe: a send to a writer process that is gone fails with EPIPE, never
+        raises SIGPIPE, which a program may have set to kill it)."""
         self._ack = -1
+        self._mem_fd = -1
+        """The ring's memfd, kept to hand to a writer process that follows one that ended
+        idle."""
 
     # -- the training side's calls ------------------------------------------------------
 
@@ -144,9 +164,12 @@ class ProcessWriter:
         :attr:`pending` until the writer process has written it). Every read of a fill epoch
         takes this path, right after the user's transform (the CPU's caches cold): a handful
         of operations, the writer process's header read once a batch."""
+        if self.failure is not None:  # the dataset stops submitting once it has said so
+            self._own[1] += 1
+            return
         mem = self._map
         if mem is None:  # closed (before a fork, or at exit): a later sample starts anew
-            if self.failure is not None or not self.start():
+            if not self.start():
                 self._own[1] += 1
                 return
             mem = self._map
@@ -155,34 +178,204 @@ class ProcessWriter:
         need = (RECORD.size + len(key) + n + 7) & ~7
         end = self._end
         at = end % self.ring_bytes
-        if at + need > WINDOW_BYTES or end + need - self._consumed > self.ring_bytes:
+        if at + need > self.window or end + need - self._consumed > self.ring_bytes:
             at = self._place(need)
             if at < 0:
                 self._write_here(key, b"".join((head, body)))  # too large, or no room
                 return
             end = self._end
         # Through the map, not a view of it: it takes any contiguous buffer (a tensor's bytes
-        # as ctypes' chars) without a cast.
+        # as ctypes' chars) without a cast. The record's header, key and the value's first
+        # bytes in one copy, its bulk in another.
         v0 = HEADER_BYTES + at + RECORD.size + len(key)
-        mem[v0 - RECORD.size - len(key):v0] = RECORD.pack(len(key), n) + key
-        mem[v0:v0 + len(head)] = head
-        mem[v0 + len(head):v0 + n] = body
+        h1 = v0 + len(head)
+        mem[v0 - RECORD.size - len(key):h1] = RECORD.pack(len(key), n) + key + head
+        mem[h1:v0 + n] = body
         self._end = end = end + need
         self.pending[key] = self._view[v0:v0 + n]
         self._inflight.append((end, key))
         self._unsent += 1
-        self._unsent_bytes += need
-        if self._unsent >= WRITE_BATCH or self._unsent_bytes >= SEND_BYTES:
+        if self._unsent >= WRITE_BATCH or end - self._sent >= SEND_BYTES:
             self._send(end)
             self._refresh()
+
+    def drain(self) -> None:
+        """Return once everything submitted so far is written (or dropped by a failure, or
+        counted as not stored where the writer process ended or stopped answering for
+        :data:`DRAIN_TIMEOUT_S`)."""
+        if self._proc is None:
+            return
+        self._refresh()
+        target = self._end
+        if self._consumed >= target or self.process_ended:
+            return
+        if self._head is not None and self._head[STATE] == ENDED_IDLE and not self._restart():
+            return
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        if not self._say(target | DRAIN, deadline):
+            return
+        proc = self._proc
+        assert proc is not None
+        acks = select.poll()  # not select(): descriptors past 1024 are common
+        acks.register(self._ack, select.POLLIN)
+        while self._head is not None and self._head[CONSUMED] < target:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._lost(f"the cache's writer process wrote nothing for "
+                           f"{DRAIN_TIMEOUT_S:.0f} s and was ended")
+                return
+            if acks.poll(min(left, ALIVE_CHECK_S) * 1000):
+                with contextlib.suppress(OSError):
+                    os.read(self._ack, 4096)
+            elif proc.poll() is not None:
+                self._lost(f"the cache's writer process ended (exit code {proc.returncode})")
+                return
+        self._refresh()
+
+    def close(self) -> None:
+        """Drain, end the writer process and free the ring (a later submit starts anew)."""
+        self.drain()
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                self._say(EXIT, time.monotonic() + 1.0)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._collect_counts()
+        self._close_channel()
+        if self._mem_fd >= 0:
+            os.close(self._mem_fd)
+            self._mem_fd = -1
+        self.pending.clear()
+        self._inflight.clear()
+        head, view, mem = self._head, self._view, self._map
+        self._head, self._view, self._map = None, memoryview(b""), None
+        if head is not None:
+            head.release()
+        view.release()
+        if mem is not None:
+            with contextlib.suppress(BufferError):  # a view still held elsewhere: freed later
+                mem.close()
+        self._end = self._sent = self._consumed = self._unsent = 0
+        self._taken = (0, 0)  # a new writer process counts from zero
+
+    def take_counts(self) -> tuple[int, int]:
+        """(bytes written, samples not stored) since the last call."""
+        self._collect_counts()
+        out = (self._own[0], self._own[1])
+        self._own = [0, 0]
+        return out
+
+    def start(self) -> bool:
+        """Make the ring and start the writer process; False (with :attr:`failure` saying
+        why) where it cannot."""
+        mem_fd = -1
+        try:
+            if not sys.executable:
+                raise OSError("sys.executable is empty: no Python to run it with")
+            mem_fd = os.memfd_create("redline-cache-ring", os.MFD_CLOEXEC)
+            os.ftruncate(mem_fd, HEADER_BYTES + self.ring_bytes)
+            mem = mmap.mmap(mem_fd, HEADER_BYTES + self.ring_bytes)
+        except Exception as e:  # no memfd, no room for it: the dataset uses a writer thread
+            if mem_fd >= 0:
+                os.close(mem_fd)
+            self.failure = (f"the cache's writer process could not start "
+                            f"({type(e).__name__}: {e})")
+            return False
+        # The window's pages made now, in one go (~0.3 ms): a record's first touch of a page
+        # would cost a fault each.
+        n = HEADER_BYTES + self.window
+        mem[:n] = bytes(n)
+        self._mem_fd, self._map = mem_fd, mem
+        self._head = memoryview(mem)[:HEADER_BYTES].cast("Q")
+        self._view = memoryview(mem)
+        self.failure, self.process_ended = None, False
+        if self._spawn(0):
+            return True
+        self.close()
+        return False
+
+    def _spawn(self, start: int) -> bool:
+        """Start a writer process that begins at ring position ``start``; False (with
+        :attr:`failure` saying why) where it cannot."""
+        socks: list[socket.socket] = []
+        fds: list[int] = []
+        try:
+            import lmdb
+
+            req_w, req_end = socket.socketpair()
+            socks += [req_w, req_end]
+            ack_r, ack_w = os.pipe()
+            fds += [ack_r, ack_w]
+            req_w.setblocking(False)
+            cmd = [sys.executable, "-I", "-S", "-c", _BOOT, _package_root(__file__, 3),
+                   _package_root(lmdb.__file__, 2), str(self._mem_fd), str(req_end.fileno()),
+                   str(ack_w), str(self.ring_bytes), str(os.getpid()), str(self.store.path),
+                   str(self.store.max_bytes), str(start), str(cache_child.IDLE_EXIT_S)]
+            # A session of its own: a Ctrl-C (SIGINT to the terminal's process group) stops the
+            # training program's loop, not its cache's writes; it ends when told, once it
+            # finds the training process gone (every ALIVE_CHECK_S), or idle.
+            proc = subprocess.Popen(cmd, pass_fds=(self._mem_fd, req_end.fileno(), ack_w),
+                                    stdin=subprocess.DEVNULL, close_fds=True,
+                                    start_new_session=True)
+        except Exception as e:  # no exec, no lmdb: the dataset uses a writer thread
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            for sock in socks:
+                sock.close()
+            self.failure = (f"the cache's writer process could not start "
+                            f"({type(e).__name__}: {e})")
+            return False
+        os.close(ack_w)  # the writer process's end
+        req_end.close()
+        self._proc, self._req, self._ack = proc, req_w, ack_r
+        return True
+
+    def _restart(self) -> bool:
+        """The writer process ended idle: start the next one where it stopped (nothing in the
+        ring is lost: this side frees only what a writer process has written); False where
+        it cannot start."""
+        proc, head = self._proc, self._head
+        assert head is not None
+        if proc is not None:
+            try:
+                proc.wait(5)  # it ends right after raising the flag
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._close_channel()
+        self._collect_counts()
+        self._refresh_consumed()
+        head[STATE] = 0
+        if not self._spawn(head[CONSUMED]):
+            self._lost(self.failure or "the cache's writer process could not start again")
+            return False
+        if not ORDERED_STORES and self._sent > head[CONSUMED]:
+            self._say(self._sent, None)
+        return True
+
+    def _close_channel(self) -> None:
+        if self._req is not None:
+            self._req.close()
+        if self._ack >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._ack)
+        self._req, self._ack = None, -1
+
+    # -- inside -------------------------------------------------------------------------
 
     def _place(self, need: int) -> int:
         """Where a record of ``need`` bytes goes in the ring (its offset, after a wrap marker
         where it goes back to the beginning), or -1 where it is too large or there is no room
         (the writer process told what holds the room). Past the window it goes back to the
-        ring's beginning where the writer process has freed that: small records then cycle
-        through pages the CPU's caches and the page tables already hold, not fresh ones (a
-        first touch of a shared page costs a fault, more than the copy of a small sample)."""
+        ring's beginning once the writer process has freed half the window there: small
+        records then cycle through pages the CPU's caches and the page tables already hold,
+        not fresh ones (a first touch of a shared page costs a fault, more than the copy of a
+        small sample), and a writer process that lags more has the rest of the ring."""
         size = self.ring_bytes
         if need > size // 4:
             return -1
@@ -192,8 +385,11 @@ class ProcessWriter:
             end, consumed = self._end, self._consumed
             at = end % size
             wrap = 0
-            if at + need > size or (at + need > WINDOW_BYTES and end - at + need <= consumed):
+            if at + need > size:
                 wrap = size - at
+            elif at + need > self.window and consumed - (end - at) >= max(need,
+                                                                          self.window // 2):
+                wrap = size - at  # (end - at: this lap's start)
             if end + wrap + need - consumed <= size:
                 if wrap:
                     assert self._map is not None
@@ -207,87 +403,29 @@ class ProcessWriter:
 
     def _refresh(self) -> None:
         """Read the writer process's header: forget what it has written, learn whether it
-        failed."""
+        failed; where it has written nothing since, whether it still runs (one that ended
+        idle is followed by the next)."""
         head = self._head
         if head is None:
             return
-        consumed = head[CONSUMED]
-        if consumed > self._consumed:
-            self._release(consumed)
+        if not self._refresh_consumed() and self._sent > self._consumed:
+            proc = self._proc
+            if head[STATE] == ENDED_IDLE:
+                self._restart()
+                return
+            if proc is not None and proc.poll() is not None:
+                self._lost(f"the cache's writer process ended (exit code {proc.returncode})")
+                return
         if self.failure is None and head[FAILED]:
             self.failure = self._message()
 
-    def drain(self) -> None:
-        """Return once everything submitted so far is written (or dropped by a failure)."""
-        proc = self._proc
-        if proc is None:
-            return
-        self._refresh()
-        target = self._end
-        if self._consumed >= target:
-            return
-        # Waited for even after a failure of its writes: the writer process then drops and
-        # counts what it holds.
-        if self._send(target | DRAIN, wait=True):
-            deadline = time.monotonic() + DRAIN_TIMEOUT_S
-            while self._head is not None and self._head[CONSUMED] < target:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._fail(f"the cache's writer process wrote nothing for "
-                               f"{DRAIN_TIMEOUT_S:.0f} s")
-                    break
-                ready, _, _ = select.select([self._ack], [], [], min(left, 1.0))
-                if ready:
-                    with contextlib.suppress(OSError):
-                        os.read(self._ack, 4096)
-                elif proc.poll() is not None:
-                    self._fail(f"the cache's writer process ended (exit code "
-                               f"{proc.returncode})")
-                    break
-        self._refresh()
-
-    def close(self) -> None:
-        """Drain, end the writer process and free the ring (a later submit starts anew)."""
-        self.drain()
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            with contextlib.suppress(OSError):
-                assert self._req is not None
-                self._req.setblocking(True)
-                self._req.send(WORD.pack(EXIT), socket.MSG_NOSIGNAL)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self._collect_counts()
-        if self._req is not None:
-            self._req.close()
-        if self._ack >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._ack)
-        self._req, self._ack = None, -1
-        self.pending.clear()
-        self._inflight.clear()
-        head, view, mem = self._head, self._view, self._map
-        self._head, self._view, self._map = None, memoryview(b""), None
-        if head is not None:
-            head.release()
-        view.release()
-        if mem is not None:
-            with contextlib.suppress(BufferError):  # a view still held elsewhere: freed later
-                mem.close()
-        self._end = self._sent = self._consumed = 0
-        self._unsent = self._unsent_bytes = 0
-
-    def take_counts(self) -> tuple[int, int]:
-        """(bytes written, samples not stored) since the last call."""
-        self._collect_counts()
-        out = (self._own[0], self._own[1])
-        self._own = [0, 0]
-        return out
-
-    # -- inside -------------------------------------------------------------------------
+    def _refresh_consumed(self) -> bool:
+        """Forget what the writer process has written since last read; whether it had."""
+        head = self._head
+        if head is None or head[CONSUMED] <= self._consumed:
+            return False
+        self._release(head[CONSUMED])
+        return True
 
     def _collect_counts(self) -> None:
         head = self._head
@@ -308,55 +446,90 @@ class ProcessWriter:
         self.store.note_written()
 
     def _write_here(self, key: bytes, blob: bytes) -> None:
+        """Write one sample from this thread (the ring has no room for it). A store that
+        refuses it stops this writer as the writer process's failure would; what the ring
+        holds is still the writer process's to write or count."""
         try:
             self._own[0] += self.store.put_many([(key, blob)])
         except StoreFull as e:
             self._own[1] += 1 - e.stored
             self._own[0] += e.written
-            self._fail(f"{e} (fill-once policy: nothing is evicted)")
+            if self.failure is None:
+                self.failure = stopped_because(str(e))
 
-    def _send(self, word: int, *, wait: bool = False) -> bool:
-        """Tell the writer process where the ring ends: a store in the header where the CPU
-        keeps stores in order (a word on the socket only where it sleeps long), else a word on
-        the socket, without waiting unless ``wait`` (a full socket drops the word: a later one
-        covers it). False where the writer process is gone."""
-        end = word & ~DRAIN
+    def _send(self, end: int) -> None:
+        """Publish where the ring ends, without waiting: a store in the header where the CPU
+        keeps stores in order (and a word on the socket only where the writer process sleeps
+        long), else a word on the socket (a full socket drops it: a later one covers it)."""
         self._sent = end
-        self._unsent = self._unsent_bytes = 0
+        self._unsent = 0
         head = self._head
-        if ORDERED_STORES and not wait and head is not None:
+        word = end
+        if ORDERED_STORES and head is not None:
             head[PUBLISHED] = end
-            if not head[ASLEEP]:
-                return True
+            state = head[STATE]
+            if state == ENDED_IDLE:
+                self._restart()
+            if state != SLEEPING:
+                return
             word = 0  # only a wake-up: the end is in the header
+        self._say(word, None)
+
+    def _say(self, word: int, deadline: float | None) -> bool:
+        """Send one word to the writer process; where the socket is full, wait for room until
+        ``deadline`` (None: do not wait). False where the writer process is gone or did not
+        take the word in time."""
         sock = self._req
         if sock is None:
             return False
-        try:
-            if wait:
-                sock.setblocking(True)
-            sock.send(WORD.pack(word), socket.MSG_NOSIGNAL)
-        except BlockingIOError:
-            return True
-        except OSError as e:  # the writer process is gone (EPIPE)
-            code = self._proc.poll() if self._proc is not None else None
-            self._fail(f"the cache's writer process ended (exit code {code}; "
-                       f"{type(e).__name__}: {e})")
-            return False
-        finally:
-            if wait:
-                with contextlib.suppress(OSError):
-                    sock.setblocking(False)
-        return True
+        data = WORD.pack(word)
+        room = None
+        while True:
+            try:
+                sock.send(data, socket.MSG_NOSIGNAL)  # 8 bytes: taken whole or not at all
+                return True
+            except BlockingIOError:
+                if deadline is None:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._lost(f"the cache's writer process took no word for "
+                               f"{DRAIN_TIMEOUT_S:.0f} s and was ended")
+                    return False
+                if room is None:
+                    room = select.poll()
+                    room.register(sock.fileno(), select.POLLOUT)
+                room.poll(min(left, ALIVE_CHECK_S) * 1000)
+            except OSError as e:  # the writer process is gone (EPIPE)
+                if self._head is not None and self._head[STATE] == ENDED_IDLE:
+                    if not self._restart():
+                        return False
+                    sock = self._req
+                    assert sock is not None
+                    room = None
+                    continue  # the word again, to the next one
+                code = self._proc.poll() if self._proc is not None else None
+                self._lost(f"the cache's writer process ended (exit code {code}; "
+                           f"{type(e).__name__}: {e})")
+                return False
 
-    def _fail(self, why: str) -> None:
-        """Stop writing: what the ring holds unwritten is counted as not stored."""
+    def _lost(self, why: str) -> None:
+        """The writer process ended, or stopped answering (it is ended here, so that it never
+        reads the ring again): what it wrote is counted, what the ring held unwritten is
+        counted as not stored, and :attr:`process_ended` tells the dataset to go on with a
+        writer thread."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        head = self._head
+        if head is not None and head[CONSUMED] > self._consumed:
+            self._release(head[CONSUMED])
+        self._own[1] += len(self._inflight)
+        self._release(self._end)
+        self.process_ended = True
         if self.failure is None:
             self.failure = why
-        unwritten = len(self._inflight)
-        if unwritten:
-            self._own[1] += unwritten
-            self._release(self._end)
 
     def _message(self) -> str:
         head = self._head
@@ -364,56 +537,3 @@ class ProcessWriter:
         n = min(int(head[MESSAGE_LEN]), HEADER_BYTES - MESSAGE_AT)
         text = self._map[MESSAGE_AT:MESSAGE_AT + n].decode("utf-8", "replace")
         return text or "the cache's writer process failed"
-
-    def start(self) -> bool:
-        """Make the ring and start the writer process; False (with :attr:`failure` saying
-        why) where it cannot."""
-        fds: list[int] = []
-        socks: list[socket.socket] = []
-        mem: mmap.mmap | None = None
-        try:
-            mem_fd = os.memfd_create("redline-cache-ring", os.MFD_CLOEXEC)
-            fds.append(mem_fd)
-            os.ftruncate(mem_fd, HEADER_BYTES + self.ring_bytes)
-            req_w, req_end = socket.socketpair()
-            socks += [req_w, req_end]
-            req_r = req_end.fileno()
-            ack_r, ack_w = os.pipe()
-            fds += [ack_r, ack_w]
-            req_w.setblocking(False)
-            mem = mmap.mmap(mem_fd, HEADER_BYTES + self.ring_bytes)
-            # The window's pages made now, in one go (~0.3 ms): a record's first touch of a
-            # page would cost a fault each.
-            n = HEADER_BYTES + min(WINDOW_BYTES, self.ring_bytes)
-            mem[:n] = bytes(n)
-            # Without site (-S: its start-up work, a few ms of the cores the epoch uses), so
-            # the folders that hold redline and lmdb are given.
-            import lmdb
-
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (
-                _package_root(__file__, 3), _package_root(lmdb.__file__, 2),
-                env.get("PYTHONPATH")) if p)
-            cmd = [sys.executable, "-S", "-m", "redline.data.cache_child", str(mem_fd),
-                   str(req_r), str(ack_w), str(self.ring_bytes), str(os.getpid()),
-                   str(self.store.path), str(self.store.max_bytes)]
-            proc = subprocess.Popen(cmd, pass_fds=(mem_fd, req_r, ack_w), env=env,
-                                    stdin=subprocess.DEVNULL, close_fds=True)
-        except (OSError, ValueError, ImportError) as e:
-            if mem is not None:
-                mem.close()
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            for sock in socks:
-                sock.close()
-            self.failure = (f"the cache's writer process could not start "
-                             f"({type(e).__name__}: {e})")
-            return False
-        for fd in (mem_fd, ack_w):  # the writer process's ends
-            os.close(fd)
-        req_end.close()
-        self._proc, self._map, self._req, self._ack = proc, mem, req_w, ack_r
-        self._head = memoryview(mem)[:HEADER_BYTES].cast("Q")
-        self._view = memoryview(mem)
-        return True
