@@ -18,6 +18,7 @@ The ratio is the median over rounds of each round's fill / uncached (paired: a s
 a shared host moves both).
 
 Run: .venv/bin/python benchmarks/cache.py [--rounds 5] [--sizes 10k,150k,1m] [--no-extras]
+[--patterns sample,loader] [--compare-writers] [--torch-threads N]
 Targets: fill ≤ 1.10× the uncached epoch on each row; cached epoch ≥ 5× faster than uncached
 where the decode is the cost; cached reads ≥ 50 % of raw page-cache read throughput.
 """
@@ -161,6 +162,39 @@ def measure(paths: list[str], h: int, w: int, pattern: str, rounds: int,
     return out
 
 
+def compare_writers(paths: list[str], h: int, w: int, rounds: int, shm: Path) -> None:
+    """Read one by one, the training process's two writers against each other in alternating
+    rounds: the writer process (the default, :mod:`redline.data.cache_proc`) and the writer
+    thread (where that process cannot run, :class:`~redline.data.cache_writer.StoreWriter`)."""
+    from redline.data import cache as cache_module
+    from redline.data.cache_writer import StoreWriter
+
+    src, f = Files(paths), Decode(h, w)
+    default = cache_module._new_writer
+    writers: dict[str, Any] = {"process": default, "thread": StoreWriter}
+    ratios: dict[str, list[float]] = {k: [] for k in writers}
+    epoch_s(Uncached(src, f), "sample")
+    try:
+        for r in range(rounds):
+            for name in (list(writers) if r % 2 == 0 else list(writers)[::-1]):
+                cache_module._new_writer = writers[name]  # type: ignore[assignment]
+                store = Path(tempfile.mkdtemp(prefix="redline-bench-", dir=shm))
+                try:
+                    ds = CachedDataset(src, f, store=store, max_bytes=2**31)
+                    fill = epoch_s(ds, "sample")
+                    unc = epoch_s(Uncached(src, f), "sample")
+                    ds.flush()
+                    assert ds.stats().complete
+                    ratios[name].append(fill / unc)
+                finally:
+                    shutil.rmtree(store, ignore_errors=True)
+    finally:
+        cache_module._new_writer = default  # type: ignore[assignment]
+    p, t = (statistics.median(ratios[k]) for k in ("process", "thread"))
+    print(f"{3 * h * w * 4 / 1e3:>6.0f}kB one by one, fill ÷ uncached: writer process {p:.3f}× "
+          f"vs writer thread {t:.3f}× (median of {rounds} alternating rounds)")
+
+
 def read_throughput(paths: list[str], h: int, w: int, shm: Path) -> None:
     """Cached reads by index (decoded to tensors) against a raw sequential read of the store's
     file from the page cache."""
@@ -240,12 +274,19 @@ def main() -> None:
     ap.add_argument("--patterns", default="sample,loader")
     ap.add_argument("--no-extras", action="store_true",
                     help="skip the raw-read and Redis comparisons")
+    ap.add_argument("--compare-writers", action="store_true",
+                    help="also time the writer process against the writer thread, one by one")
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="torch.set_num_threads for the decode (default: torch's own)")
     args = ap.parse_args()
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     load = os.getloadavg()
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, load "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, torch {torch.__version__}, decode: "
           f"{'PIL PNG' if Image is not None else 'zlib + numpy substitute (no PIL)'}, "
+          f"{torch.get_num_threads()} torch threads, "
           f"store in {shm}, median of {args.rounds} rounds")
     print(f"{'sample':>8} {'n':>5} {'pattern':>22} {'fill s':>8} {'uncached s':>10} "
           f"{'cached s':>9} {'fill/uncached':>13} {'cached ×':>8}  target ≤ 1.10")
@@ -272,6 +313,10 @@ def main() -> None:
                       f"{', '.join(f'{x:.3f}' for x in m['ratio'])})")
         print(f"worst fill/uncached {worst:.3f}× (target ≤ 1.10×); load at the end "
               f"{os.getloadavg()[0]:.2f}")
+        if args.compare_writers:
+            for size, paths in made.items():
+                h, w, _ = SIZES[size]
+                compare_writers(paths, h, w, args.rounds, shm)
         if not args.no_extras and "150k" in made:
             h, w, _ = SIZES["150k"]
             read_throughput(made["150k"], h, w, shm)

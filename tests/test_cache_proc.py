@@ -427,3 +427,25 @@ def test_a_ctrl_c_to_the_training_programs_process_group_leaves_the_writes_alone
     assert os.getpgid(w._proc.pid) != os.getpgid(0)  # SIGINT to our group does not reach it
     ds.flush()
     assert ds.stats().complete
+
+
+def test_a_fork_of_the_program_that_exits_leaves_the_parents_writer_alone(
+        tmp_path: Path) -> None:
+    ds = CachedDataset(Numbers(400), Counted(), path=tmp_path / "c")
+    [ds[i] for i in range(200)]
+    w = _writer(ds)
+    proc = w._proc
+    assert proc is not None
+    pid = os.fork()
+    if pid == 0:  # the program's own fork: its normal exit runs the finalizers it inherited
+        try:
+            import multiprocessing.util as mp_util
+            mp_util._exit_function()  # type: ignore[attr-defined]
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert proc.poll() is None and w._proc is proc  # not told to end by the fork
+    [ds[i] for i in range(200, 400)]
+    ds.flush()
+    st = ds.stats()
+    assert (st.misses, st.uncached, st.complete) == (400, 0, True)

@@ -148,10 +148,11 @@ def stopped_because(why: str) -> str:
     return f"{why} (fill-once policy: nothing is evicted)"
 
 
-def serve(ring: _Ring, req: int, ack: int, parent: int, idle_exit_s: float) -> None:
+def serve(ring: _Ring, req: int, ack: int, parent: int, timing: tuple[float, float]) -> None:
     """Write what the training process puts in the ring, until it says :data:`EXIT`, closes
     its end of the socket, or is gone (then what it had published is written first)."""
     head = ring.head
+    poll_s, idle_exit_s = timing
     poller = select.poll()  # not select(): descriptors past 1024 are common in training jobs
     poller.register(req, select.POLLIN)
     published = ring.consumed
@@ -161,7 +162,7 @@ def serve(ring: _Ring, req: int, ack: int, parent: int, idle_exit_s: float) -> N
     idle = 0
     alive_checked = idle_since = time.monotonic()
     while not ending:
-        timeout_ms = POLL_S * 1000
+        timeout_ms = poll_s * 1000
         if idle >= IDLE_POLLS:
             if time.monotonic() - idle_since >= idle_exit_s and not drains:
                 # Ends for good once the flag is up (the training side may read it at once
@@ -217,12 +218,14 @@ def say_failed(head: memoryview, why: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``mem_fd req_fd ack_fd ring_bytes parent_pid path max_bytes start idle_exit_s``: the
-    descriptors are the ring's memfd, this side of the socket and the write end of the
-    acknowledgement pipe; ``start`` is where in the ring to begin; ``idle_exit_s`` is
-    :data:`IDLE_EXIT_S` as the training side has it."""
+    """``mem_fd req_fd ack_fd ring_bytes parent_pid path max_bytes start poll_s idle_exit_s``:
+    the descriptors are the ring's memfd, this side of the socket and the write end of the
+    acknowledgement pipe; ``start`` is where in the ring to begin; ``poll_s`` and
+    ``idle_exit_s`` are :data:`POLL_S` and :data:`IDLE_EXIT_S` as the training side has
+    them."""
     mem_fd, req, ack, ring_bytes, parent = (int(x) for x in argv[:5])
-    path, max_bytes, start, idle_exit_s = argv[5], int(argv[6]), int(argv[7]), float(argv[8])
+    path, max_bytes, start = argv[5], int(argv[6]), int(argv[7])
+    timing = (float(argv[8]), float(argv[9]))
     mem = mmap.mmap(mem_fd, HEADER_BYTES + ring_bytes)
     os.close(mem_fd)
     try:
@@ -241,7 +244,7 @@ def main(argv: list[str]) -> int:
     except OSError:
         pass
     try:
-        serve(_Ring(mem, ring_bytes, env, max_bytes, start), req, ack, parent, idle_exit_s)
+        serve(_Ring(mem, ring_bytes, env, max_bytes, start), req, ack, parent, timing)
     finally:
         if env is not None:
             env.close()

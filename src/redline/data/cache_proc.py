@@ -61,7 +61,7 @@ from redline.data.cache_child import (
     WRITTEN,
     stopped_because,
 )
-from redline.data.stores import LmdbStore, StoreFull
+from redline.data.stores import LmdbStore, StoreFull, process_id
 
 RING_BYTES = 32 * 2**20
 """The ring's size: what the training process may hold unwritten at most (beside its header).
@@ -156,6 +156,8 @@ class ProcessWriter:
         self._mem_fd = -1
         """The ring's memfd, kept to hand to a writer process that follows one that ended
         idle."""
+        self._owner = -1
+        """The process that started the writer process (a forked copy never signals it)."""
 
     # -- the training side's calls ------------------------------------------------------
 
@@ -203,8 +205,8 @@ class ProcessWriter:
         """Return once everything submitted so far is written (or dropped by a failure, or
         counted as not stored where the writer process ended or stopped answering for
         :data:`DRAIN_TIMEOUT_S`)."""
-        if self._proc is None:
-            return
+        if self._proc is None or self._owner != process_id():
+            return  # (a forked copy: the writer process is its parent's)
         self._refresh()
         target = self._end
         if self._consumed >= target or self.process_ended:
@@ -233,10 +235,12 @@ class ProcessWriter:
         self._refresh()
 
     def close(self) -> None:
-        """Drain, end the writer process and free the ring (a later submit starts anew)."""
+        """Drain, end the writer process and free the ring (a later submit starts anew). In a
+        forked copy of the process that started it (a program's own fork, whose exit runs
+        the finalizers it inherited), only this copy's handles are dropped."""
         self.drain()
         proc, self._proc = self._proc, None
-        if proc is not None:
+        if proc is not None and self._owner == process_id():
             if proc.poll() is None:
                 self._say(EXIT, time.monotonic() + 1.0)
             try:
@@ -289,7 +293,7 @@ class ProcessWriter:
         # would cost a fault each.
         n = HEADER_BYTES + self.window
         mem[:n] = bytes(n)
-        self._mem_fd, self._map = mem_fd, mem
+        self._mem_fd, self._map, self._owner = mem_fd, mem, process_id()
         self._head = memoryview(mem)[:HEADER_BYTES].cast("Q")
         self._view = memoryview(mem)
         self.failure, self.process_ended = None, False
@@ -314,7 +318,8 @@ class ProcessWriter:
             cmd = [sys.executable, "-I", "-S", "-c", _BOOT, _package_root(__file__, 3),
                    _package_root(lmdb.__file__, 2), str(self._mem_fd), str(req_end.fileno()),
                    str(ack_w), str(self.ring_bytes), str(os.getpid()), str(self.store.path),
-                   str(self.store.max_bytes), str(start), str(cache_child.IDLE_EXIT_S)]
+                   str(self.store.max_bytes), str(start), str(cache_child.POLL_S),
+                   str(cache_child.IDLE_EXIT_S)]
             # A session of its own: a Ctrl-C (SIGINT to the terminal's process group) stops the
             # training program's loop, not its cache's writes; it ends when told, once it
             # finds the training process gone (every ALIVE_CHECK_S), or idle.

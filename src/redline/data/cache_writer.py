@@ -3,14 +3,16 @@ side (one copy of their bytes, so a tensor changed in place afterwards is stored
 gathered into batches, and written one store call (one LMDB transaction) a batch, by the caller
 or by one background thread per process and dataset.
 
-Who writes a batch depends on the process. In the training process, the background thread:
-the training thread then pays the encoding and a queue append per sample, and the store's
-copies, its commit and its lock (shared by every DataLoader worker and rank writing to the same
-LMDB) are waited for by the writer thread (py-lmdb releases the GIL inside LMDB's calls; the
-Redis client inside its socket calls). In a DataLoader worker, the worker itself, when a batch
-is full: the worker is not the training thread, its sibling workers already keep the cores
-busy, and a thread there only adds its wake-ups and GIL hand-overs (one per LMDB put) to the
-worker's own work (``benchmarks/cache.py``; the README's cache section has the comparison).
+Who writes a batch depends on the process. In the training process, a writer process of its
+own where the store is LMDB (:mod:`redline.data.cache_proc`), else (a Redis store, no memfd, a
+writer process that cannot start or died) the background thread here: the training thread
+then pays the encoding and a queue append per sample, and the store's copies, its commit and
+its lock (shared by every DataLoader worker and rank writing to the same LMDB) are waited for
+by the writer thread (py-lmdb releases the GIL inside LMDB's calls; the Redis client inside
+its socket calls). In a DataLoader worker, the worker itself, when a batch is full: the worker
+is not the training thread, its sibling workers already keep the cores busy, and a thread
+there only adds its wake-ups and GIL hand-overs (one per LMDB put) to the worker's own work
+(``benchmarks/cache.py``; the README's cache section has the comparison).
 
 The thread's queue is bounded (:data:`QUEUED_BATCHES` batches of at most :data:`WRITE_BATCH`
 samples or :data:`BATCH_BYTES` bytes): when it is full (a store slower than the pipeline, or a
