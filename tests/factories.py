@@ -1,4 +1,5 @@
-"""Synthetic measurements for rule tests (each test changes only what its rule reads)."""
+"""Synthetic measurements for rule tests (each test changes only what its rule reads), and
+small datasets for the cache's tests."""
 
 from __future__ import annotations
 
@@ -137,3 +138,17 @@ class FakeNvml(types.SimpleNamespace):
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: str) -> int:
         return 0x4 | 0x1
+
+
+class Numbers:
+    """A map-style dataset of ``n`` items: item ``i`` is ``i`` (what a cache's deterministic
+    transform turns into a sample)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i

@@ -19,24 +19,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
+from factories import Numbers
 from redline.data import CachedDataset, cache_child, cache_proc
 from redline.data.cache_writer import StoreWriter
 from redline.data.sample_codec import encode
 
 pytestmark = pytest.mark.skipif(not cache_proc.available(), reason="needs memfd_create (Linux)")
-
-
-class Numbers(Dataset[int]):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
 
 
 class Counted:

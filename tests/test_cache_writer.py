@@ -13,22 +13,11 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import Dataset
 
+from factories import Numbers
 from redline.data import CachedDataset, cache_proc
 from redline.data.cache_writer import QUEUED_BATCHES, WRITE_BATCH, StoreWriter
 from redline.data.sample_codec import encode
-
-
-class Numbers(Dataset[int]):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
 
 
 class HeldStore:

@@ -16,7 +16,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("redline._version", "redline.core"),
+    ("redline._version", "redline._lazy", "redline.core"),
     ("redline.trace",),
     ("redline.measure",),
     ("redline.diagnose",),

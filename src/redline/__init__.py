@@ -6,12 +6,11 @@ importing torch.
 
 from __future__ import annotations
 
+from redline._lazy import lazy_attributes
 from redline._version import __version__
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms at start-up)
 if TYPE_CHECKING:
-    from typing import Any
-
     from redline.core.errors import RedlineError
     from redline.core.findings import Finding
     from redline.core.report import Report
@@ -30,9 +29,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'redline' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -7,10 +7,10 @@ imports the stores alone, without torch.
 
 from __future__ import annotations
 
+from redline._lazy import lazy_attributes
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from typing import Any
-
     from redline.core.loader import LoaderSettings
     from redline.data.autotune import LoaderPlan, autotune_loader
     from redline.data.cache import CachedDataset, CacheStats
@@ -52,9 +52,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'redline.data' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

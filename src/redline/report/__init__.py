@@ -10,10 +10,10 @@ trace or a plan (``redline trace``, ``redline plan``) loads ``redline.report.tra
 
 from __future__ import annotations
 
+from redline._lazy import lazy_attributes
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms at start-up)
 if TYPE_CHECKING:
-    from typing import Any
-
     from redline.report.json_io import schema, to_dict, write_json
     from redline.report.terminal import print_report
 
@@ -27,9 +27,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'redline.report' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
