@@ -42,6 +42,7 @@ from typing import Any
 from redline.data import cache_child
 from redline.data.cache_child import (
     ALIVE_CHECK_S,
+    AWAKE,
     CONSUMED,
     DRAIN,
     ENDED_IDLE,
@@ -355,7 +356,7 @@ class ProcessWriter:
         self._close_channel()
         self._collect_counts()
         self._refresh_consumed()
-        head[STATE] = 0
+        head[STATE] = AWAKE
         if not self._spawn(head[CONSUMED]):
             self._lost(self.failure or "the cache's writer process could not start again")
             return False
