@@ -439,3 +439,25 @@ def test_a_fork_of_the_program_that_exits_leaves_the_parents_writer_alone(
     ds.flush()
     st = ds.stats()
     assert (st.misses, st.uncached, st.complete) == (400, 0, True)
+
+
+def test_a_writer_process_that_dies_during_a_drain_ends_the_wait_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopped: list[int]) -> None:
+    import threading
+
+    monkeypatch.setattr(cache_proc, "DRAIN_TIMEOUT_S", 60.0)
+    ds = CachedDataset(Numbers(300), Counted(), path=tmp_path / "c")
+    ds[0]
+    w = _writer(ds)
+    assert w._proc is not None
+    pid = w._proc.pid
+    os.kill(pid, signal.SIGSTOP)  # holds what comes next unwritten
+    stopped.append(pid)
+    [ds[i] for i in range(1, 300)]
+    threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()  # dies while drained
+    t = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="writer process ended"):
+        ds.flush()
+    assert time.monotonic() - t < 10  # not the drain's whole deadline
+    assert isinstance(ds._writer, StoreWriter)
+    assert ds.stats().uncached > 0

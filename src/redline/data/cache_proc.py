@@ -212,28 +212,43 @@ class ProcessWriter:
         target = self._end
         if self._consumed >= target or self.process_ended:
             return
-        if self._head is not None and self._head[STATE] == ENDED_IDLE and not self._restart():
-            return
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        if not self._say(target | DRAIN, deadline):
-            return
-        proc = self._proc
-        assert proc is not None
+        while self._head is not None and self._head[CONSUMED] < target:
+            if self._head[STATE] == ENDED_IDLE and not self._restart():
+                return
+            if not self._say(target | DRAIN, deadline) or not self._wait_for(target, deadline):
+                return
+        self._refresh()
+
+    def _wait_for(self, target: int, deadline: float) -> bool:
+        """Wait until the writer process has written up to ``target``: True once it has, or
+        once it ended idle before it read the drain's word (the caller starts the next one);
+        False where it died or did not answer by ``deadline`` (then counted as lost)."""
+        proc, head = self._proc, self._head
+        assert proc is not None and head is not None
         acks = select.poll()  # not select(): descriptors past 1024 are common
         acks.register(self._ack, select.POLLIN)
-        while self._head is not None and self._head[CONSUMED] < target:
+        while head[CONSUMED] < target:
             left = deadline - time.monotonic()
             if left <= 0:
                 self._lost(f"the cache's writer process wrote nothing for "
                            f"{DRAIN_TIMEOUT_S:.0f} s and was ended")
-                return
+                return False
             if acks.poll(min(left, ALIVE_CHECK_S) * 1000):
-                with contextlib.suppress(OSError):
-                    os.read(self._ack, 4096)
-            elif proc.poll() is not None:
+                try:
+                    if os.read(self._ack, 4096):
+                        continue
+                except OSError:
+                    pass
+                # The pipe's other end closed: the writer process is ending.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(ALIVE_CHECK_S)
+            if proc.poll() is not None:
+                if head[CONSUMED] >= target or head[STATE] == ENDED_IDLE:
+                    return True
                 self._lost(f"the cache's writer process ended (exit code {proc.returncode})")
-                return
-        self._refresh()
+                return False
+        return True
 
     def close(self) -> None:
         """Drain, end the writer process and free the ring (a later submit starts anew). In a
