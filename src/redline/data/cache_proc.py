@@ -86,8 +86,8 @@ the writer process reads when it looks. x86 keeps stores in program order as oth
 them ("writes are not reordered with other writes", Intel SDM vol. 3A §9.2.2; AMD APM vol. 2
 §7.2), so a record's bytes are there before the end that covers them. Elsewhere the end goes
 through the socket, whose system call orders them. A store costs the training thread nothing;
-a word on the socket wakes a sleeping process, and in a virtual machine that wake-up (an
-inter-processor interrupt) cost the sender ~30 us, once a batch (``benchmarks/cache.py``)."""
+a word on the socket wakes a sleeping process, and that wake-up (an inter-processor
+interrupt, a VM exit in a virtual machine) is paid by the sender, once a batch."""
 
 
 def _package_root(module_file: str, depth: int) -> str:
@@ -305,8 +305,8 @@ class ProcessWriter:
             self.failure = (f"the cache's writer process could not start "
                             f"({type(e).__name__}: {e})")
             return False
-        # The window's pages made now, in one go (~0.3 ms): a record's first touch of a page
-        # would cost a fault each.
+        # The window's pages made now, in one go: a record's first touch of a page would cost
+        # a fault each.
         n = HEADER_BYTES + self.window
         mem[:n] = bytes(n)
         self._mem_fd, self._map, self._owner = mem_fd, mem, process_id()
