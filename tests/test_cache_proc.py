@@ -74,7 +74,7 @@ def test_a_fill_goes_through_the_writer_process_and_every_sample_is_stored(
     again = CachedDataset(Numbers(300), Counted(), path=tmp_path / "c")  # a new reader
     assert all(torch.equal(again[i], first[i]) for i in range(300))
     assert again.stats().hits == 300 and det.calls == list(range(300))
-    ds._close_writer()
+    w.close()  # what the dataset's finalizer calls at exit
     assert w._proc is None
 
 

@@ -219,13 +219,6 @@ class CachedDataset(Dataset[Any]):
             w.drain()
             self._check_writer(w)
 
-    def _close_writer(self) -> None:
-        w = self._writer_here()
-        if w is not None:
-            w.close()
-            self._check_writer(w)
-            self._flush()
-
     def _check_writer(self, w: Writer) -> None:
         """Say once, from this thread, why the writer stopped (if it did). Where the training
         process's writer process ended on its own (killed, out of memory), a writer thread
