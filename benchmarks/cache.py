@@ -18,7 +18,7 @@ The ratio is the median over rounds of each round's fill / uncached (paired: a s
 a shared host moves both).
 
 Run: .venv/bin/python benchmarks/cache.py [--rounds 5] [--sizes 10k,150k,1m] [--no-extras]
-[--patterns sample,loader] [--compare-writers] [--torch-threads N]
+[--patterns sample,loader] [--compare-writers] [--compare-placement] [--torch-threads N]
 Targets: fill ≤ 1.10× the uncached epoch on each row; cached epoch ≥ 5× faster than uncached
 where the decode is the cost; cached reads ≥ 50 % of raw page-cache read throughput.
 """
@@ -26,15 +26,17 @@ where the decode is the cost; cached reads ≥ 50 % of raw page-cache read throu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -162,37 +164,81 @@ def measure(paths: list[str], h: int, w: int, pattern: str, rounds: int,
     return out
 
 
-def compare_writers(paths: list[str], h: int, w: int, rounds: int, shm: Path) -> None:
-    """Read one by one, the training process's two writers against each other in alternating
-    rounds: the writer process (the default, :mod:`redline.data.cache_proc`) and the writer
-    thread (where that process cannot run, :class:`~redline.data.cache_writer.StoreWriter`)."""
-    from redline.data import cache as cache_module
-    from redline.data.cache_writer import StoreWriter
+def _nonvoluntary_switches() -> int:
+    """How often the kernel has taken this thread off its CPU for another (proc(5))."""
+    path = f"/proc/self/task/{threading.get_native_id()}/status"
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("nonvoluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    return 0
 
+
+def compare(paths: list[str], h: int, w: int, rounds: int, shm: Path, what: str,
+            variants: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]]) -> None:
+    """Read one by one, a fill under each of ``variants`` (a context that sets it up), in
+    alternating rounds: fill ÷ uncached, and how often the training thread was taken off its
+    CPU during the fill (by the writer, where it shares that CPU)."""
     src, f = Files(paths), Decode(h, w)
-    default = cache_module._new_writer
-    writers: dict[str, Any] = {"process": default, "thread": StoreWriter}
-    ratios: dict[str, list[float]] = {k: [] for k in writers}
+    ratios: dict[str, list[float]] = {k: [] for k in variants}
+    switches: dict[str, list[int]] = {k: [] for k in variants}
     epoch_s(Uncached(src, f), "sample")
-    try:
-        for r in range(rounds):
-            for name in (list(writers) if r % 2 == 0 else list(writers)[::-1]):
-                cache_module._new_writer = writers[name]  # type: ignore[assignment]
-                store = Path(tempfile.mkdtemp(prefix="redline-bench-", dir=shm))
-                try:
+    for r in range(rounds):
+        for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+            store = Path(tempfile.mkdtemp(prefix="redline-bench-", dir=shm))
+            try:
+                with variants[name]():
                     ds = CachedDataset(src, f, store=store, max_bytes=2**31)
+                    s0 = _nonvoluntary_switches()
                     fill = epoch_s(ds, "sample")
+                    switches[name].append(_nonvoluntary_switches() - s0)
                     unc = epoch_s(Uncached(src, f), "sample")
                     ds.flush()
                     assert ds.stats().complete
                     ratios[name].append(fill / unc)
-                finally:
-                    shutil.rmtree(store, ignore_errors=True)
+                    writer = ds._writer
+                    if writer is not None:
+                        writer.close()  # this variant's writer ends within its context
+            finally:
+                shutil.rmtree(store, ignore_errors=True)
+    print(f"{3 * h * w * 4 / 1e3:>6.0f}kB one by one, {what}, fill ÷ uncached (median of "
+          f"{rounds} alternating rounds; the training thread's involuntary switches in the "
+          "fill):")
+    for name in variants:
+        print(f"    {name:<40} {statistics.median(ratios[name]):.3f}×  switches "
+              f"{statistics.median(switches[name]):>5.0f}  (rounds: "
+              f"{', '.join(f'{x:.3f}' for x in ratios[name])})")
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
     finally:
-        cache_module._new_writer = default  # type: ignore[assignment]
-    p, t = (statistics.median(ratios[k]) for k in ("process", "thread"))
-    print(f"{3 * h * w * 4 / 1e3:>6.0f}kB one by one, fill ÷ uncached: writer process {p:.3f}× "
-          f"vs writer thread {t:.3f}× (median of {rounds} alternating rounds)")
+        setattr(obj, name, old)
+
+
+def compare_writers(paths: list[str], h: int, w: int, rounds: int, shm: Path) -> None:
+    """The training process's two writers: the writer process (the default,
+    :mod:`redline.data.cache_proc`) and the writer thread (where that process cannot run,
+    :class:`~redline.data.cache_writer.StoreWriter`)."""
+    from redline.data import cache as cache_module
+    from redline.data.cache_writer import StoreWriter
+
+    compare(paths, h, w, rounds, shm, "the training process's writers", {
+        "writer process": contextlib.nullcontext,
+        "writer thread": lambda: _patched(cache_module, "_new_writer", StoreWriter)})
+
+
+def compare_placement(paths: list[str], h: int, w: int, rounds: int, shm: Path) -> None:
+    """The writer process kept off the training thread's CPU (the default,
+    :class:`redline.data.cache_child._KeepOff`) against placed by the kernel alone."""
+    from redline.data import cache_child
+
+    compare(paths, h, w, rounds, shm, "where the writer process runs", {
+        "kept off the training thread's CPU": contextlib.nullcontext,
+        "placed by the kernel": lambda: _patched(cache_child, "PLACE_CHECK_S", float("inf"))})
 
 
 def read_throughput(paths: list[str], h: int, w: int, shm: Path) -> None:
@@ -276,6 +322,9 @@ def main() -> None:
                     help="skip the raw-read and Redis comparisons")
     ap.add_argument("--compare-writers", action="store_true",
                     help="also time the writer process against the writer thread, one by one")
+    ap.add_argument("--compare-placement", action="store_true",
+                    help="also time the writer process kept off the training thread's CPU "
+                    "against placed by the kernel, one by one")
     ap.add_argument("--torch-threads", type=int, default=None,
                     help="torch.set_num_threads for the decode (default: torch's own)")
     args = ap.parse_args()
@@ -317,6 +366,10 @@ def main() -> None:
             for size, paths in made.items():
                 h, w, _ = SIZES[size]
                 compare_writers(paths, h, w, args.rounds, shm)
+        if args.compare_placement:
+            for size, paths in made.items():
+                h, w, _ = SIZES[size]
+                compare_placement(paths, h, w, args.rounds, shm)
         if not args.no_extras and "150k" in made:
             h, w, _ = SIZES["150k"]
             read_throughput(made["150k"], h, w, shm)

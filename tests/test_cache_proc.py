@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -461,3 +462,25 @@ def test_a_writer_process_that_dies_during_a_drain_ends_the_wait_at_once(
     assert time.monotonic() - t < 10  # not the drain's whole deadline
     assert isinstance(ds._writer, StoreWriter)
     assert ds.stats().uncached > 0
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to keep apart")
+def test_the_writer_process_keeps_off_the_training_threads_cpu(tmp_path: Path) -> None:
+    allowed = os.sched_getaffinity(0)
+    here = min(allowed)
+    ds = CachedDataset(Numbers(300), Counted(), path=tmp_path / "c")
+    ds[0]
+    ds.flush()  # the writer process runs, with this process's CPUs
+    w = _writer(ds)
+    assert w._proc is not None and os.sched_getaffinity(w._proc.pid) == allowed
+    os.sched_setaffinity(0, {here})  # this thread only: the training thread on one CPU
+    try:
+        assert cache_child._cpu_of(os.getpid(), threading.get_native_id()) == here
+        time.sleep(2 * cache_child.PLACE_CHECK_S)
+        [ds[i] for i in range(1, 300)]
+        ds.flush()
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert os.sched_getaffinity(w._proc.pid) == allowed - {here}
+    assert ds.stats().complete
+    assert cache_child._cpu_of(os.getpid(), 2**31 - 1) is None  # no such thread

@@ -48,6 +48,11 @@ AWAKE, SLEEPING, ENDED_IDLE = 0, 1, 2
 :data:`IDLE_EXIT_S` with nothing to write (the training side starts another, which goes on
 where it stopped)."""
 
+TRAINER = 24
+"""u64 field (a cache line of its own) the training side writes: the thread id of the thread
+that publishes the ring's end (the training thread), whose CPU the writer process keeps off
+(:class:`_KeepOff`)."""
+
 MESSAGE_AT = 256
 """Where the failure message (UTF-8) begins in the header."""
 
@@ -80,6 +85,10 @@ IDLE_POLLS = 200
 
 IDLE_POLL_S = 0.05
 """How long it sleeps then, unless woken (a word on the socket)."""
+
+PLACE_CHECK_S = 0.01
+"""How often, while records come, the writer process looks which CPU the training thread is
+on (:class:`_KeepOff`; infinite: never, the kernel places it)."""
 
 IDLE_EXIT_S = 5.0
 """How long the writer process waits with nothing to write before it ends (a fill is over:
@@ -141,6 +150,55 @@ class _Ring:
         return at, items
 
 
+class _KeepOff:
+    """Keeps the writer process off the CPU the training thread last ran on.
+
+    The training thread is the fill's critical path; the other cores run the user's intra-op
+    threads (which wait between parallel regions, spinning) or nothing. Left to the
+    scheduler, the writer process stays on whichever CPU it first ran on; where that is the
+    training thread's, each of its time slices delays the epoch by as much, and a fill read
+    one by one swings between rounds near the uncached epoch's time and rounds a tenth or
+    more above it (``benchmarks/cache.py --compare-placement``; the README's cache section
+    has the numbers). So it moves itself to the CPUs it may use but that one, where it may use
+    two or more; the training thread's CPU is read from ``/proc/<pid>/task/<tid>/stat``."""
+
+    def __init__(self, parent: int, head: memoryview) -> None:
+        self.parent, self.head = parent, head
+        try:
+            self.cpus = frozenset(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # no affinity calls here: the kernel places it
+            self.cpus = frozenset()
+        self.avoid = -1
+        """The CPU kept off now (-1: none)."""
+
+    def check(self) -> None:
+        if len(self.cpus) < 2:
+            return
+        tid = self.head[TRAINER]
+        cpu = _cpu_of(self.parent, tid) if tid else None
+        if cpu is None or cpu == self.avoid:
+            return
+        try:
+            os.sched_setaffinity(0, self.cpus - {cpu} if cpu in self.cpus else self.cpus)
+        except OSError:  # not allowed here: the kernel places it
+            self.cpus = frozenset()
+        self.avoid = cpu
+
+
+def _cpu_of(pid: int, tid: int) -> int | None:
+    """The CPU thread ``tid`` of process ``pid`` last ran on (field 39 of its ``stat``,
+    proc(5); the fields after the command's closing parenthesis start at field 3), or None."""
+    try:
+        fd = os.open(f"/proc/{pid}/task/{tid}/stat", os.O_RDONLY)
+        try:
+            raw = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        return int(raw[raw.rindex(b")") + 2:].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def stopped_because(why: str) -> str:
     """The sentence a dataset says once when its store stops taking samples."""
     if why.startswith("write failed"):
@@ -148,11 +206,12 @@ def stopped_because(why: str) -> str:
     return f"{why} (fill-once policy: nothing is evicted)"
 
 
-def serve(ring: _Ring, req: int, ack: int, parent: int, timing: tuple[float, float]) -> None:
+def serve(ring: _Ring, req: int, ack: int, parent: int,
+          timing: tuple[float, float, float]) -> None:
     """Write what the training process puts in the ring, until it says :data:`EXIT`, closes
     its end of the socket, or is gone (then what it had published is written first)."""
     head = ring.head
-    poll_s, idle_exit_s = timing
+    poll_s, idle_exit_s, place_check_s = timing
     poller = select.poll()  # not select(): descriptors past 1024 are common in training jobs
     poller.register(req, select.POLLIN)
     published = ring.consumed
@@ -161,6 +220,8 @@ def serve(ring: _Ring, req: int, ack: int, parent: int, timing: tuple[float, flo
     ending = False
     idle = 0
     alive_checked = idle_since = time.monotonic()
+    keep_off = _KeepOff(parent, head)
+    placed = 0.0
     while not ending:
         timeout_ms = poll_s * 1000
         if idle >= IDLE_POLLS:
@@ -198,6 +259,9 @@ def serve(ring: _Ring, req: int, ack: int, parent: int, timing: tuple[float, flo
         published = max(published, head[PUBLISHED])
         if ring.consumed < published:
             idle, idle_since = 0, now
+            if now - placed >= place_check_s:
+                placed = now
+                keep_off.check()
         else:
             idle += 1
         ring.write_up_to(published)
@@ -218,14 +282,14 @@ def say_failed(head: memoryview, why: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``mem_fd req_fd ack_fd ring_bytes parent_pid path max_bytes start poll_s idle_exit_s``:
-    the descriptors are the ring's memfd, this side of the socket and the write end of the
-    acknowledgement pipe; ``start`` is where in the ring to begin; ``poll_s`` and
-    ``idle_exit_s`` are :data:`POLL_S` and :data:`IDLE_EXIT_S` as the training side has
-    them."""
+    """``mem_fd req_fd ack_fd ring_bytes parent_pid path max_bytes start poll_s idle_exit_s
+    place_check_s``: the descriptors are the ring's memfd, this side of the socket and the
+    write end of the acknowledgement pipe; ``start`` is where in the ring to begin; the last
+    three are :data:`POLL_S`, :data:`IDLE_EXIT_S` and :data:`PLACE_CHECK_S` as the training
+    side has them."""
     mem_fd, req, ack, ring_bytes, parent = (int(x) for x in argv[:5])
     path, max_bytes, start = argv[5], int(argv[6]), int(argv[7])
-    timing = (float(argv[8]), float(argv[9]))
+    timing = (float(argv[8]), float(argv[9]), float(argv[10]))
     mem = mmap.mmap(mem_fd, HEADER_BYTES + ring_bytes)
     os.close(mem_fd)
     try:

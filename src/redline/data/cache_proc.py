@@ -36,6 +36,7 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -56,6 +57,7 @@ from redline.data.cache_child import (
     RECORD,
     SLEEPING,
     STATE,
+    TRAINER,
     WORD,
     WRAP,
     WRITE_BATCH,
@@ -335,7 +337,7 @@ class ProcessWriter:
                    _package_root(lmdb.__file__, 2), str(self._mem_fd), str(req_end.fileno()),
                    str(ack_w), str(self.ring_bytes), str(os.getpid()), str(self.store.path),
                    str(self.store.max_bytes), str(start), str(cache_child.POLL_S),
-                   str(cache_child.IDLE_EXIT_S)]
+                   str(cache_child.IDLE_EXIT_S), str(cache_child.PLACE_CHECK_S)]
             # A session of its own: a Ctrl-C (SIGINT to the terminal's process group) stops the
             # training program's loop, not its cache's writes; it ends when told, once it
             # finds the training process gone (every ALIVE_CHECK_S), or idle.
@@ -486,6 +488,8 @@ class ProcessWriter:
         self._unsent = 0
         head = self._head
         word = end
+        if head is not None:
+            head[TRAINER] = threading.get_native_id()
         if ORDERED_STORES and head is not None:
             head[PUBLISHED] = end
             state = head[STATE]
