@@ -18,7 +18,8 @@ The ratio is the median over rounds of each round's fill / uncached (paired: a s
 a shared host moves both).
 
 Run: .venv/bin/python benchmarks/cache.py [--rounds 5] [--sizes 10k,150k,1m] [--no-extras]
-[--patterns sample,loader] [--compare-writers] [--compare-placement] [--torch-threads N]
+[--patterns sample,loader] [--compare-writers] [--compare-placement]
+[--compare-batch-bytes] [--torch-threads N]
 Targets: fill ≤ 1.10× the uncached epoch on each row; cached epoch ≥ 5× faster than uncached
 where the decode is the cost; cached reads ≥ 50 % of raw page-cache read throughput.
 """
@@ -29,6 +30,7 @@ import argparse
 import contextlib
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -164,6 +166,12 @@ def measure(paths: list[str], h: int, w: int, pattern: str, rounds: int,
     return out
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's children that have exited (DataLoader workers)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _nonvoluntary_switches() -> int:
     """How often the kernel has taken this thread off its CPU for another (proc(5))."""
     path = f"/proc/self/task/{threading.get_native_id()}/status"
@@ -174,24 +182,31 @@ def _nonvoluntary_switches() -> int:
 
 
 def compare(paths: list[str], h: int, w: int, rounds: int, shm: Path, what: str,
-            variants: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]]) -> None:
-    """Read one by one, a fill under each of ``variants`` (a context that sets it up), in
-    alternating rounds: fill ÷ uncached, and how often the training thread was taken off its
-    CPU during the fill (by the writer, where it shares that CPU)."""
+            variants: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]],
+            pattern: str = "sample") -> None:
+    """A fill under each of ``variants`` (a context that sets it up), in alternating rounds:
+    fill ÷ uncached; read one by one, how often the training thread was taken off its CPU
+    during the fill (by the writer, where it shares that CPU); through DataLoader workers, the
+    workers' CPU time per sample against the uncached epoch's (the epoch is CPU-bound there,
+    and CPU time is steadier than the wall clock on a shared host)."""
     src, f = Files(paths), Decode(h, w)
     ratios: dict[str, list[float]] = {k: [] for k in variants}
     switches: dict[str, list[int]] = {k: [] for k in variants}
-    epoch_s(Uncached(src, f), "sample")
+    cpu_us: dict[str, list[float]] = {k: [] for k in variants}
+    epoch_s(Uncached(src, f), pattern)
     for r in range(rounds):
         for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
             store = Path(tempfile.mkdtemp(prefix="redline-bench-", dir=shm))
             try:
                 with variants[name]():
                     ds = CachedDataset(src, f, store=store, max_bytes=2**31)
-                    s0 = _nonvoluntary_switches()
-                    fill = epoch_s(ds, "sample")
+                    s0, c0 = _nonvoluntary_switches(), _children_cpu_s()
+                    fill = epoch_s(ds, pattern)
                     switches[name].append(_nonvoluntary_switches() - s0)
-                    unc = epoch_s(Uncached(src, f), "sample")
+                    c1 = _children_cpu_s()
+                    unc = epoch_s(Uncached(src, f), pattern)
+                    # the workers of both epochs have exited: their CPU is counted
+                    cpu_us[name].append(((c1 - c0) - (_children_cpu_s() - c1)) / len(src) * 1e6)
                     ds.flush()
                     assert ds.stats().complete
                     ratios[name].append(fill / unc)
@@ -200,12 +215,16 @@ def compare(paths: list[str], h: int, w: int, rounds: int, shm: Path, what: str,
                         writer.close()  # this variant's writer ends within its context
             finally:
                 shutil.rmtree(store, ignore_errors=True)
-    print(f"{3 * h * w * 4 / 1e3:>6.0f}kB one by one, {what}, fill ÷ uncached (median of "
-          f"{rounds} alternating rounds; the training thread's involuntary switches in the "
-          "fill):")
+    if pattern == "sample":
+        label, extra = "one by one", "the training thread's involuntary switches in the fill"
+    else:
+        label, extra = "DataLoader, 2 workers", "the workers' extra CPU µs a sample in the fill"
+    print(f"{3 * h * w * 4 / 1e3:>6.0f}kB {label}, {what}, fill ÷ uncached (median of "
+          f"{rounds} alternating rounds; {extra}):")
     for name in variants:
-        print(f"    {name:<40} {statistics.median(ratios[name]):.3f}×  switches "
-              f"{statistics.median(switches[name]):>5.0f}  (rounds: "
+        side = (f"switches {statistics.median(switches[name]):>5.0f}" if pattern == "sample"
+                else f"CPU +{statistics.median(cpu_us[name]):>6.1f} µs")
+        print(f"    {name:<40} {statistics.median(ratios[name]):.3f}×  {side}  (rounds: "
               f"{', '.join(f'{x:.3f}' for x in ratios[name])})")
 
 
@@ -239,6 +258,16 @@ def compare_placement(paths: list[str], h: int, w: int, rounds: int, shm: Path) 
     compare(paths, h, w, rounds, shm, "where the writer process runs", {
         "kept off the training thread's CPU": contextlib.nullcontext,
         "placed by the kernel": lambda: _patched(cache_child, "PLACE_CHECK_S", float("inf"))})
+
+
+def compare_batch_bytes(paths: list[str], h: int, w: int, rounds: int, shm: Path) -> None:
+    """Through DataLoader workers: transactions of at most 256 KiB (the default,
+    :data:`redline.data.lmdb_env.BATCH_BYTES`) against at most 8 MiB."""
+    from redline.data import cache_writer
+
+    compare(paths, h, w, rounds, shm, "bytes a transaction holds", {
+        "256 KiB": contextlib.nullcontext,
+        "8 MiB": lambda: _patched(cache_writer, "BATCH_BYTES", 8 * 2**20)}, "loader")
 
 
 def read_throughput(paths: list[str], h: int, w: int, shm: Path) -> None:
@@ -325,6 +354,9 @@ def main() -> None:
     ap.add_argument("--compare-placement", action="store_true",
                     help="also time the writer process kept off the training thread's CPU "
                     "against placed by the kernel, one by one")
+    ap.add_argument("--compare-batch-bytes", action="store_true",
+                    help="also time DataLoader workers writing transactions of 256 KiB "
+                    "against 8 MiB")
     ap.add_argument("--torch-threads", type=int, default=None,
                     help="torch.set_num_threads for the decode (default: torch's own)")
     args = ap.parse_args()
@@ -366,6 +398,10 @@ def main() -> None:
             for size, paths in made.items():
                 h, w, _ = SIZES[size]
                 compare_writers(paths, h, w, args.rounds, shm)
+        if args.compare_batch_bytes:
+            for size, paths in made.items():
+                h, w, _ = SIZES[size]
+                compare_batch_bytes(paths, h, w, args.rounds, shm)
         if args.compare_placement:
             for size, paths in made.items():
                 h, w, _ = SIZES[size]

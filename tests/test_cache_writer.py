@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from factories import Numbers
-from redline.data import CachedDataset, cache_proc
+from redline.data import CachedDataset, cache_proc, lmdb_env
 from redline.data.cache_writer import QUEUED_BATCHES, WRITE_BATCH, StoreWriter
 from redline.data.sample_codec import encode
 
@@ -139,6 +139,26 @@ def test_an_inline_writer_writes_each_full_batch_on_the_callers_thread() -> None
     assert len(store.data) == WRITE_BATCH + 3 and not writer.pending
     assert writer._thread is None
     assert writer.take_counts() == (100 * (WRITE_BATCH + 3), 0)
+
+
+def test_a_transaction_holds_a_few_hundred_kib_at_most() -> None:
+    sizes: list[int] = []
+
+    class Sized(HeldStore):
+        def put_many(self, items: list[tuple[bytes, bytes]]) -> int:
+            sizes.append(sum(len(v) for _, v in items))
+            return super().put_many(items)
+
+    store = Sized()
+    writer = StoreWriter(store, inline=True)  # type: ignore[arg-type]
+    sample = 100 * 1024
+    for i in range(10):
+        writer.submit(b"s%d" % i, b"", b"x" * sample)
+    writer.close()
+    # out once BATCH_BYTES is reached, well before WRITE_BATCH samples: 3, 3, 3 and the last
+    assert sizes == [3 * sample] * 3 + [sample]
+    assert all(n < lmdb_env.BATCH_BYTES + sample for n in sizes)
+    assert len(store.data) == 10
 
 
 class NamingStore:

@@ -71,9 +71,6 @@ WRITE_BATCH = 32
 """Samples a transaction at most (the training side publishes the ring's end at least once
 that many are there)."""
 
-BATCH_BYTES = 8 * 2**20
-"""Bytes a transaction at most."""
-
 ALIVE_CHECK_S = 1.0
 """How often the writer process looks whether the training process still lives."""
 
@@ -137,7 +134,7 @@ class _Ring:
         next one begins, (key, value) of each)."""
         at, size, ring, data = self.consumed, 0, self.ring_bytes, self.data
         items: list[tuple[bytes, memoryview]] = []
-        while at < end and len(items) < WRITE_BATCH and size < BATCH_BYTES:
+        while at < end and len(items) < WRITE_BATCH and size < lmdb_env.BATCH_BYTES:
             off = at % ring
             klen, vlen = RECORD.unpack_from(data, off)
             if klen == WRAP:

@@ -15,9 +15,9 @@ there only adds its wake-ups and GIL hand-overs (one per LMDB put) to the worker
 (``benchmarks/cache.py``; the README's cache section has the comparison).
 
 The thread's queue is bounded (:data:`QUEUED_BATCHES` batches of at most :data:`WRITE_BATCH`
-samples or :data:`BATCH_BYTES` bytes): when it is full (a store slower than the pipeline, or a
-writer thread that a loaded host does not schedule: it runs :data:`NICE_STEP` below its
-process) the caller writes that batch itself, so memory never grows and the caller never waits
+samples or :data:`~redline.data.lmdb_env.BATCH_BYTES` bytes): when it is full (a store slower
+than the pipeline, or a writer thread that a loaded host does not schedule: it runs
+:data:`NICE_STEP` below its process) the caller writes that batch itself, so memory never grows and the caller never waits
 longer than one write.
 
 Until a batch is written its samples stay readable from :attr:`StoreWriter.pending` (read
@@ -35,17 +35,15 @@ import queue
 import threading
 from typing import Any, Protocol
 
+from redline.data.lmdb_env import BATCH_BYTES
 from redline.data.stores import Store, StoreFull
 
 WRITE_BATCH = 32
 """Samples per store call at most (a transaction per sample costs a commit each)."""
 
-BATCH_BYTES = 8 * 2**20
-"""Bytes per store call at most: a batch of large samples goes out before it holds 32."""
-
-QUEUED_BATCHES = 4
+QUEUED_BATCHES = 32
 """Batches waiting for the writer thread at most; one more is written by the caller itself.
-With :data:`BATCH_BYTES`, bounds what a process holds unwritten to ~40 MiB (one sample larger
+With :data:`BATCH_BYTES`, bounds what a process holds unwritten to ~8 MiB (one sample larger
 than BATCH_BYTES makes a batch of its own)."""
 
 

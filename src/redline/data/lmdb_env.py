@@ -9,6 +9,17 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~5 ms at
 if TYPE_CHECKING:
     from typing import Any
 
+BATCH_BYTES = 256 * 2**10
+"""Bytes of samples one transaction holds at most (one sample more where it is larger).
+
+LMDB copies a transaction's large values into pages it allocates with malloc and frees at the
+commit. glibc gives memory freed at the heap's top back to the system once it passes the trim
+threshold (M_TRIM_THRESHOLD, mallopt(3): 128 KiB at first, raised to twice the largest
+mmapped chunk freed), so a transaction of megabytes faults all of its pages in anew each time,
+and a fresh page costs more than copying 4 KiB into it. Transactions this small reuse their
+pages, which also stay in the CPU's cache; a commit's own cost is a few tens of microseconds.
+(``benchmarks/cache.py --compare-batch-bytes``; the README's cache section.)"""
+
 
 def open_writable(path: str, map_size: int) -> Any:
     """The environment at ``path`` opened for writing (raises ``lmdb.Error``/``OSError``)."""
