@@ -19,7 +19,7 @@ a shared host moves both).
 
 Run: .venv/bin/python benchmarks/cache.py [--rounds 5] [--sizes 10k,150k,1m] [--no-extras]
 [--patterns sample,loader] [--compare-writers] [--compare-placement]
-[--compare-batch-bytes] [--torch-threads N]
+[--compare-batch-bytes] [--compare-lookups] [--torch-threads N]
 Targets: fill ≤ 1.10× the uncached epoch on each row; cached epoch ≥ 5× faster than uncached
 where the decode is the cost; cached reads ≥ 50 % of raw page-cache read throughput.
 """
@@ -270,6 +270,21 @@ def compare_batch_bytes(paths: list[str], h: int, w: int, rounds: int, shm: Path
         "8 MiB": lambda: _patched(cache_writer, "BATCH_BYTES", 8 * 2**20)}, "loader")
 
 
+def compare_lookups(paths: list[str], h: int, w: int, rounds: int, shm: Path) -> None:
+    """Read one by one: a sample never handed to the writer process taken as not stored,
+    without a lookup, while nobody else writes to the store (the default,
+    :meth:`redline.data.cache_proc.ProcessWriter.only_own`) against every sample looked up."""
+    from redline.data import cache_proc
+
+    def never(self: Any, last_txn: int) -> None:
+        return None
+
+    compare(paths, h, w, rounds, shm, "the store's lookups of a fill", {
+        "skipped for samples never handed over": contextlib.nullcontext,
+        "every sample looked up": lambda: _patched(cache_proc.ProcessWriter, "expect_only_own",
+                                                   never)})
+
+
 def read_throughput(paths: list[str], h: int, w: int, shm: Path) -> None:
     """Cached reads by index (decoded to tensors) against a raw sequential read of the store's
     file from the page cache."""
@@ -357,6 +372,9 @@ def main() -> None:
     ap.add_argument("--compare-batch-bytes", action="store_true",
                     help="also time DataLoader workers writing transactions of 256 KiB "
                     "against 8 MiB")
+    ap.add_argument("--compare-lookups", action="store_true",
+                    help="also time a fill one by one that skips the lookups of samples never "
+                    "handed to the writer against one that looks every sample up")
     ap.add_argument("--torch-threads", type=int, default=None,
                     help="torch.set_num_threads for the decode (default: torch's own)")
     args = ap.parse_args()
@@ -402,6 +420,10 @@ def main() -> None:
             for size, paths in made.items():
                 h, w, _ = SIZES[size]
                 compare_batch_bytes(paths, h, w, args.rounds, shm)
+        if args.compare_lookups:
+            for size, paths in made.items():
+                h, w, _ = SIZES[size]
+                compare_lookups(paths, h, w, args.rounds, shm)
         if args.compare_placement:
             for size, paths in made.items():
                 h, w, _ = SIZES[size]

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from factories import Numbers
 from redline.data import CachedDataset, cache_child, cache_proc
 from redline.data.cache_writer import StoreWriter
 from redline.data.sample_codec import encode
+from redline.data.stores import LmdbStore
 
 pytestmark = pytest.mark.skipif(not cache_proc.available(), reason="needs memfd_create (Linux)")
 
@@ -484,3 +486,68 @@ def test_the_writer_process_keeps_off_the_training_threads_cpu(tmp_path: Path) -
     assert os.sched_getaffinity(w._proc.pid) == allowed - {here}
     assert ds.stats().complete
     assert cache_child._cpu_of(os.getpid(), 2**31 - 1) is None  # no such thread
+
+
+def _count_lookups(ds: CachedDataset, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The keys ``ds`` looks up in its store from now on."""
+    looked: list[bytes] = []
+    store = ds.store
+    get = store.get
+
+    def spy(key: bytes) -> Any:
+        looked.append(key)
+        return get(key)
+
+    monkeypatch.setattr(store, "get", spy)
+    return looked
+
+
+def test_a_fill_alone_on_its_store_skips_the_lookups_of_samples_never_handed_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    det = Counted()
+    ds = CachedDataset(Numbers(300), det, path=tmp_path / "c")
+    ds[0]
+    w = _writer(ds)
+    assert ds._own_keys is not None and w.only_own()
+    looked = _count_lookups(ds, monkeypatch)
+    first = [ds[i] for i in range(1, 300)]
+    assert looked == []  # all 299 misses: none was looked up
+    again = [ds[i] for i in range(1, 300)]  # handed over: read back (memory or store)
+    assert det.calls == list(range(300))
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    ds.flush()
+    st = ds.stats()
+    assert (st.misses, st.hits, st.uncached, st.complete) == (300, 299, 0, True)
+    assert w.only_own()
+
+
+def test_another_writer_on_the_store_turns_the_skipped_lookups_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    det = Counted()
+    ds = CachedDataset(Numbers(300), det, path=tmp_path / "c")
+    [ds[i] for i in range(100)]
+    ds.flush()
+    w = _writer(ds)
+    assert w.only_own()
+    # another writer (a rank, a worker) stores sample 250 as it computed it
+    other = LmdbStore(tmp_path / "c", 2**30)
+    other.put_many([(ds._prefix + b"250", encode(torch.full((64,), -1.0)))])
+    [ds[i] for i in range(100, 200)]
+    ds.flush()  # the writer process's next transaction did not follow its last one
+    assert not w.only_own()
+    looked = _count_lookups(ds, monkeypatch)
+    assert float(ds[250][0]) == -1.0 and 250 not in det.calls  # read, not computed
+    assert looked == [ds._prefix + b"250"]
+
+
+def test_a_store_that_holds_the_datasets_samples_is_looked_up(tmp_path: Path) -> None:
+    first = CachedDataset(Numbers(50), Counted(), path=tmp_path / "c")
+    [first[i] for i in range(0, 50, 2)]  # half of them
+    first.flush()
+    _writer(first).close()
+    det = Counted()
+    ds = CachedDataset(Numbers(50), det, path=tmp_path / "c")
+    values = [ds[i] for i in range(50)]
+    assert ds._own_keys is None  # the store held some: every sample is looked up
+    assert det.calls == list(range(1, 50, 2))
+    assert all(float(v[0]) == i for i, v in enumerate(values))

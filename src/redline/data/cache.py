@@ -52,6 +52,10 @@ from redline.data.stores import LmdbStore, Store, process_id
 FLUSH_EVERY = 64
 """Cache events counted per process before the shared counters are updated."""
 
+OWN_KEYS_MAX = 2**27
+"""Samples of a dataset at most for which the training process keeps one bit each (16 MiB)
+saying whether it handed the sample to its writer process (see ``_own_keys``)."""
+
 __all__ = ["DEFAULT_DIR", "FLUSH_EVERY", "WRITE_BATCH", "CacheStats", "CachedDataset"]
 
 DEFAULT_DIR = os.path.join(store_place.SHM_DIR, store_place.DEFAULT_NAME)
@@ -182,6 +186,12 @@ class CachedDataset(Dataset[Any]):
         training process, the worker's own in a DataLoader worker; its ``pending`` samples are
         read back from memory first)."""
         self._writer_pid = -1
+        self._own_keys: bytearray | None = None
+        """Bit i set: sample i was handed to this process's writer. Kept where that writer is
+        a writer process that started on a store holding none of this dataset's keys: while
+        nobody else writes to the store (:meth:`~.cache_proc.ProcessWriter.only_own`), a
+        sample whose bit is clear is not stored, and a fill epoch's reads skip the lookup
+        (``benchmarks/cache.py --compare-lookups``; the README's cache section)."""
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -199,7 +209,9 @@ class CachedDataset(Dataset[Any]):
             with self._counters.get_lock():
                 moved[:] = self._counters[:]
             self._counters, self._spawnable = moved, True
-        return writer_state_for_pickle(self.__dict__)
+        state = writer_state_for_pickle(self.__dict__)
+        state["_own_keys"] = None  # this process's writer's, not the new one's
+        return state
 
     def flush(self) -> None:
         """Wait until the samples this process computed are written (they are written
@@ -230,6 +242,7 @@ class CachedDataset(Dataset[Any]):
             written, lost = w.take_counts()
             self._add(written=written, uncached=lost, publish=False)
             w.close()
+            self._own_keys = None
             self._writer = StoreWriter(self.store)
             mp_util.Finalize(self, self._writer.close, exitpriority=11)
             self._say("writer", f"{w.failure}; a writer thread writes from now on")
@@ -286,6 +299,7 @@ class CachedDataset(Dataset[Any]):
             blobs = self.store.get_many(keys)
         out: list[Any] = []
         puts: list[tuple[bytes, bytes, bytes | memoryview]] = []
+        put_indices: list[int] = []
         read = hits = 0
         w = self._writer_here()
         pending = w.pending if w is not None else {}
@@ -307,9 +321,12 @@ class CachedDataset(Dataset[Any]):
                 encoded = self._encode(value, i)
                 if encoded is not None:
                     puts.append((k, *encoded))
+                    put_indices.append(i)
         misses = len(indices) - hits
         self._add(hits=hits, misses=misses, read=read, uncached=misses - len(puts))
         self._store(puts)
+        for i in put_indices:
+            self._mark_own(i)
         return out
 
     def _store(self, puts: list[tuple[bytes, bytes, bytes | memoryview]]) -> None:
@@ -335,6 +352,17 @@ class CachedDataset(Dataset[Any]):
             # (before the counters' publication, priority 10). The writer's own close, not the
             # dataset's: a dataset that is dropped ends its writer process then.
             mp_util.Finalize(self, w.close, exitpriority=11)
+            self._own_keys = None
+            try:
+                n = len(self.dataset)
+            except TypeError:  # no length: no bits to keep
+                n = OWN_KEYS_MAX + 1
+            if (isinstance(w, cache_proc.ProcessWriter) and isinstance(self.store, LmdbStore)
+                    and n <= OWN_KEYS_MAX):
+                last = self.store.last_txn_without(self._prefix)
+                if last is not None:
+                    w.expect_only_own(last)
+                    self._own_keys = bytearray((n + 7) // 8)
         for k, head, body in puts:
             w.submit(k, head, body)
         self._check_writer(w)
@@ -343,8 +371,14 @@ class CachedDataset(Dataset[Any]):
         """Item ``i`` after the deterministic part only: read from the store, or computed and
         stored (what filling the cache ahead of a run calls for every item)."""
         key = self._prefix + str(i).encode()
-        w = self._writer_here()
-        blob: bytes | memoryview | None = w.pending.get(key) if w is not None else None
+        w = self._writer if self._writer_pid == process_id() else None  # _writer_here()
+        blob: bytes | memoryview | None = None
+        if w is not None:
+            own = self._own_keys
+            if (own is not None and 0 <= i < len(own) * 8 and not own[i >> 3] >> (i & 7) & 1
+                    and w.only_own()):
+                return self._miss(i, key, w)  # never handed over, nobody else writes
+            blob = w.pending.get(key)
         if blob is None:
             blob = self.store.get(key)
         if blob is None:
@@ -368,8 +402,13 @@ class CachedDataset(Dataset[Any]):
             puts = [] if encoded is None else [(key, *encoded)]
             self._add(misses=1, uncached=1 - len(puts))
             self._store(puts)
+            if puts:
+                self._mark_own(i)
             return value
-        encoded = self._encode(value, i)
+        try:  # what _encode does, on the fill's path
+            encoded = encode_parts(value)
+        except Exception:
+            encoded = self._encode(value, i)  # says why, once
         local[1] += 1  # what _add(misses=1) counts
         local[5] += 1
         if encoded is None:
@@ -377,11 +416,20 @@ class CachedDataset(Dataset[Any]):
             self._flush()
             return value
         w.submit(key, *encoded)
+        own = self._own_keys
+        if own is not None and 0 <= i < len(own) * 8:
+            own[i >> 3] |= 1 << (i & 7)  # what _mark_own does, on the fill's path
         if local[5] >= FLUSH_EVERY:
             self._flush()
         if w.failure is not None:
             self._check_writer(w)
         return value
+
+    def _mark_own(self, i: int) -> None:
+        """Sample ``i`` was handed to this process's writer (see ``_own_keys``)."""
+        own = self._own_keys
+        if own is not None and 0 <= i < len(own) * 8 and self._writer_here() is not None:
+            own[i >> 3] |= 1 << (i & 7)
 
     def _encode(self, value: Any, i: int) -> tuple[bytes, bytes | memoryview] | None:
         """The stored form of sample ``i`` in two parts (:func:`.sample_codec.encode_parts`:

@@ -53,7 +53,20 @@ TRAINER = 24
 that publishes the ring's end (the training thread), whose CPU the writer process keeps off
 (:class:`_KeepOff`)."""
 
-MESSAGE_AT = 256
+NEXT_TXN = 40
+"""u64 field (a cache line of its own): the id the writer process's next LMDB write
+transaction has where nobody else writes to the store (LMDB numbers them one after the other);
+0 where it is not known. The training side sets it before its first record, where the store
+held none of the dataset's keys
+(:meth:`redline.data.cache_proc.ProcessWriter.expect_only_own`)."""
+
+FOREIGN = 48
+"""u64 field (a cache line of its own: the training side reads it every sample) the writer
+process sets to 1 once a transaction of its own did not follow the
+last one known (another process, or the training thread itself, wrote between): from then
+on the training side looks every sample up in the store again."""
+
+MESSAGE_AT = 512
 """Where the failure message (UTF-8) begins in the header."""
 
 RECORD = struct.Struct("<II")
@@ -122,7 +135,12 @@ class _Ring:
             if items and head[FAILED]:
                 head[LOST] += len(items)
             elif items:
-                stored, written, why = lmdb_env.put_items(self.env, items, self.max_bytes)
+                ids: list[int] = []
+                stored, written, why = lmdb_env.put_items(self.env, items, self.max_bytes, ids)
+                for txn_id in ids:
+                    if head[NEXT_TXN] and txn_id != head[NEXT_TXN]:
+                        head[FOREIGN] = 1  # another transaction came between
+                    head[NEXT_TXN] = txn_id + 1
                 head[WRITTEN] += written
                 if why is not None:
                     head[LOST] += len(items) - stored

@@ -49,10 +49,12 @@ from redline.data.cache_child import (
     ENDED_IDLE,
     EXIT,
     FAILED,
+    FOREIGN,
     HEADER_BYTES,
     LOST,
     MESSAGE_AT,
     MESSAGE_LEN,
+    NEXT_TXN,
     PUBLISHED,
     RECORD,
     SLEEPING,
@@ -161,6 +163,8 @@ class ProcessWriter:
         idle."""
         self._owner = -1
         """The process that started the writer process (a forked copy never signals it)."""
+        self._alone = False
+        """Set by :meth:`expect_only_own` (for this ring)."""
 
     # -- the training side's calls ------------------------------------------------------
 
@@ -203,6 +207,24 @@ class ProcessWriter:
         if self._unsent >= WRITE_BATCH or end - self._sent >= SEND_BYTES:
             self._send(end)
             self._refresh()
+
+    def expect_only_own(self, last_txn: int) -> None:
+        """The store's last write transaction is ``last_txn``, and the store holds none of the
+        dataset's keys (:meth:`~redline.data.stores.LmdbStore.last_txn_without`): call before
+        the first record. From then on, while every transaction committed to the store is
+        the writer process's own (it checks their ids), a key the dataset never handed over is
+        not in the store (:meth:`only_own`)."""
+        head = self._head
+        if head is None or self._end:
+            return
+        head[NEXT_TXN] = last_txn + 1
+        self._alone = True
+
+    def only_own(self) -> bool:
+        """Whether the store holds no key of the dataset but those handed to this writer,
+        as of the writer process's last transaction (see :meth:`expect_only_own`)."""
+        head = self._head
+        return self._alone and head is not None and not head[FOREIGN] and not self.process_ended
 
     def drain(self) -> None:
         """Return once everything submitted so far is written (or dropped by a failure, or
@@ -283,6 +305,7 @@ class ProcessWriter:
                 mem.close()
         self._end = self._sent = self._consumed = self._unsent = 0
         self._taken = (0, 0)  # a new writer process counts from zero
+        self._alone = False
 
     def take_counts(self) -> tuple[int, int]:
         """(bytes written, samples not stored) since the last call."""

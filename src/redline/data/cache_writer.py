@@ -17,8 +17,8 @@ there only adds its wake-ups and GIL hand-overs (one per LMDB put) to the worker
 The thread's queue is bounded (:data:`QUEUED_BATCHES` batches of at most :data:`WRITE_BATCH`
 samples or :data:`~redline.data.lmdb_env.BATCH_BYTES` bytes): when it is full (a store slower
 than the pipeline, or a writer thread that a loaded host does not schedule: it runs
-:data:`NICE_STEP` below its process) the caller writes that batch itself, so memory never grows and the caller never waits
-longer than one write.
+:data:`NICE_STEP` below its process) the caller writes that batch itself, so memory never
+grows and the caller never waits longer than one write.
 
 Until a batch is written its samples stay readable from :attr:`StoreWriter.pending` (read
 your own writes: a sample computed and asked for again in the same epoch is served from
@@ -63,6 +63,11 @@ class Writer(Protocol):
         caller's tensor: copied before this returns)."""
         ...
 
+    def only_own(self) -> bool:
+        """Whether the store holds no key of the dataset but those handed to this writer (a
+        sample never handed over is then not stored: no lookup needed)."""
+        ...
+
     def drain(self) -> None: ...
     def close(self) -> None: ...
     def take_counts(self) -> tuple[int, int]: ...
@@ -98,6 +103,10 @@ class StoreWriter:
         self._batch_bytes += len(blob)
         if len(self._batch) >= WRITE_BATCH or self._batch_bytes >= BATCH_BYTES:
             self._send()
+
+    def only_own(self) -> bool:
+        """Never known here: other processes and writers may share the store."""
+        return False
 
     def _send(self) -> None:
         if not self._batch:

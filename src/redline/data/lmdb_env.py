@@ -43,16 +43,18 @@ def begin(env: Any, **kw: Any) -> Any:
         return env.begin(**kw)
 
 
-def put_items(env: Any, items: list[tuple[bytes, Any]],
-              max_bytes: int) -> tuple[int, int, str | None]:
+def put_items(env: Any, items: list[tuple[bytes, Any]], max_bytes: int,
+              ids: list[int] | None = None) -> tuple[int, int, str | None]:
     """Store the items not stored yet, one transaction for the batch: (items stored, bytes
     written, why writing stopped or None). A batch that does not fit whole is stored one item
     a transaction, so a small store is filled rather than left empty by one batch larger than
-    its room; nothing is overwritten (another worker or rank may have stored a key first)."""
+    its room; nothing is overwritten (another worker or rank may have stored a key first).
+    ``ids`` gets the id of each transaction committed that stored something (LMDB numbers
+    them one after the other: a transaction that stored nothing takes no number)."""
     import lmdb
 
     try:
-        return len(items), _put(env, items), None
+        return len(items), _put(env, items, ids), None
     except lmdb.MapFullError:
         pass
     except (lmdb.Error, OSError) as e:
@@ -60,7 +62,7 @@ def put_items(env: Any, items: list[tuple[bytes, Any]],
     written = 0
     for stored, item in enumerate(items):
         try:
-            written += _put(env, [item])
+            written += _put(env, [item], ids)
         except lmdb.MapFullError:
             return stored, written, f"reached its bound of {max_bytes:,} bytes"
         except (lmdb.Error, OSError) as e:
@@ -68,10 +70,13 @@ def put_items(env: Any, items: list[tuple[bytes, Any]],
     return len(items), written, None
 
 
-def _put(env: Any, items: list[tuple[bytes, Any]]) -> int:
+def _put(env: Any, items: list[tuple[bytes, Any]], ids: list[int] | None) -> int:
     written = 0
     with begin(env, write=True) as txn:
         for k, v in items:
             if txn.put(k, v, overwrite=False):
                 written += len(v)
+        txn_id = txn.id()
+    if ids is not None and written:
+        ids.append(txn_id)
     return written

@@ -208,6 +208,24 @@ class LmdbStore:
             return v
         return self.get_many([key])[0]
 
+    def last_txn_without(self, prefix: bytes) -> int | None:
+        """The id of the store's last write transaction, where the store holds no key that
+        starts with ``prefix`` (a dataset's keys) as of it; None where it holds one, or where
+        this process cannot write to it. Takes a new snapshot."""
+        import lmdb
+
+        env = self._open()
+        if env is None or self.read_only_reason is not None:
+            return None
+        try:
+            txn = self._renew(env)
+            with txn.cursor() as cur:
+                if cur.set_range(prefix) and bytes(cur.key()).startswith(prefix):
+                    return None
+            return int(txn.id())
+        except lmdb.Error:  # unknown: every sample is looked up
+            return None
+
     def note_written(self) -> None:
         """Another process wrote for this one (the cache's writer process): the next miss
         takes a new snapshot, as after a write of this process."""
