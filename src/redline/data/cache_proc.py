@@ -222,9 +222,13 @@ class ProcessWriter:
 
     def only_own(self) -> bool:
         """Whether the store holds no key of the dataset but those handed to this writer,
-        as of the writer process's last transaction (see :meth:`expect_only_own`)."""
+        as of the writer process's last transaction (see :meth:`expect_only_own`). Another
+        writer is noticed at that process's next transaction, within a batch: until then the
+        samples it stored are computed again, as a snapshot's misses are
+        (:data:`~redline.data.stores.SNAPSHOT_S`). Not known once writing stopped."""
         head = self._head
-        return self._alone and head is not None and not head[FOREIGN] and not self.process_ended
+        return (self._alone and head is not None and not head[FOREIGN]
+                and self.failure is None)
 
     def drain(self) -> None:
         """Return once everything submitted so far is written (or dropped by a failure, or
