@@ -412,22 +412,13 @@ def main() -> None:
                       f"{', '.join(f'{x:.3f}' for x in m['ratio'])})")
         print(f"worst fill/uncached {worst:.3f}× (target ≤ 1.10×); load at the end "
               f"{os.getloadavg()[0]:.2f}")
-        if args.compare_writers:
-            for size, paths in made.items():
+        for wanted, comparison in ((args.compare_writers, compare_writers),
+                                   (args.compare_batch_bytes, compare_batch_bytes),
+                                   (args.compare_lookups, compare_lookups),
+                                   (args.compare_placement, compare_placement)):
+            for size, paths in made.items() if wanted else ():
                 h, w, _ = SIZES[size]
-                compare_writers(paths, h, w, args.rounds, shm)
-        if args.compare_batch_bytes:
-            for size, paths in made.items():
-                h, w, _ = SIZES[size]
-                compare_batch_bytes(paths, h, w, args.rounds, shm)
-        if args.compare_lookups:
-            for size, paths in made.items():
-                h, w, _ = SIZES[size]
-                compare_lookups(paths, h, w, args.rounds, shm)
-        if args.compare_placement:
-            for size, paths in made.items():
-                h, w, _ = SIZES[size]
-                compare_placement(paths, h, w, args.rounds, shm)
+                comparison(paths, h, w, args.rounds, shm)
         if not args.no_extras and "150k" in made:
             h, w, _ = SIZES["150k"]
             read_throughput(made["150k"], h, w, shm)
