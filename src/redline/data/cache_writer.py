@@ -43,8 +43,8 @@ WRITE_BATCH = 32
 
 QUEUED_BATCHES = 32
 """Batches waiting for the writer thread at most; one more is written by the caller itself.
-With :data:`BATCH_BYTES`, bounds what a process holds unwritten to ~8 MiB (one sample larger
-than BATCH_BYTES makes a batch of its own)."""
+With :data:`BATCH_BYTES`, bounds what a process holds unwritten to ~8 MiB of samples smaller
+than it, or 33 samples where each is larger (a batch of its own)."""
 
 
 class Writer(Protocol):
