@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from factories import Numbers
-from redline.data import CachedDataset, cache_child, cache_proc
+from redline.data import CachedDataset, cache_child, cache_proc, lmdb_env
 from redline.data.cache_writer import StoreWriter
 from redline.data.sample_codec import encode
 from redline.data.stores import LmdbStore
@@ -540,6 +540,39 @@ def test_another_writer_on_the_store_turns_the_skipped_lookups_off(
     assert looked == [ds._prefix + b"250"]
 
 
+def test_a_writer_that_stored_the_same_samples_turns_the_skipped_lookups_off(
+        tmp_path: Path) -> None:
+    det = Counted()
+    ds = CachedDataset(Numbers(200), det, path=tmp_path / "c")
+    ds[0]
+    ds.flush()
+    w = _writer(ds)
+    assert w.only_own()
+    # DataLoader workers (or a rank) store the rest in one transaction: no gap in the writer
+    # process's own transactions follows, as its next one stores nothing
+    other = LmdbStore(tmp_path / "c", 2**30)
+    other.put_many([(ds._prefix + b"%d" % i, encode(torch.full((64,), float(i))))
+                    for i in range(1, 200)])
+    [ds[i] for i in range(1, 33)]  # taken as not stored: computed, handed over, found there
+    ds.flush()
+    assert not w.only_own()
+    det.calls.clear()
+    values = [ds[i] for i in range(33, 200)]
+    assert det.calls == []  # read, not computed
+    assert all(float(v[0]) == i for i, v in zip(range(33, 200), values, strict=True))
+
+
+def test_a_dataset_whose_length_raises_is_still_filled(tmp_path: Path) -> None:
+    class NoLength(Numbers):
+        def __len__(self) -> int:
+            raise NotImplementedError("length unknown")
+
+    ds = CachedDataset(NoLength(10), Counted(), path=tmp_path / "c", fingerprint="f")
+    assert [float(ds.get_deterministic(i)[0]) for i in range(10)] == [float(i) for i in range(10)]
+    ds.flush()
+    assert ds._own_keys is None and ds.stats().uncached == 0
+
+
 def test_a_store_that_holds_the_datasets_samples_is_looked_up(tmp_path: Path) -> None:
     first = CachedDataset(Numbers(50), Counted(), path=tmp_path / "c")
     [first[i] for i in range(0, 50, 2)]  # half of them
@@ -551,3 +584,28 @@ def test_a_store_that_holds_the_datasets_samples_is_looked_up(tmp_path: Path) ->
     assert ds._own_keys is None  # the store held some: every sample is looked up
     assert det.calls == list(range(1, 50, 2))
     assert all(float(v[0]) == i for i, v in enumerate(values))
+
+
+def test_the_writer_process_keeps_each_transaction_within_batch_bytes() -> None:
+    import mmap
+
+    ring_bytes = 4 * 2**20
+    mem = mmap.mmap(-1, cache_child.HEADER_BYTES + ring_bytes)
+    sample = 100 * 1024
+    sizes = [sample] * 5 + [lmdb_env.BATCH_BYTES + 1, sample]
+    at = 0
+    for n, size in enumerate(sizes):  # records as the training side lays them out
+        key = b"k%d" % n
+        off = cache_child.HEADER_BYTES + at
+        cache_child.RECORD.pack_into(mem, off, len(key), size)
+        mem[off + cache_child.RECORD.size:off + cache_child.RECORD.size + len(key)] = key
+        at += (cache_child.RECORD.size + len(key) + size + 7) & ~7
+    ring = cache_child._Ring(mem, ring_bytes, None, 0, 0)
+    batches = []
+    while ring.consumed < at:
+        ring.consumed, items = ring._batch(at)
+        batches.append([len(v) for _, v in items])
+    # out before a record would take it past BATCH_BYTES; a larger one alone
+    assert batches == [[sample] * 2, [sample] * 2, [sample], [lmdb_env.BATCH_BYTES + 1],
+                       [sample]]
+    del ring

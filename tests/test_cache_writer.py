@@ -141,7 +141,7 @@ def test_an_inline_writer_writes_each_full_batch_on_the_callers_thread() -> None
     assert writer.take_counts() == (100 * (WRITE_BATCH + 3), 0)
 
 
-def test_a_transaction_holds_a_few_hundred_kib_at_most() -> None:
+def test_a_transaction_holds_at_most_batch_bytes_or_one_larger_sample() -> None:
     sizes: list[int] = []
 
     class Sized(HeldStore):
@@ -152,13 +152,15 @@ def test_a_transaction_holds_a_few_hundred_kib_at_most() -> None:
     store = Sized()
     writer = StoreWriter(store, inline=True)  # type: ignore[arg-type]
     sample = 100 * 1024
-    for i in range(10):
+    for i in range(9):
         writer.submit(b"s%d" % i, b"", b"x" * sample)
+    big = lmdb_env.BATCH_BYTES + 1
+    writer.submit(b"big", b"", b"x" * big)  # a transaction of its own
+    writer.submit(b"last", b"", b"x" * sample)
     writer.close()
-    # out once BATCH_BYTES is reached, well before WRITE_BATCH samples: 3, 3, 3 and the last
-    assert sizes == [3 * sample] * 3 + [sample]
-    assert all(n < lmdb_env.BATCH_BYTES + sample for n in sizes)
-    assert len(store.data) == 10
+    # out before a sample would take it past BATCH_BYTES, well before WRITE_BATCH samples
+    assert sizes == [2 * sample] * 4 + [sample, big, sample]
+    assert len(store.data) == 11
 
 
 class NamingStore:

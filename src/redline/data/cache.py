@@ -355,7 +355,7 @@ class CachedDataset(Dataset[Any]):
             self._own_keys = None
             try:
                 n = len(self.dataset)
-            except TypeError:  # no length: no bits to keep
+            except Exception:  # no length (or not one to trust): no bits to keep
                 n = OWN_KEYS_MAX + 1
             if (isinstance(w, cache_proc.ProcessWriter) and isinstance(self.store, LmdbStore)
                     and n <= OWN_KEYS_MAX):

@@ -62,9 +62,10 @@ held none of the dataset's keys
 
 FOREIGN = 48
 """u64 field (a cache line of its own: the training side reads it every sample) the writer
-process sets to 1 once a transaction of its own did not follow the
-last one known (another process, or the training thread itself, wrote between): from then
-on the training side looks every sample up in the store again."""
+process sets to 1 once a transaction of its own did not follow the last one known (another
+process, or the training thread itself, wrote between), or found a key it was given already
+stored (another writer stored it, whatever the order of the transactions): from then on the
+training side looks every sample up in the store again."""
 
 MESSAGE_AT = 512
 """Where the failure message (UTF-8) begins in the header."""
@@ -141,6 +142,8 @@ class _Ring:
                     if head[NEXT_TXN] and txn_id != head[NEXT_TXN]:
                         head[FOREIGN] = 1  # another transaction came between
                     head[NEXT_TXN] = txn_id + 1
+                if why is None and written != sum(len(v) for _, v in items):
+                    head[FOREIGN] = 1  # a key was there already: another writer stored it
                 head[WRITTEN] += written
                 if why is not None:
                     head[LOST] += len(items) - stored
@@ -152,12 +155,14 @@ class _Ring:
         next one begins, (key, value) of each)."""
         at, size, ring, data = self.consumed, 0, self.ring_bytes, self.data
         items: list[tuple[bytes, memoryview]] = []
-        while at < end and len(items) < WRITE_BATCH and size < lmdb_env.BATCH_BYTES:
+        while at < end and len(items) < WRITE_BATCH:
             off = at % ring
             klen, vlen = RECORD.unpack_from(data, off)
             if klen == WRAP:
                 at += ring - off
                 continue
+            if items and size + vlen > lmdb_env.BATCH_BYTES:
+                break  # the next transaction's
             k0 = off + RECORD.size
             items.append((bytes(data[k0:k0 + klen]), data[k0 + klen:k0 + klen + vlen]))
             size += vlen

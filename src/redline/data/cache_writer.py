@@ -98,6 +98,8 @@ class StoreWriter:
         """Queue one sample's stored form, ``head + body``, for writing (readable from
         :attr:`pending` until it is written)."""
         blob = body if not head and isinstance(body, bytes) else b"".join((head, body))
+        if self._batch and self._batch_bytes + len(blob) > BATCH_BYTES:
+            self._send()  # this sample would take the batch past its bytes
         self.pending[key] = blob
         self._batch.append((key, blob))
         self._batch_bytes += len(blob)

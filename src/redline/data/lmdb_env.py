@@ -10,7 +10,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 BATCH_BYTES = 256 * 2**10
-"""Bytes of samples one transaction holds at most (one sample more where it is larger).
+"""Bytes of samples one transaction holds at most (a sample larger than this is a
+transaction of its own).
 
 LMDB copies a transaction's large values into pages it allocates with malloc and frees at the
 commit. glibc gives memory freed at the heap's top back to the system once it passes the trim
