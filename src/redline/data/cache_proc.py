@@ -223,9 +223,11 @@ class ProcessWriter:
     def only_own(self) -> bool:
         """Whether the store holds no key of the dataset but those handed to this writer,
         as of the writer process's last transaction (see :meth:`expect_only_own`). Another
-        writer is noticed at that process's next transaction, within a batch: until then the
-        samples it stored are computed again, as a snapshot's misses are
-        (:data:`~redline.data.stores.SNAPSHOT_S`). Not known once writing stopped."""
+        writer is noticed at that process's next transaction: a batch later where it keeps up
+        with the training thread, later where it lags (while it starts, or behind samples
+        cheaper than its writes). Until then the samples the other writer stored are computed
+        again, as a snapshot's misses are (:data:`~redline.data.stores.SNAPSHOT_S`); no value
+        is ever wrong. Not known once writing stopped."""
         head = self._head
         return (self._alone and head is not None and not head[FOREIGN]
                 and self.failure is None)
