@@ -38,10 +38,11 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -228,16 +229,6 @@ def compare(paths: list[str], h: int, w: int, rounds: int, shm: Path, what: str,
               f"{', '.join(f'{x:.3f}' for x in ratios[name])})")
 
 
-@contextlib.contextmanager
-def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
-
-
 def compare_writers(paths: list[str], h: int, w: int, rounds: int, shm: Path) -> None:
     """The training process's two writers: the writer process (the default,
     :mod:`redline.data.cache_proc`) and the writer thread (where that process cannot run,
@@ -247,7 +238,7 @@ def compare_writers(paths: list[str], h: int, w: int, rounds: int, shm: Path) ->
 
     compare(paths, h, w, rounds, shm, "the training process's writers", {
         "writer process": contextlib.nullcontext,
-        "writer thread": lambda: _patched(cache_module, "_new_writer", StoreWriter)})
+        "writer thread": lambda: mock.patch.object(cache_module, "_new_writer", StoreWriter)})
 
 
 def compare_placement(paths: list[str], h: int, w: int, rounds: int, shm: Path) -> None:
@@ -257,7 +248,7 @@ def compare_placement(paths: list[str], h: int, w: int, rounds: int, shm: Path) 
 
     compare(paths, h, w, rounds, shm, "where the writer process runs", {
         "kept off the training thread's CPU": contextlib.nullcontext,
-        "placed by the kernel": lambda: _patched(cache_child, "PLACE_CHECK_S", float("inf"))})
+        "placed by the kernel": lambda: mock.patch.object(cache_child, "PLACE_CHECK_S", float("inf"))})
 
 
 def compare_batch_bytes(paths: list[str], h: int, w: int, rounds: int, shm: Path) -> None:
@@ -267,7 +258,7 @@ def compare_batch_bytes(paths: list[str], h: int, w: int, rounds: int, shm: Path
 
     compare(paths, h, w, rounds, shm, "bytes a transaction holds", {
         "256 KiB": contextlib.nullcontext,
-        "8 MiB": lambda: _patched(cache_writer, "BATCH_BYTES", 8 * 2**20)}, "loader")
+        "8 MiB": lambda: mock.patch.object(cache_writer, "BATCH_BYTES", 8 * 2**20)}, "loader")
 
 
 def compare_lookups(paths: list[str], h: int, w: int, rounds: int, shm: Path) -> None:
@@ -281,7 +272,7 @@ def compare_lookups(paths: list[str], h: int, w: int, rounds: int, shm: Path) ->
 
     compare(paths, h, w, rounds, shm, "the store's lookups of a fill", {
         "skipped for samples never handed over": contextlib.nullcontext,
-        "every sample looked up": lambda: _patched(cache_proc.ProcessWriter, "expect_only_own",
+        "every sample looked up": lambda: mock.patch.object(cache_proc.ProcessWriter, "expect_only_own",
                                                    never)})
 
 

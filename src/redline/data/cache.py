@@ -352,20 +352,26 @@ class CachedDataset(Dataset[Any]):
             # (before the counters' publication, priority 10). The writer's own close, not the
             # dataset's: a dataset that is dropped ends its writer process then.
             mp_util.Finalize(self, w.close, exitpriority=11)
-            self._own_keys = None
-            try:
-                n = len(self.dataset)
-            except Exception:  # no length (or not one to trust): no bits to keep
-                n = OWN_KEYS_MAX + 1
-            if (isinstance(w, cache_proc.ProcessWriter) and isinstance(self.store, LmdbStore)
-                    and n <= OWN_KEYS_MAX):
-                last = self.store.last_txn_without(self._prefix)
-                if last is not None:
-                    w.expect_only_own(last)
-                    self._own_keys = bytearray((n + 7) // 8)
+            self._own_keys = self._only_own_from_here(w)
         for k, head, body in puts:
             w.submit(k, head, body)
         self._check_writer(w)
+
+    def _only_own_from_here(self, w: Writer) -> bytearray | None:
+        """The bits of ``_own_keys``, all clear, where ``w`` is a writer process on a store
+        that holds none of this dataset's keys (told to it); None where the skip cannot be
+        (another writer, another store, a dataset without a length or past OWN_KEYS_MAX)."""
+        if not isinstance(w, cache_proc.ProcessWriter) or not isinstance(self.store, LmdbStore):
+            return None
+        try:
+            n = len(self.dataset)
+        except Exception:  # no length (or not one to trust): no bits to keep
+            return None
+        last = self.store.last_txn_without(self._prefix) if n <= OWN_KEYS_MAX else None
+        if last is None:
+            return None
+        w.expect_only_own(last)
+        return bytearray((n + 7) // 8)
 
     def get_deterministic(self, i: int) -> Any:
         """Item ``i`` after the deterministic part only: read from the store, or computed and
@@ -428,7 +434,7 @@ class CachedDataset(Dataset[Any]):
     def _mark_own(self, i: int) -> None:
         """Sample ``i`` was handed to this process's writer (see ``_own_keys``)."""
         own = self._own_keys
-        if own is not None and 0 <= i < len(own) * 8 and self._writer_here() is not None:
+        if own is not None and 0 <= i < len(own) * 8:
             own[i >> 3] |= 1 << (i & 7)
 
     def _encode(self, value: Any, i: int) -> tuple[bytes, bytes | memoryview] | None:
