@@ -18,8 +18,8 @@ commit. glibc gives memory freed at the heap's top back to the system once it pa
 threshold (M_TRIM_THRESHOLD, mallopt(3): 128 KiB at first, raised to twice the largest
 mmapped chunk freed), so a transaction of megabytes faults all of its pages in anew each time,
 and a fresh page costs more than copying 4 KiB into it. Transactions this small reuse their
-pages, which also stay in the CPU's cache; a commit's own cost is a few tens of microseconds.
-(``benchmarks/cache.py --compare-batch-bytes``; the README's cache section.)"""
+pages, which also stay in the CPU's cache, and the commits this adds cost less than the faults
+they save (``benchmarks/cache.py --compare-batch-bytes``; the README's cache section)."""
 
 
 def open_writable(path: str, map_size: int) -> Any:
@@ -72,12 +72,13 @@ def put_items(env: Any, items: list[tuple[bytes, Any]], max_bytes: int,
 
 
 def _put(env: Any, items: list[tuple[bytes, Any]], ids: list[int] | None) -> int:
-    written = 0
+    written = added = 0
     with begin(env, write=True) as txn:
         for k, v in items:
             if txn.put(k, v, overwrite=False):
                 written += len(v)
+                added += 1
         txn_id = txn.id()
-    if ids is not None and written:
+    if ids is not None and added:
         ids.append(txn_id)
     return written
