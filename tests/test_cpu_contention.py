@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -120,3 +121,31 @@ def test_a_loop_that_gets_its_cpu_is_not_contended() -> None:
     busy = sum(p.cpu_cores for p in procs)
     due = delay >= MAIN_THREAD_RUN_DELAY_MIN_FRACTION and busy >= OTHERS_MIN_CORES
     assert bool(found) == due, (delay, busy)
+
+
+def test_the_training_thread_s_cpu_is_told_apart_from_its_process_s_other_threads() -> None:
+    """A thread of the process multiplies matrices (native code, the GIL released) while the
+    loop's steps mostly sleep: the process uses the CPU, the training thread next to none."""
+    stop = threading.Event()
+
+    def busy() -> None:
+        a = torch.randn(256, 256)
+        while not stop.is_set():
+            a @ a
+
+    other = threading.Thread(target=busy, daemon=True)
+    model = nn.Linear(8, 1)
+    with _pinned():  # one intra-op thread, so the product runs on the other thread itself
+        other.start()
+        try:
+            with redline.watch(warmup_steps=2, count_flops=False) as w:
+                for _ in range(60):
+                    time.sleep(0.01)
+                    model(torch.randn(4, 8)).sum().backward()
+        finally:
+            stop.set()
+            other.join()
+    h = w.report(show=False).measurements.host
+    assert h.main_thread_cpu_cores is not None and h.main_cpu_cores is not None
+    assert h.main_thread_cpu_cores < 0.1, h  # the loop slept ~10 ms of each ~10.1 ms step
+    assert h.main_cpu_cores > h.main_thread_cpu_cores + 0.3, h  # the other thread's share

@@ -269,8 +269,32 @@ def test_on_cpu_a_rank_with_more_work_shows_it_in_cpu_time() -> None:
                                               cpu=0.5 + 0.025 / STEP))])
     f = _straggler(findings)
     assert f is not None and f.severity == "high" and f.ceiling_speedup is not None
-    assert "uses 25.0 ms more CPU time per step: more work than the others" in f.title
+    assert "its process uses 25.0 ms more CPU time per step: more work than the others" \
+        in f.title
     assert "device" not in f.title + f.fix
+    assert f.evidence["cpu_time_excess_of"] == "process"  # no training thread's reading
+
+
+def test_on_cpu_more_work_is_judged_on_the_training_thread_not_the_process() -> None:
+    """Both processes spend 20 ms more CPU a step on rank 1 — its communication thread, which
+    receives the others' data while rank 1 computes — but the training threads spend the
+    same: no more work, the shared CPUs' doing. Where rank 1's training thread itself spends
+    the 25 ms more, it is more work."""
+    def ranks(thread_cpu_1: float) -> list[dict[str, Any]]:
+        return [_on("cpu", _summary(0, bwd_s=0.055, cpu=0.8), main_thread_cpu_cores=0.4),
+                _on("cpu", _summary(1, late_s=0.025, bwd_s=0.055, cpu=0.8 + 0.020 / STEP),
+                    main_thread_cpu_cores=thread_cpu_1)]
+    f = _straggler(_merge(ranks(0.4))[1])
+    assert f is not None and f.rank == 1
+    assert f.severity == "low" and f.ceiling_speedup is None
+    assert "on no more CPU time" in f.title and "more work" not in f.title
+    assert f.evidence["cpu_time_excess_ms"] == 0.0
+    assert f.evidence["cpu_time_excess_of"] == "training thread"
+    assert f.evidence["training_thread_cpu_cores"] == 0.4
+    f = _straggler(_merge(ranks(0.4 + 0.025 / STEP))[1])
+    assert f is not None and f.severity == "high" and f.ceiling_speedup is not None
+    assert "its training thread uses 25.0 ms more CPU time per step: more work" in f.title
+    assert f.evidence["cpu_time_excess_ms"] == pytest.approx(25.0)
 
 
 def test_a_gpu_is_called_throttled_only_on_its_own_clock_events() -> None:

@@ -158,6 +158,10 @@ class HostMetrics:
     torch_threads: int
     main_cpu_cores: float | None
     """CPU seconds of the training process per wall second (all threads)."""
+    main_thread_cpu_cores: float | None = None
+    """CPU seconds of the training loop's thread alone per wall second
+    (/proc/self/task/<tid>/schedstat): the work of the step without the process's other
+    threads (communication, intra-op pools, samplers); None where unreadable."""
     workers_cpu_cores: float | None
     """CPU seconds of its child processes (DataLoader workers) per wall second."""
     workers_seen: int

@@ -62,6 +62,7 @@ class RankEntry:
     """``comm_s − comm_wait_s``: communication time not spent waiting for a late peer."""
     throughput_samples_per_s: float | None
     main_cpu_cores: float | None
+    """CPU seconds of its process per wall second (all threads)."""
     collectives: int
     """Collectives of the measured window met on every reporting rank."""
     last_arrivals: int
@@ -82,6 +83,9 @@ class RankEntry:
     score_vs_own_best: float | None = None
     """Its best 10-step median compute ÷ its last (below 1: it slowed down during the run —
     throttling, a noisy neighbour)."""
+    main_thread_cpu_cores: float | None = None
+    """CPU seconds of its training loop's thread alone per wall second: the step's own work,
+    without its communication and other threads; None where unreadable."""
     device: str | None = None
     """The device type it trains on ('cpu', 'cuda', ...); None when its report did not say."""
     cpus_available: float | None = None

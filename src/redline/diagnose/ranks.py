@@ -49,13 +49,17 @@ def _host_share(slow: RankEntry, ranks: list[RankEntry]) -> tuple[int, float | N
     return len(local), (None if any(u is None for u in used) else sum(u or 0.0 for u in used))
 
 
+_Numbers = dict[str, float | str | None]
+"""The straggler's numbers compared, as its evidence carries them."""
+
+
 def _why(slow: RankEntry, others: list[RankEntry], step_s: float
-         ) -> tuple[str, str, dict[str, float | None], bool]:
+         ) -> tuple[str, str, _Numbers, bool]:
     """(cause, fix, the numbers compared, whether the user can act on it): the straggler's
     largest excess over the median of the other ranks — data wait, compute (forward +
     backward + optimizer − its wait at collectives), time outside the phases, or CPU (its
-    process got fewer CPU-seconds per second than theirs, or its training thread waited longer
-    than theirs for a CPU)."""
+    process got fewer CPU-seconds per second than theirs, its training thread waited longer
+    than theirs for a CPU, or, on a CPU device, that thread spent more CPU time on its step)."""
     def compute(e: RankEntry) -> float | None:
         if e.forward_s is None or e.backward_s is None:
             return None
@@ -81,10 +85,20 @@ def _why(slow: RankEntry, others: list[RankEntry], step_s: float
                     else slow.run_delay_s - delay_med)
     # CPU-seconds per step more than the others (all ranks' steps take the same wall time
     # under DDP, so CPU cores used compare CPU time per step): on a CPU device, more work
-    # costs CPU time; a rank held off its CPUs computes longer on the same CPU time.
-    cpu_excess = (None if slow.main_cpu_cores is None or cpu_med is None
-                  else (slow.main_cpu_cores - cpu_med) * step_s)
-    numbers: dict[str, float | None] = {
+    # costs CPU time; a rank held off its CPUs computes longer on the same CPU time. The
+    # training thread's own CPU time where every rank has it: the process's also counts its
+    # communication threads, which work longer on the rank the others wait for (gloo's loop
+    # thread receives their data while it computes) with no more work of the step.
+    thread_med = _median([e.main_thread_cpu_cores for e in others])
+    by_thread = (slow.main_thread_cpu_cores is not None and thread_med is not None
+                 and all(e.main_thread_cpu_cores is not None for e in others))
+    if by_thread:
+        cpu_excess: float | None = ((slow.main_thread_cpu_cores or 0.0) - (thread_med or 0.0)) \
+            * step_s
+    else:
+        cpu_excess = (None if slow.main_cpu_cores is None or cpu_med is None
+                      else (slow.main_cpu_cores - cpu_med) * step_s)
+    numbers: _Numbers = {
         "data_wait_excess_ms": round(data_excess * 1e3, 3),
         "compute_excess_ms": round(compute_excess * 1e3, 3),
         "outside_phases_excess_ms": round(outside_excess * 1e3, 3),
@@ -92,7 +106,12 @@ def _why(slow: RankEntry, others: list[RankEntry], step_s: float
         "others_main_cpu_cores": None if cpu_med is None else round(cpu_med, 3),
         "run_delay_excess_ms": None if delay_excess is None else round(delay_excess * 1e3, 3),
         "run_delay_ms": None if slow.run_delay_s is None else round(slow.run_delay_s * 1e3, 3),
-        "cpu_time_excess_ms": None if cpu_excess is None else round(cpu_excess * 1e3, 3)}
+        "training_thread_cpu_cores": (None if slow.main_thread_cpu_cores is None
+                                      else round(slow.main_thread_cpu_cores, 3)),
+        "others_training_thread_cpu_cores": None if thread_med is None else round(thread_med, 3),
+        "cpu_time_excess_ms": None if cpu_excess is None else round(cpu_excess * 1e3, 3),
+        "cpu_time_excess_of": None if cpu_excess is None else (
+            "training thread" if by_thread else "process")}
     if outside_excess > max(data_excess, compute_excess, 0.0):
         return (f"it spends {outside_excess * 1e3:,.1f} ms more per step outside data loading, "
                 "forward, backward and the optimizer than the median rank (the loop's own code "
@@ -143,8 +162,7 @@ def _why(slow: RankEntry, others: list[RankEntry], step_s: float
 
 def _on_shared_cpus(slow: RankEntry, others: list[RankEntry], *, computes: str,
                     compute_excess: float, cpu_excess: float | None, delay_excess: float | None,
-                    numbers: dict[str, float | None]) -> tuple[str, str, dict[str, float | None],
-                                                                bool]:
+                    numbers: _Numbers) -> tuple[str, str, _Numbers, bool]:
     """A rank that trains on CPU and computes longer than the others: there is no device to
     blame. With the CPU time to show for it, it has more work; without, it got less of the
     CPUs its host's ranks share (the scheduler's choice, which moves between runs)."""
@@ -159,8 +177,10 @@ def _on_shared_cpus(slow: RankEntry, others: list[RankEntry], *, computes: str,
             and delay_excess >= STRAGGLER_HELD_DELAY_SHARE * compute_excess)
     if not held and cpu_excess is not None \
             and cpu_excess >= STRAGGLER_MORE_WORK_CPU_SHARE * compute_excess:
-        return (f"{computes} and uses {cpu_excess * 1e3:,.1f} ms more CPU time per step: more "
-                "work than the others",
+        who = "its training thread" if numbers["cpu_time_excess_of"] == "training thread" \
+            else "its process"
+        return (f"{computes} and {who} uses {cpu_excess * 1e3:,.1f} ms more CPU time per step: "
+                "more work than the others",
                 f"Find what rank {slow.rank} computes that the others do not: larger inputs "
                 "(sequence lengths, image sizes) on its shard, or extra work only it does "
                 "(logging, evaluation, checkpointing).", numbers, True)

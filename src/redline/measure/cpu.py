@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import psutil
 
 from redline.measure.processes import ProcessCpu, Table, competitors, cpu_table
-from redline.measure.sched import process_run_delay, thread_run_delay, usable_cpus_busy_s
+from redline.measure.sched import process_run_delay, thread_run_delay, thread_schedstat, usable_cpus_busy_s
 
 
 @dataclass(slots=True, kw_only=True)
@@ -60,6 +60,10 @@ class CpuWindow:
     main_thread_run_delay_s: float | None = None
     """Seconds the thread that opened the window (the training loop's) was runnable but
     waiting for a CPU during it (/proc/self/task/<tid>/schedstat); None where unreadable."""
+    main_thread_cpu_s: float | None = None
+    """CPU seconds of that thread alone during the window (the same file), without the
+    process's other threads (communication, intra-op pools, samplers); None where
+    unreadable."""
     usable_cpus_busy_s: float | None = None
     """CPU seconds spent by anything (this job and every other process) on the CPUs this
     process may run on, during the window (/proc/stat per CPU); None where unreadable."""
@@ -120,6 +124,7 @@ class CpuSampler:
         self._table_base: Table | None = None
         self._loop_tid = threading.get_native_id()
         self._loop_delay_base: float | None = None
+        self._loop_cpu_base: float | None = None
         self._own_reads = 0
         """read() bytes of this sampler's own /proc reads since the window began."""
         self._t0 = 0.0
@@ -192,7 +197,8 @@ class CpuSampler:
             self._main_base = _read(self._proc)
             # the window opens at a step boundary, on the training loop's thread
             self._loop_tid = threading.get_native_id()
-            self._loop_delay_base = thread_run_delay(self._loop_tid)
+            loop = thread_schedstat(self._loop_tid)
+            self._loop_cpu_base, self._loop_delay_base = loop if loop else (None, None)
             self._own_reads = 0
             self._t0 = time.perf_counter()
             self._peak_main = 0
@@ -280,7 +286,7 @@ class CpuSampler:
         table = cpu_table()
         own = self._own_reads + max(0, (_own_read_chars() or 0) - (reads_before or 0))
         main = _read(self._proc)
-        loop_delay = thread_run_delay(self._loop_tid)
+        loop = thread_schedstat(self._loop_tid)
         with self._lock:
             wall = time.perf_counter() - self._t0
             zero = _ProcReading(cpu_s=0.0, read_bytes=0, read_chars=0, rss=0)
@@ -326,8 +332,10 @@ class CpuSampler:
                 children_read_chars=crc,
                 children_run_delay_s=delay,
                 main_thread_run_delay_s=(
-                    None if loop_delay is None or self._loop_delay_base is None
-                    else max(0.0, loop_delay - self._loop_delay_base)),
+                    None if loop is None or self._loop_delay_base is None
+                    else max(0.0, loop[1] - self._loop_delay_base)),
+                main_thread_cpu_s=(None if loop is None or self._loop_cpu_base is None
+                                   else max(0.0, loop[0] - self._loop_cpu_base)),
                 usable_cpus_busy_s=(None if busy is None or self._busy_base is None
                                     else max(0.0, busy - self._busy_base)),
                 processes=(None if table is None or self._table_base is None

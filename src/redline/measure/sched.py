@@ -53,14 +53,23 @@ class ThreadRunDelay:
             self._fd = None
 
 
+def thread_schedstat(tid: int) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds of run delay) so far of one of this process's threads
+    (``/proc/self/task/<tid>/schedstat``), None where unknown (not Linux, the thread has
+    exited)."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+            fields = f.read().split()
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def thread_run_delay(tid: int) -> float | None:
     """Run delay of one of this process's threads (``/proc/self/task/<tid>/schedstat``), None
     where unknown (not Linux, the thread has exited)."""
-    try:
-        with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
-            return _delay(f.read())
-    except (OSError, ValueError, IndexError):
-        return None
+    read = thread_schedstat(tid)
+    return None if read is None else read[1]
 
 
 def process_run_delay(pid: int) -> float | None:

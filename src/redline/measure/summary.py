@@ -221,6 +221,8 @@ def build_measurements(w: Recorder) -> Measurements:
         cpus_source=budget.source,
         torch_threads=threads,
         main_cpu_cores=win.main_cpu_s / win.wall_s if win and win.wall_s > 0 else None,
+        main_thread_cpu_cores=(win.main_thread_cpu_s / wall
+                               if win and wall and win.main_thread_cpu_s is not None else None),
         workers_cpu_cores=win.children_cpu_s / win.wall_s if win and win.wall_s > 0 else None,
         # the loaders' own workers: multiprocessing's resource tracker (spawn) and the
         # script's other child processes are children too, not workers

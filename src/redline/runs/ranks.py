@@ -47,6 +47,7 @@ def summary(w: Recorder, report: Report) -> dict[str, Any]:
         "step_time_mean_s": measurements.timing.step_time_mean_s, "phases": phases,
         "throughput_samples_per_s": measurements.timing.throughput_samples_per_s,
         "main_cpu_cores": measurements.host.main_cpu_cores,
+        "main_thread_cpu_cores": measurements.host.main_thread_cpu_cores,
         # what the straggler's cause is judged on: the device, the CPUs the ranks of a host
         # share, and the GPU's own word on slowed clocks
         "device": measurements.device.type, "cpus_available": measurements.host.cpus_available,
@@ -136,6 +137,7 @@ def merge(own: dict[str, Any], others: dict[int, dict[str, Any]], world_size: in
             lateness_s=rank_skew["late_ns"] / 1e9 / steps if rank_skew else None,
             caused_wait_s=rank_skew["caused_ns"] / 1e9 / steps if rank_skew else None,
             run_delay_s=rank_summary.get("run_delay_s") if rank_summary["steps_measured"] else None,
+            main_thread_cpu_cores=rank_summary.get("main_thread_cpu_cores"),
             device=rank_summary.get("device"), cpus_available=rank_summary.get("cpus_available"),
             device_clock_events=rank_summary.get("device_clock_events")))
     _score(entries, got, skew)
