@@ -562,6 +562,58 @@ def test_a_writer_that_stored_the_same_samples_turns_the_skipped_lookups_off(
     assert all(float(v[0]) == i for i, v in zip(range(33, 200), values, strict=True))
 
 
+def test_a_fills_misses_take_the_short_path_and_end_as_the_general_path_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the second miss (the first makes the writer process) the fill's reads skip
+    _keep; the store, the values and the counters come out as they do through _keep alone."""
+    def fill(path: Path, short: bool) -> tuple[list[torch.Tensor], Any, list[int]]:
+        ds = CachedDataset(Numbers(300), Counted(), path=path)
+        if not short:
+            monkeypatch.setattr(ds, "_start_fill", lambda *a: None)
+        ds[0], ds[1]
+        assert (ds._fill is not None) == short
+        kept: list[int] = []
+        keep = ds._keep
+        monkeypatch.setattr(ds, "_keep", lambda i, *a: kept.append(i) or keep(i, *a))
+        values = [ds[i] for i in range(2, 300)]
+        ds.flush()
+        _writer(ds).close()
+        return values, ds.stats(), kept
+
+    short, st_short, kept_short = fill(tmp_path / "a", True)
+    general, st_general, kept_general = fill(tmp_path / "b", False)
+    assert kept_short == [] and kept_general == list(range(2, 300))
+    assert st_short == st_general and (st_short.misses, st_short.complete) == (300, True)
+    assert st_short.bytes_written == st_general.bytes_written > 0
+    assert all(torch.equal(a, b) for a, b in zip(short, general, strict=True))
+    det = Counted()
+    back = CachedDataset(Numbers(300), det, path=tmp_path / "a")
+    assert all(float(back[i][0]) == i for i in range(300)) and det.calls == []
+
+
+def test_a_sample_that_cannot_be_stored_leaves_the_short_path_says_why_and_the_fill_goes_on(
+        tmp_path: Path) -> None:
+    class Unpicklable:
+        def __init__(self) -> None:
+            self.f = lambda: 0  # pickle refuses a lambda
+
+    def det(i: int) -> Any:
+        return Unpicklable() if i == 5 else torch.full((8,), float(i))
+
+    ds = CachedDataset(Numbers(20), det, path=tmp_path / "c", fingerprint="f")
+    [ds[i] for i in range(5)]
+    assert ds._fill is not None
+    with pytest.warns(RuntimeWarning, match="sample 5 .* cannot be stored"):
+        assert isinstance(ds[5], Unpicklable)
+    assert ds._fill is None
+    values = [ds[i] for i in range(6, 20)]
+    assert ds._fill is not None  # taken again from the next sample that could be stored
+    assert all(float(v[0]) == i for i, v in zip(range(6, 20), values, strict=True))
+    ds.flush()
+    st = ds.stats()
+    assert (st.misses, st.uncached, st.complete) == (20, 1, False)
+
+
 def test_a_dataset_whose_length_raises_is_still_filled(tmp_path: Path) -> None:
     class NoLength(Numbers):
         def __len__(self) -> int:
