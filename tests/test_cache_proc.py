@@ -614,6 +614,30 @@ def test_a_sample_that_cannot_be_stored_leaves_the_short_path_says_why_and_the_f
     assert (st.misses, st.uncached, st.complete) == (20, 1, False)
 
 
+def test_a_dataset_dropped_mid_fill_is_collected_its_writes_kept_and_counted(
+        tmp_path: Path) -> None:
+    """Nothing of the cache keeps a dataset the program dropped: once collected, its writer
+    process has written what it held and ended, and its counters are published."""
+    import gc
+    import weakref
+
+    ds = CachedDataset(Numbers(100), Counted(), path=tmp_path / "c")
+    [ds[i] for i in range(100)]
+    proc = _writer(ds)._proc
+    counters = ds._counters
+    assert proc is not None and proc.poll() is None
+    gone = weakref.ref(ds)
+    del ds
+    gc.collect()
+    assert gone() is None
+    assert proc.wait(10) == 0
+    hits, misses, _, written, uncached = counters[:]
+    assert (hits, misses, uncached) == (0, 100, 0) and written >= 100 * 64 * 4
+    det = Counted()
+    back = CachedDataset(Numbers(100), det, path=tmp_path / "c")
+    assert all(float(back[i][0]) == i for i in range(100)) and det.calls == []
+
+
 def test_a_dataset_whose_length_raises_is_still_filled(tmp_path: Path) -> None:
     class NoLength(Numbers):
         def __len__(self) -> int:

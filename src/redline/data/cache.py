@@ -263,7 +263,9 @@ class CachedDataset(Dataset[Any]):
             local = self._local = [0, 0, 0, 0, 0, 0]
             self._local_pid = process_id()
             # DataLoader workers end through multiprocessing's exit path, which runs these.
-            mp_util.Finalize(self, self._flush, exitpriority=10)
+            # Given the attributes, not the dataset: a finalizer that held the dataset would
+            # keep it (and its writer process, its ring) alive until the process exits.
+            mp_util.Finalize(self, _publish, args=(self.__dict__,), exitpriority=10)
         local[0] += hits
         local[1] += misses
         local[2] += read
@@ -274,20 +276,7 @@ class CachedDataset(Dataset[Any]):
             self._flush()
 
     def _flush(self) -> None:
-        w = self._writer_here()
-        if w is not None:
-            written, lost = w.take_counts()
-            if written or lost:
-                self._add(written=written, uncached=lost, publish=False)
-        local = self._local
-        if local is None or self._local_pid != process_id() or not local[5]:
-            return
-        c = self._counters
-        with c.get_lock():
-            raw: Any = c.get_obj()  # the plain ctypes array: items do not take the lock again
-            for k in range(5):
-                raw[k] += local[k]
-        local[:] = (0, 0, 0, 0, 0, 0)  # in place: _fill holds this list
+        _publish(self.__dict__)
 
     def _stop_writing(self, why: str) -> None:
         self._writable = False
@@ -532,6 +521,32 @@ class CachedDataset(Dataset[Any]):
         hits, misses, read, written, uncached = c[:5]
         return CacheStats(hits=hits, misses=misses, bytes_read=read, bytes_written=written,
                           uncached=uncached)
+
+
+def _publish(state: dict[str, Any]) -> None:
+    """Add what the writer of this process wrote and dropped to a dataset's local counters,
+    then those to its shared counters (``state``: the dataset's attributes; what
+    ``CachedDataset._flush`` does, and its finalizer, which runs once the dataset is collected
+    or at exit)."""
+    pid = process_id()
+    local = state["_local"]
+    if local is None or state["_local_pid"] != pid:
+        return  # nothing counted in this process, nor written: a writer comes after a miss
+    w = state["_writer"] if state["_writer_pid"] == pid else None
+    if w is not None:
+        written, lost = w.take_counts()
+        if written or lost:
+            local[3] += written
+            local[4] += lost
+            local[5] += 1
+    if not local[5]:
+        return
+    c = state["_counters"]
+    with c.get_lock():
+        raw: Any = c.get_obj()  # the plain ctypes array: items do not take the lock again
+        for k in range(5):
+            raw[k] += local[k]
+    local[:] = (0, 0, 0, 0, 0, 0)  # in place: _fill holds this list
 
 
 def _new_writer(store: Store) -> Writer:
