@@ -144,9 +144,9 @@ def epoch_s(ds: Any, pattern: str) -> float:
 def release(ds: CachedDataset) -> None:
     """End a round's writer and close its store in this process. A user's process has a store
     or two; a run of this benchmark makes dozens, and a store removed while a process still
-    maps it stays in memory (tmpfs keeps an unlinked file while it is mapped): rounds would
-    run beside gigabytes of dead stores, and a fill's ratio climbed to ~1.3× after a few
-    dozen rounds without this."""
+    maps it stays in memory (tmpfs keeps an unlinked file while it is mapped): later rounds
+    would run beside gigabytes of dead stores, which slows their fills (the README's cache
+    section)."""
     writer = ds._writer
     if writer is not None:
         writer.close()
