@@ -289,3 +289,18 @@ def test_a_miss_renews_its_snapshot_after_our_own_write_or_once_it_is_old(
     monkeypatch.setattr(stores, "SNAPSHOT_S", 0.0)  # the snapshot is now old: look again
     assert bytes(mine.get(b"c") or b"") == b"3"
     assert [bytes(v or b"") for v in mine.get_many([b"a", b"c"])] == [b"1", b"3"]
+
+
+def test_the_process_that_makes_the_dataset_loads_lmdb_for_its_forked_workers(
+        tmp_path: Path) -> None:
+    """Made before any read, the dataset has already loaded lmdb: a DataLoader's forked
+    workers inherit it instead of loading it each epoch."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from redline.data import CachedDataset; "
+            f"CachedDataset(list(range(4)), abs, path={str(tmp_path / 'c')!r}, "
+            "fingerprint='f'); print('lmdb' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr

@@ -108,6 +108,11 @@ class LmdbStore:
 
     def __init__(self, path: str | os.PathLike[str], max_bytes: int, *, ephemeral: bool = False,
                  free: store_place.FreeBytes | None = None) -> None:
+        # Loaded here, in the process that makes the dataset, though it opens the store only
+        # on its first read: forked DataLoader workers then inherit the module, where each
+        # would otherwise load it anew at every epoch (a C extension, ~0.5 ms, on the
+        # workers' start-up path).
+        import lmdb  # noqa: F401
         self.path = Path(path)
         if ephemeral or store_place.is_ephemeral(self.path):
             # Held from here, by the process that makes the dataset: it stays while this
