@@ -90,14 +90,13 @@ def _why(slow: RankEntry, others: list[RankEntry], step_s: float
     # communication threads, which work longer on the rank the others wait for (gloo's loop
     # thread receives their data while it computes) with no more work of the step.
     thread_med = _median([e.main_thread_cpu_cores for e in others])
-    by_thread = (slow.main_thread_cpu_cores is not None and thread_med is not None
+    slow_cores, others_cores = slow.main_thread_cpu_cores, thread_med
+    by_thread = (slow_cores is not None and others_cores is not None
                  and all(e.main_thread_cpu_cores is not None for e in others))
-    if by_thread:
-        cpu_excess: float | None = ((slow.main_thread_cpu_cores or 0.0) - (thread_med or 0.0)) \
-            * step_s
-    else:
-        cpu_excess = (None if slow.main_cpu_cores is None or cpu_med is None
-                      else (slow.main_cpu_cores - cpu_med) * step_s)
+    if not by_thread:
+        slow_cores, others_cores = slow.main_cpu_cores, cpu_med
+    cpu_excess = (None if slow_cores is None or others_cores is None
+                  else (slow_cores - others_cores) * step_s)
     numbers: _Numbers = {
         "data_wait_excess_ms": round(data_excess * 1e3, 3),
         "compute_excess_ms": round(compute_excess * 1e3, 3),

@@ -123,8 +123,9 @@ class CpuSampler:
         self._busy_base: float | None = None
         self._table_base: Table | None = None
         self._loop_tid = threading.get_native_id()
-        self._loop_delay_base: float | None = None
-        self._loop_cpu_base: float | None = None
+        self._loop_base: tuple[float, float] | None = None
+        """(CPU seconds, run delay seconds) of the training loop's thread when the window
+        opened (its schedstat); None where unreadable."""
         self._own_reads = 0
         """read() bytes of this sampler's own /proc reads since the window began."""
         self._t0 = 0.0
@@ -197,8 +198,7 @@ class CpuSampler:
             self._main_base = _read(self._proc)
             # the window opens at a step boundary, on the training loop's thread
             self._loop_tid = threading.get_native_id()
-            loop = thread_schedstat(self._loop_tid)
-            self._loop_cpu_base, self._loop_delay_base = loop if loop else (None, None)
+            self._loop_base = thread_schedstat(self._loop_tid)
             self._own_reads = 0
             self._t0 = time.perf_counter()
             self._peak_main = 0
@@ -286,7 +286,7 @@ class CpuSampler:
         table = cpu_table()
         own = self._own_reads + max(0, (_own_read_chars() or 0) - (reads_before or 0))
         main = _read(self._proc)
-        loop = thread_schedstat(self._loop_tid)
+        loop, loop_base = thread_schedstat(self._loop_tid), self._loop_base
         with self._lock:
             wall = time.perf_counter() - self._t0
             zero = _ProcReading(cpu_s=0.0, read_bytes=0, read_chars=0, rss=0)
@@ -331,11 +331,10 @@ class CpuSampler:
                 children_read_bytes=crb,
                 children_read_chars=crc,
                 children_run_delay_s=delay,
-                main_thread_run_delay_s=(
-                    None if loop is None or self._loop_delay_base is None
-                    else max(0.0, loop[1] - self._loop_delay_base)),
-                main_thread_cpu_s=(None if loop is None or self._loop_cpu_base is None
-                                   else max(0.0, loop[0] - self._loop_cpu_base)),
+                main_thread_run_delay_s=(None if loop is None or loop_base is None
+                                         else max(0.0, loop[1] - loop_base[1])),
+                main_thread_cpu_s=(None if loop is None or loop_base is None
+                                   else max(0.0, loop[0] - loop_base[0])),
                 usable_cpus_busy_s=(None if busy is None or self._busy_base is None
                                     else max(0.0, busy - self._busy_base)),
                 processes=(None if table is None or self._table_base is None
