@@ -379,6 +379,36 @@ def test_a_ring_smaller_than_the_window_still_wraps(
     assert all(float(t[0]) == i for i, t in enumerate(out)) and ds.stats().complete
 
 
+def _ring_resident_bytes() -> int:
+    """Bytes of this process's ring mapping in memory (proc(5): smaps' Rss of the memfd's
+    mapping)."""
+    rss, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if not line[:1].isupper():  # a mapping's first line (an address range)
+            inside = "redline-cache-ring" in line
+        elif inside and line.startswith("Rss:"):
+            rss += int(line.split()[1]) * 1024
+    return rss
+
+
+@pytest.mark.parametrize("kernel", ["populates", "refuses"])
+def test_the_rings_window_is_made_at_its_start_whether_or_not_the_kernel_populates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: str) -> None:
+    if kernel == "refuses":  # an advice the kernel does not know: EINVAL, as before Linux 5.14
+        monkeypatch.setattr(cache_proc, "MADV_POPULATE_WRITE", -1)
+    ds = CachedDataset(Numbers(300), Counted(), path=tmp_path / "c")
+    out = [ds[0]]
+    w = _writer(ds)
+    window = cache_proc.HEADER_BYTES + w.window
+    assert _ring_resident_bytes() >= window  # every page of the window, not the first record's
+    assert not any(w._map[window - 4096:window])  # made as zeros, the header's flags clear
+    out += [ds[i] for i in range(1, 300)]
+    ds.flush()
+    assert ds.stats().complete and ds.stats().uncached == 0
+    fresh = CachedDataset(Numbers(300), Counted(), path=tmp_path / "c")
+    assert all(torch.equal(fresh[i], out[i]) for i in range(300))
+
+
 def test_counts_stay_right_after_the_writer_is_closed_and_used_again(tmp_path: Path) -> None:
     ds = CachedDataset(Numbers(400), Counted(), path=tmp_path / "c")
     [ds[i] for i in range(200)]
