@@ -35,6 +35,7 @@ import multiprocessing as mp
 import multiprocessing.context as mpc
 import multiprocessing.util as mp_util
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -76,10 +77,50 @@ def _write_before_fork() -> None:
             ds._drain()
 
 
+_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+"""Each store object's lock, shared by the datasets that use it (a store that cannot be
+weakly referenced: each dataset's own)."""
+
+_HELD: list[threading.RLock] = []
+"""The locks taken before a fork, released after it in both processes."""
+
+
+def _lock_for(store: Any, owner: Any) -> threading.RLock:
+    """The lock that a dataset holds around its store and writer (``owner``'s own where
+    ``store`` cannot be weakly referenced). Per store object, since the datasets on one store
+    object share its read snapshot (an LMDB transaction is one thread's at a time,
+    ``lmdb.h``). Reentrant: the fork hook takes it in the forking thread, which may hold it
+    already."""
+    for holder in (store, owner):
+        try:
+            return _LOCKS.setdefault(holder, threading.RLock())
+        except TypeError:  # not weakly referenceable
+            continue
+    raise TypeError(f"a CachedDataset's store must be weakly referenceable: {type(store)}")
+
+
+def _hold_before_fork() -> None:
+    """Take every dataset lock before this process forks: a thread inside a lookup or a
+    hand-over finishes it first, so the child never inherits a lock held by a thread it does
+    not have (or a half-made update), and the stores close their handles under nobody's
+    read (hooks run in reverse order of registration: this one first)."""
+    for lock in list(_LOCKS.values()):
+        lock.acquire()
+        _HELD.append(lock)
+
+
+def _release_after_fork() -> None:
+    while _HELD:
+        _HELD.pop().release()
+
+
 _SAID: set[str] = set()
 
 _UNREADABLE = object()
 """What _decode returns for a stored sample that cannot be read back."""
+
+_MISSING = object()
+"""What a lookup returns for a sample to compute."""
 
 
 def _say_once(message: str) -> None:
@@ -174,6 +215,9 @@ class CachedDataset(Dataset[Any]):
         self._prefix = f"{self.fingerprint}:v{FORMAT_VERSION}:".encode()
         # Shared across forked/spawned DataLoader workers: hits, misses, read, written, uncached
         self._counters = mp.Array("q", 5)
+        self._lock = _lock_for(self.store, self)
+        """Held around every use of the store and the writer from this dataset; not around
+        the user's transforms, which threads run side by side."""
         self._spawnable = False
         """Whether the counters were moved to a spawn-context array (see __getstate__)."""
         self._local: list[int] | None = None
@@ -202,6 +246,14 @@ class CachedDataset(Dataset[Any]):
         return len(self.dataset)
 
     def __getstate__(self) -> dict[str, Any]:
+        with self._lock:
+            return self._state_to_pickle()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = _lock_for(self.store, self)
+
+    def _state_to_pickle(self) -> dict[str, Any]:
         # Pickled for spawned workers: what this process computed goes to the store first.
         self._drain()
         if mpc.get_spawning_popen() is not None and not self._spawnable:
@@ -216,6 +268,7 @@ class CachedDataset(Dataset[Any]):
             self._counters, self._spawnable = moved, True
         state = writer_state_for_pickle(self.__dict__)
         state["_own_keys"] = state["_fill"] = None  # this process's writer's, not the new one's
+        state["_lock"] = None  # a process's own (made anew in __setstate__)
         return state
 
     def flush(self) -> None:
@@ -223,8 +276,9 @@ class CachedDataset(Dataset[Any]):
         WRITE_BATCH at a time, by the training process's writer process or thread and by the
         worker in a DataLoader worker, before a fork, and at exit), and publish its
         counters."""
-        self._drain()
-        self._flush()
+        with self._lock:
+            self._drain()
+            self._flush()
 
     def _writer_here(self) -> Writer | None:
         """This process's writer, if it made one (a forked worker's copy is its parent's)."""
@@ -287,41 +341,47 @@ class CachedDataset(Dataset[Any]):
             warnings.warn(f"redline cache at {where}: {why}; samples now pass through "
                           "uncached (training goes on)", RuntimeWarning, stacklevel=4)
 
-    def _deterministic_many(self, indices: list[int],
-                            blobs: list[bytes | memoryview | None] | None = None) -> list[Any]:
+    def _deterministic_many(self, indices: list[int]) -> list[Any]:
+        """A batch: looked up in one store round trip, its misses computed (outside the
+        lock, as in :meth:`get_deterministic`) and handed over together."""
         keys = [self._prefix + str(i).encode() for i in indices]
-        if blobs is None:
-            blobs = self.store.get_many(keys)
-        out: list[Any] = []
-        puts: list[tuple[bytes, bytes, bytes | memoryview]] = []
-        put_indices: list[int] = []
+        out: list[Any] = [None] * len(indices)
+        todo: list[tuple[int, bool]] = []
+        """(position, whether to store it) of each sample to compute."""
         read = hits = 0
-        w = self._writer_here()
-        pending = w.pending if w is not None else {}
-        for i, k, blob in zip(indices, keys, blobs, strict=True):
-            if blob is None:
-                # Computed here, not written yet: read your own writes. A sample leaves
-                # `pending` only once written, so one missed by the store read is still here.
-                blob = pending.get(k)
-            if blob is not None:
-                value = self._decode(blob, i)
-                if value is not _UNREADABLE:
-                    hits += 1
-                    read += len(blob)
-                    out.append(value)
-                    continue
-            value = self.deterministic(self.dataset[i])
-            out.append(value)
-            if self._writable and blob is None:
-                encoded = self._encode(value, i)
-                if encoded is not None:
-                    puts.append((k, *encoded))
-                    put_indices.append(i)
-        misses = len(indices) - hits
-        self._add(hits=hits, misses=misses, read=read, uncached=misses - len(puts))
-        self._store(puts)
-        for i in put_indices:
-            self._mark_own(i)
+        with self._lock:
+            blobs = self.store.get_many(keys)
+            w = self._writer_here()
+            pending = w.pending if w is not None else {}
+            for j, (i, k, blob) in enumerate(zip(indices, keys, blobs, strict=True)):
+                if blob is None:
+                    # Computed here, not written yet: read your own writes. A sample leaves
+                    # `pending` only once written, so one missed by the store read is here.
+                    blob = pending.get(k)
+                if blob is not None:
+                    value = self._decode(blob, i)
+                    if value is not _UNREADABLE:
+                        hits += 1
+                        read += len(blob)
+                        out[j] = value
+                        continue
+                todo.append((j, blob is None))  # one that cannot be read back stays as it is
+        for j, _ in todo:
+            out[j] = self.deterministic(self.dataset[indices[j]])
+        with self._lock:
+            puts: list[tuple[bytes, bytes, bytes | memoryview]] = []
+            put_indices: list[int] = []
+            if self._writable:
+                for j, unstored in todo:
+                    encoded = self._encode(out[j], indices[j]) if unstored else None
+                    if encoded is not None:
+                        puts.append((keys[j], *encoded))
+                        put_indices.append(indices[j])
+            misses = len(indices) - hits
+            self._add(hits=hits, misses=misses, read=read, uncached=misses - len(puts))
+            self._store(puts)
+            for i in put_indices:
+                self._mark_own(i)
         return out
 
     def _store(self, puts: list[tuple[bytes, bytes, bytes | memoryview]]) -> None:
@@ -370,54 +430,68 @@ class CachedDataset(Dataset[Any]):
 
     def get_deterministic(self, i: int) -> Any:
         """Item ``i`` after the deterministic part only: read from the store, or computed and
-        stored (what filling the cache ahead of a run calls for every item)."""
-        fill = self._fill
-        if fill is not None:
-            # A fill epoch's read, right after the user's transform (the CPU's caches cold):
-            # _keep's path with what it checks each sample checked once (see _fill), a dozen
-            # operations fewer a sample (``benchmarks/cache.py --compare-fill-path``).
-            pid, writer, bits_of, n_bits, local = fill
-            if (pid == process_id() and 0 <= i < n_bits and not bits_of[i >> 3] >> (i & 7) & 1
-                    and writer.only_own()):  # never handed over, nobody else writes
-                value = self.deterministic(self.dataset[i])
-                key = self._prefix + str(i).encode()
-                try:
-                    head, body = encode_parts(value)
-                except Exception:
-                    self._fill = None
-                    return self._keep(i, key, writer, value)  # says why, once
+        stored (what filling the cache ahead of a run calls for every item). Safe from several
+        threads at once (a thread-pool loader): the lookup and the hand-over hold the
+        store's lock (:func:`_lock_for`), the transform runs outside it."""
+        key = self._prefix + str(i).encode()
+        with self._lock:
+            fill = self._fill
+            if fill is not None:
+                # A fill epoch's read, right after the user's transform (the CPU's caches
+                # cold): _keep's path with what it checks each sample checked once (see
+                # _fill), a dozen operations fewer a sample (``benchmarks/cache.py
+                # --compare-fill-path``).
+                pid, writer, bits_of, n_bits, _ = fill
+                if not (pid == process_id() and 0 <= i < n_bits
+                        and not bits_of[i >> 3] >> (i & 7) & 1
+                        and writer.only_own()):  # never handed over, nobody else writes
+                    fill = None
+            if fill is None:
+                found = self._look_up(i, key)
+                if found is not _MISSING:
+                    return found
+        value = self.deterministic(self.dataset[i])
+        with self._lock:
+            if fill is None or fill is not self._fill:
+                return self._keep(i, key, self._writer_here(), value)
+            _, writer, bits_of, _, local = fill
+            try:
+                head, body = encode_parts(value)
+            except Exception:
+                self._fill = None
+                return self._keep(i, key, writer, value)  # says why, once
+            if not bits_of[i >> 3] >> (i & 7) & 1:  # else another thread handed it over
                 writer.submit(key, head, body)
                 bits_of[i >> 3] |= 1 << (i & 7)
-                local[1] += 1
-                local[5] += 1
-                if local[5] >= FLUSH_EVERY:
-                    self._flush()
-                if writer.failure is not None:
-                    self._fill = None
-                    self._check_writer(writer)
-                return value
-        key = self._prefix + str(i).encode()
+            local[1] += 1
+            local[5] += 1
+            if local[5] >= FLUSH_EVERY:
+                self._flush()
+            if writer.failure is not None:
+                self._fill = None
+                self._check_writer(writer)
+            return value
+
+    def _look_up(self, i: int, key: bytes) -> Any:
+        """Sample ``i`` from this process's pending writes or the store (counted as a hit),
+        or _MISSING: not stored (a sample that cannot be read back included)."""
         w = self._writer if self._writer_pid == process_id() else None  # _writer_here()
         blob: bytes | memoryview | None = None
         if w is not None:
             own = self._own_keys
             if (own is not None and 0 <= i < len(own) * 8 and not own[i >> 3] >> (i & 7) & 1
                     and w.only_own()):
-                return self._miss(i, key, w)  # never handed over, nobody else writes
+                return _MISSING  # never handed over, nobody else writes
             blob = w.pending.get(key)
         if blob is None:
             blob = self.store.get(key)
         if blob is None:
-            return self._miss(i, key, w)
-        value = self._decode(blob, i)
+            return _MISSING
+        value = self._decode(blob, i)  # under the lock: a view into the store's snapshot
         if value is _UNREADABLE:
-            return self._deterministic_many([i], [None])[0]
+            return _MISSING  # computed again (its stored form is kept: nothing is overwritten)
         self._add(hits=1, read=len(blob))
         return value
-
-    def _miss(self, i: int, key: bytes, w: Writer | None) -> Any:
-        """Sample ``i``, not stored: computed, queued for writing, counted."""
-        return self._keep(i, key, w, self.deterministic(self.dataset[i]))
 
     def _keep(self, i: int, key: bytes, w: Writer | None, value: Any) -> Any:
         """``value``, sample ``i`` just computed: queued for writing, counted. Every read of a
@@ -514,8 +588,9 @@ class CachedDataset(Dataset[Any]):
         """Counters summed over this process and its DataLoader workers (workers publish
         theirs every few dozen samples and when they exit). This process's pending writes are
         written first."""
-        self._drain()
-        self._flush()
+        with self._lock:
+            self._drain()
+            self._flush()
         with self._counters.get_lock():
             c = [int(x) for x in self._counters[:]]
         hits, misses, read, written, uncached = c[:5]
@@ -564,3 +639,6 @@ def _new_writer(store: Store) -> Writer:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_write_before_fork)
+    # Registered after _write_before_fork, so it runs before it: the locks first.
+    os.register_at_fork(before=_hold_before_fork, after_in_parent=_release_after_fork,
+                        after_in_child=_release_after_fork)

@@ -11,6 +11,7 @@ import bisect
 import contextlib
 import hashlib
 import os
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -44,6 +45,10 @@ _ENVS: dict[tuple[int, str], Any] = {}
 several datasets (train/val, or re-created ones) may share a store. Handles only, like a
 connection pool; keyed by pid so a forked worker opens its own."""
 
+_ENVS_LOCK = threading.Lock()
+"""Held while a store finds or opens its environment: two threads opening one path at once
+would both open it, and LMDB refuses the second ("already open in this process")."""
+
 SNAPSHOT_S = 0.5
 """How long a read snapshot answers a miss without being renewed, where this process has
 written nothing since it began. A miss of a fill epoch (every read misses) then costs one
@@ -62,8 +67,11 @@ def _close_before_fork() -> None:
     is undefined (``lmdb.h``: "use an MDB_env in only one process"; py-lmdb issue #346: a
     child freeing an inherited transaction removes the parent's reader). Closed here, every
     store reopens lazily on its next read, in the parent and in each child. Only redline's own
-    environments are touched.
+    environments are touched. The pool's lock is held across the fork (released after it in
+    both processes): a thread opening a store finishes first, and the child never inherits
+    the lock held by a thread it does not have.
     """
+    _ENVS_LOCK.acquire()
     mine = [k for k in _ENVS if k[0] == os.getpid()]
     if not mine:
         return
@@ -83,12 +91,14 @@ def process_id() -> int:
     return _PID[0]
 
 
-def _renew_pid() -> None:
+def _after_fork_in_child() -> None:
     _PID[0] = os.getpid()
+    _ENVS_LOCK.release()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_close_before_fork, after_in_child=_renew_pid)
+    os.register_at_fork(before=_close_before_fork, after_in_parent=_ENVS_LOCK.release,
+                        after_in_child=_after_fork_in_child)
 
 
 class LmdbStore:
@@ -158,11 +168,12 @@ class LmdbStore:
         import lmdb
 
         key = (os.getpid(), str(self.path.resolve()))
-        env = _ENVS.get(key)
-        if env is None:
-            env = self._open_env(lmdb)
-            if env is not None:
-                _ENVS[key] = env
+        with _ENVS_LOCK:
+            env = _ENVS.get(key)
+            if env is None:
+                env = self._open_env(lmdb)
+                if env is not None:
+                    _ENVS[key] = env
         self._env, self._txn, self._pid, self._gen = env, None, os.getpid(), _GENERATION[0]
         return env
 
@@ -195,7 +206,8 @@ class LmdbStore:
     def close(self) -> None:
         """Close this process's handle on the store (it reopens on the next read)."""
         key = (os.getpid(), str(self.path.resolve()))
-        env = _ENVS.pop(key, None)
+        with _ENVS_LOCK:
+            env = _ENVS.pop(key, None)
         if env is not None:
             with contextlib.suppress(Exception):
                 env.close()
