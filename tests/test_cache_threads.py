@@ -118,7 +118,7 @@ def test_datasets_on_one_folder_open_it_from_threads_at_once(
         sets = [CachedDataset(Numbers(64), sample, path=path, fingerprint=f) for f in "ab"]
         start = threading.Barrier(2, timeout=10)
 
-        def first(ds: CachedDataset) -> torch.Tensor:
+        def first(ds: CachedDataset, start: threading.Barrier = start) -> torch.Tensor:
             start.wait()
             return ds[0]  # type: ignore[no-any-return]
 
@@ -146,7 +146,7 @@ def test_a_fork_from_another_thread_leaves_every_reader_working(tmp_path: Path) 
         while not stop.is_set():
             try:
                 assert torch.equal(ds[i % n], sample(i % n))
-            except BaseException as e:  # noqa: BLE001 - any failure, to report below
+            except BaseException as e:  # any failure, reported below
                 errors.append(e)
                 return
             i += 1

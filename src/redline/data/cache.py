@@ -104,7 +104,13 @@ def _hold_before_fork() -> None:
     hand-over finishes it first, so the child never inherits a lock held by a thread it does
     not have (or a half-made update), and the stores close their handles under nobody's
     read (hooks run in reverse order of registration: this one first)."""
-    for lock in list(_LOCKS.values()):
+    while True:
+        try:
+            locks = list(_LOCKS.values())
+            break
+        except RuntimeError:  # another thread made a dataset meanwhile: read them again
+            continue
+    for lock in locks:
         lock.acquire()
         _HELD.append(lock)
 
