@@ -35,7 +35,6 @@ import multiprocessing as mp
 import multiprocessing.context as mpc
 import multiprocessing.util as mp_util
 import os
-import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from typing import Any
 from torch.utils.data import Dataset, get_worker_info
 
 from redline.data import cache_proc, store_place
+from redline.data.cache_locks import hold_before_fork, lock_for, release_after_fork
 from redline.data.cache_writer import WRITE_BATCH, StoreWriter, Writer, writer_state_for_pickle
 from redline.data.fingerprint import dataset_fingerprint, transform_fingerprint
 from redline.data.sample_codec import FORMAT_VERSION, decode, encode_parts
@@ -75,49 +75,6 @@ def _write_before_fork() -> None:
     for ds in list(_WITH_WRITER):
         with contextlib.suppress(Exception):
             ds._drain()
-
-
-_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
-"""Each store object's lock, shared by the datasets that use it (a store that cannot be
-weakly referenced: each dataset's own)."""
-
-_HELD: list[threading.RLock] = []
-"""The locks taken before a fork, released after it in both processes."""
-
-
-def _lock_for(store: Any, owner: Any) -> threading.RLock:
-    """The lock that a dataset holds around its store and writer (``owner``'s own where
-    ``store`` cannot be weakly referenced). Per store object, since the datasets on one store
-    object share its read snapshot (an LMDB transaction is one thread's at a time,
-    ``lmdb.h``). Reentrant: the fork hook takes it in the forking thread, which may hold it
-    already."""
-    for holder in (store, owner):
-        try:
-            return _LOCKS.setdefault(holder, threading.RLock())
-        except TypeError:  # not weakly referenceable
-            continue
-    raise TypeError(f"a CachedDataset's store must be weakly referenceable: {type(store)}")
-
-
-def _hold_before_fork() -> None:
-    """Take every dataset lock before this process forks: a thread inside a lookup or a
-    hand-over finishes it first, so the child never inherits a lock held by a thread it does
-    not have (or a half-made update), and the stores close their handles under nobody's
-    read (hooks run in reverse order of registration: this one first)."""
-    while True:
-        try:
-            locks = list(_LOCKS.values())
-            break
-        except RuntimeError:  # another thread made a dataset meanwhile: read them again
-            continue
-    for lock in locks:
-        lock.acquire()
-        _HELD.append(lock)
-
-
-def _release_after_fork() -> None:
-    while _HELD:
-        _HELD.pop().release()
 
 
 _SAID: set[str] = set()
@@ -221,7 +178,7 @@ class CachedDataset(Dataset[Any]):
         self._prefix = f"{self.fingerprint}:v{FORMAT_VERSION}:".encode()
         # Shared across forked/spawned DataLoader workers: hits, misses, read, written, uncached
         self._counters = mp.Array("q", 5)
-        self._lock = _lock_for(self.store, self)
+        self._lock = lock_for(self.store, self)
         """Held around every use of the store and the writer from this dataset; not around
         the user's transforms, which threads run side by side."""
         self._spawnable = False
@@ -257,7 +214,7 @@ class CachedDataset(Dataset[Any]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = _lock_for(self.store, self)
+        self._lock = lock_for(self.store, self)
 
     def _state_to_pickle(self) -> dict[str, Any]:
         # Pickled for spawned workers: what this process computed goes to the store first.
@@ -438,7 +395,7 @@ class CachedDataset(Dataset[Any]):
         """Item ``i`` after the deterministic part only: read from the store, or computed and
         stored (what filling the cache ahead of a run calls for every item). Safe from several
         threads at once (a thread-pool loader): the lookup and the hand-over hold the
-        store's lock (:func:`_lock_for`), the transform runs outside it."""
+        store's lock (:mod:`.cache_locks`), the transform runs outside it."""
         key = self._prefix + str(i).encode()
         with self._lock:
             fill = self._fill
@@ -646,5 +603,5 @@ def _new_writer(store: Store) -> Writer:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_write_before_fork)
     # Registered after _write_before_fork, so it runs before it: the locks first.
-    os.register_at_fork(before=_hold_before_fork, after_in_parent=_release_after_fork,
-                        after_in_child=_release_after_fork)
+    os.register_at_fork(before=hold_before_fork, after_in_parent=release_after_fork,
+                        after_in_child=release_after_fork)

@@ -1,0 +1,59 @@
+"""The locks that make a :class:`~redline.data.cache.CachedDataset` safe to read from several
+threads at once (a thread-pool loader, a prefetching thread beside the training loop), and
+safe to fork from any thread.
+
+One reentrant lock per store object, shared by the datasets that use it: they share its read
+snapshot, and an LMDB transaction is one thread's at a time (``lmdb.h``). A dataset holds it
+around its lookups and its hand-overs to the writer, never around the user's transforms. Before
+a fork every lock is taken (:func:`hold_before_fork`, registered by :mod:`.cache` so that it
+runs before the writers drain and the stores close their handles), and released after it in
+both processes: a thread inside a lookup finishes first, and the child inherits no lock held
+by a thread it does not have.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+"""Each store object's lock, shared by the datasets that use it (a store that cannot be
+weakly referenced: each dataset's own)."""
+
+_HELD: list[threading.RLock] = []
+"""The locks taken before a fork, released after it in both processes."""
+
+
+def lock_for(store: Any, owner: Any) -> threading.RLock:
+    """The lock that a dataset holds around its store and writer (``owner``'s own where
+    ``store`` cannot be weakly referenced). Per store object, since the datasets on one store
+    object share its read snapshot (an LMDB transaction is one thread's at a time,
+    ``lmdb.h``). Reentrant: the fork hook takes it in the forking thread, which may hold it
+    already."""
+    for holder in (store, owner):
+        try:
+            return _LOCKS.setdefault(holder, threading.RLock())
+        except TypeError:  # not weakly referenceable
+            continue
+    raise TypeError(f"a CachedDataset's store must be weakly referenceable: {type(store)}")
+
+
+def hold_before_fork() -> None:
+    """Take every dataset lock before this process forks (see the module docstring): the
+    stores then close their handles under nobody's read."""
+    while True:
+        try:
+            locks = list(_LOCKS.values())
+            break
+        except RuntimeError:  # another thread made a dataset meanwhile: read them again
+            continue
+    for lock in locks:
+        lock.acquire()
+        _HELD.append(lock)
+
+
+def release_after_fork() -> None:
+    """Release what :func:`hold_before_fork` took (in the parent, and in the child)."""
+    while _HELD:
+        _HELD.pop().release()
