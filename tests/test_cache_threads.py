@@ -6,6 +6,7 @@ workers) leaves every reader working."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from factories import Numbers
-from redline.data import CachedDataset, lmdb_env
+from redline.data import CachedDataset, cache_proc, lmdb_env
 from redline.data.stores import LmdbStore
 
 
@@ -165,3 +166,117 @@ def test_a_fork_from_another_thread_leaves_every_reader_working(tmp_path: Path) 
         for t in readers:
             t.join(timeout=30)
     assert errors == []
+
+
+def _filled(path: Path, n: int) -> CachedDataset:
+    ds = CachedDataset(Numbers(n), sample, path=path, fingerprint="x")
+    [ds[i] for i in range(n)]
+    ds.flush()
+    return ds
+
+
+def _fork_and_reap() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def test_forks_from_several_threads_at_once_leave_the_readers_working(
+        tmp_path: Path, switching: None, capfd: pytest.CaptureFixture[str]) -> None:
+    """Two DataLoaders started from two threads fork at once: each fork releases only the
+    locks it took (one released by the other's hook stayed held: every reader hung)."""
+    n = 64
+    ds = _filled(tmp_path / "c", n)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        i = 0
+        try:
+            while not stop.is_set():
+                assert torch.equal(ds[i % n], sample(i % n))
+                i += 1
+        except BaseException as e:  # any failure, reported below
+            errors.append(e)
+
+    def fork() -> None:
+        for _ in range(150):
+            _fork_and_reap()
+
+    reader = threading.Thread(target=read, daemon=True)
+    forkers = [threading.Thread(target=fork, daemon=True) for _ in range(3)]
+    reader.start()
+    for t in forkers:
+        t.start()
+    for t in forkers:
+        t.join(timeout=60)
+    stop.set()
+    reader.join(timeout=30)
+    assert not reader.is_alive() and not any(t.is_alive() for t in forkers)  # no deadlock
+    assert errors == []
+    assert "Exception ignored" not in capfd.readouterr().err  # no hook failed
+
+
+def test_a_dataset_made_while_another_thread_forks_reads_fine(
+        tmp_path: Path, switching: None) -> None:
+    """A validation set made in a thread while the training DataLoader forks its workers:
+    its lock waits for the fork, so its first read never meets the stores closing."""
+    n = 64
+    _filled(tmp_path / "c", n)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    made = [0]
+
+    def make_and_read() -> None:
+        try:
+            while not stop.is_set():
+                ds = CachedDataset(Numbers(n), sample, path=tmp_path / "c", fingerprint="x")
+                for i in range(0, n, 8):
+                    assert torch.equal(ds[i], sample(i))
+                made[0] += 1
+        except BaseException as e:  # any failure, reported below
+            errors.append(e)
+
+    t = threading.Thread(target=make_and_read, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not errors:
+        _fork_and_reap()
+    stop.set()
+    t.join(timeout=30)
+    assert errors == [] and made[0] > 0
+
+
+def test_a_batch_read_right_after_its_hand_over_to_a_writer_thread_is_not_computed_again(
+        tmp_path: Path, switching: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read your own writes through __getitems__ with a writer thread: the pending samples are
+    looked up before the store, so one written (and dropped from pending) in between is found
+    in the store, never missed by both."""
+    monkeypatch.setattr(cache_proc, "available", lambda: False)  # the writer thread's path
+    reading = LmdbStore.get_many
+
+    def slow_read(self: LmdbStore, keys: list[bytes]) -> list[bytes | memoryview | None]:
+        out = reading(self, keys)
+        time.sleep(0.0005)  # the writer thread writes a batch meanwhile
+        return out
+
+    monkeypatch.setattr(LmdbStore, "get_many", slow_read)
+    calls: list[int] = []
+
+    def counted(i: int) -> torch.Tensor:
+        calls.append(i)
+        return torch.full((16,), float(i))
+
+    n = 1600
+    ds = CachedDataset(Numbers(n), counted, path=tmp_path / "c")
+    for s in range(0, n, 8):
+        batch = list(range(s, s + 8))
+        ds.__getitems__(batch)  # computed, handed to the writer thread
+        for _ in range(2):
+            again = ds.__getitems__(batch)
+            assert all(float(t[0]) == i for i, t in zip(batch, again, strict=True))
+    assert len(calls) == n  # each computed once
+    ds.flush()
+    st = ds.stats()
+    assert (st.misses, st.hits, st.complete) == (n, 2 * n, True)

@@ -313,14 +313,17 @@ class CachedDataset(Dataset[Any]):
         """(position, whether to store it) of each sample to compute."""
         read = hits = 0
         with self._lock:
-            blobs = self.store.get_many(keys)
+            # Computed here, not written yet: read your own writes. Looked up before the
+            # store: a sample leaves `pending` once written (a writer thread's without this
+            # lock), so one gone from there by now is in the store.
             w = self._writer_here()
             pending = w.pending if w is not None else {}
-            for j, (i, k, blob) in enumerate(zip(indices, keys, blobs, strict=True)):
-                if blob is None:
-                    # Computed here, not written yet: read your own writes. A sample leaves
-                    # `pending` only once written, so one missed by the store read is here.
-                    blob = pending.get(k)
+            blobs: list[bytes | memoryview | None] = [pending.get(k) for k in keys]
+            if None in blobs:
+                unknown = [k for k, b in zip(keys, blobs, strict=True) if b is None]
+                stored = iter(self.store.get_many(unknown))
+                blobs = [next(stored) if b is None else b for b in blobs]
+            for j, (i, blob) in enumerate(zip(indices, blobs, strict=True)):
                 if blob is not None:
                     value = self._decode(blob, i)
                     if value is not _UNREADABLE:

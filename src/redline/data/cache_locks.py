@@ -24,6 +24,12 @@ weakly referenced: each dataset's own)."""
 _HELD: list[threading.RLock] = []
 """The locks taken before a fork, released after it in both processes."""
 
+_REGISTRY = threading.Lock()
+"""Held while a dataset gets its lock, and by a fork from before it takes the locks until
+after it released them: forks from several threads take turns (each releases only what it
+took), and a dataset made while a fork is under way waits for it, rather than reading with a
+lock the fork does not hold while the stores close their handles."""
+
 
 def lock_for(store: Any, owner: Any) -> threading.RLock:
     """The lock that a dataset holds around its store and writer (``owner``'s own where
@@ -31,24 +37,20 @@ def lock_for(store: Any, owner: Any) -> threading.RLock:
     object share its read snapshot (an LMDB transaction is one thread's at a time,
     ``lmdb.h``). Reentrant: the fork hook takes it in the forking thread, which may hold it
     already."""
-    for holder in (store, owner):
-        try:
-            return _LOCKS.setdefault(holder, threading.RLock())
-        except TypeError:  # not weakly referenceable
-            continue
+    with _REGISTRY:
+        for holder in (store, owner):
+            try:
+                return _LOCKS.setdefault(holder, threading.RLock())
+            except TypeError:  # not weakly referenceable
+                continue
     raise TypeError(f"a CachedDataset's store must be weakly referenceable: {type(store)}")
 
 
 def hold_before_fork() -> None:
     """Take every dataset lock before this process forks (see the module docstring): the
     stores then close their handles under nobody's read."""
-    while True:
-        try:
-            locks = list(_LOCKS.values())
-            break
-        except RuntimeError:  # another thread made a dataset meanwhile: read them again
-            continue
-    for lock in locks:
+    _REGISTRY.acquire()
+    for lock in list(_LOCKS.values()):  # none added meanwhile; one collected is skipped
         lock.acquire()
         _HELD.append(lock)
 
@@ -57,3 +59,4 @@ def release_after_fork() -> None:
     """Release what :func:`hold_before_fork` took (in the parent, and in the child)."""
     while _HELD:
         _HELD.pop().release()
+    _REGISTRY.release()
