@@ -150,7 +150,7 @@ def release(ds: CachedDataset) -> None:
     maps it stays in memory (tmpfs keeps an unlinked file while it is mapped): later rounds
     would run beside gigabytes of dead stores, which slows their fills (the README's cache
     section)."""
-    writer = ds._writer
+    writer = ds._tally.writer
     if writer is not None:
         writer.close()
     close = getattr(ds.store, "close", None)

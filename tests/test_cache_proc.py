@@ -45,7 +45,7 @@ class Counted:
 
 
 def _writer(ds: CachedDataset) -> cache_proc.ProcessWriter:
-    w = ds._writer
+    w = ds._tally.writer
     assert isinstance(w, cache_proc.ProcessWriter), type(w)
     return w
 
@@ -208,7 +208,7 @@ def test_where_the_writer_process_cannot_start_a_writer_thread_writes(
     monkeypatch.setattr(subprocess, "Popen", refuse)
     ds = CachedDataset(Numbers(100), Counted(), path=tmp_path / "c")
     out = [ds[i] for i in range(100)]
-    assert isinstance(ds._writer, StoreWriter) and not ds._writer.inline
+    assert isinstance(ds._tally.writer, StoreWriter) and not ds._tally.writer.inline
     ds.flush()
     st = ds.stats()
     assert (st.misses, st.uncached, st.complete) == (100, 0, True)
@@ -256,7 +256,7 @@ _CHILD = textwrap.dedent("""
                        fingerprint="f")
     for i in range(500):
         ds[i]
-    print(ds._writer._proc.pid, flush=True)
+    print(ds._tally.writer._proc.pid, flush=True)
     if sys.argv[2] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
 """)
@@ -314,7 +314,7 @@ def test_a_writer_process_that_fails_at_start_up_hands_over_to_a_thread(
     with pytest.warns(RuntimeWarning, match="writer process ended.*a writer thread writes"):
         out = [ds[i] for i in range(400)]
         ds.flush()
-    assert isinstance(ds._writer, StoreWriter)
+    assert isinstance(ds._tally.writer, StoreWriter)
     st = ds.stats()
     # what it held is not stored (all of it where it was found gone only at the drain), what
     # came after, the thread wrote
@@ -492,7 +492,7 @@ def test_a_writer_process_that_dies_during_a_drain_ends_the_wait_at_once(
     with pytest.warns(RuntimeWarning, match="writer process ended"):
         ds.flush()
     assert time.monotonic() - t < 10  # not the drain's whole deadline
-    assert isinstance(ds._writer, StoreWriter)
+    assert isinstance(ds._tally.writer, StoreWriter)
     assert ds.stats().uncached > 0
 
 
@@ -654,7 +654,7 @@ def test_a_dataset_dropped_mid_fill_is_collected_its_writes_kept_and_counted(
     ds = CachedDataset(Numbers(100), Counted(), path=tmp_path / "c")
     [ds[i] for i in range(100)]
     proc = _writer(ds)._proc
-    counters = ds._counters
+    counters = ds._tally.counters
     assert proc is not None and proc.poll() is None
     gone = weakref.ref(ds)
     del ds
@@ -666,6 +666,35 @@ def test_a_dataset_dropped_mid_fill_is_collected_its_writes_kept_and_counted(
     det = Counted()
     back = CachedDataset(Numbers(100), det, path=tmp_path / "c")
     assert all(float(back[i][0]) == i for i in range(100)) and det.calls == []
+
+
+def test_a_dataset_in_a_reference_cycle_with_its_transform_is_collected(tmp_path: Path) -> None:
+    """The transform a bound method of the object that holds the dataset (a cycle): once the
+    program drops that object, the collector frees the dataset, its writer process ends and
+    its counts are published, as without the cycle."""
+    import gc
+    import weakref
+
+    class Pipeline:
+        def __init__(self) -> None:
+            self.ds = CachedDataset(Numbers(100), self.decode, path=tmp_path / "c",
+                                    fingerprint="p")
+
+        def decode(self, i: int) -> torch.Tensor:
+            return torch.full((64,), float(i))
+
+    pipe = Pipeline()
+    [pipe.ds[i] for i in range(100)]
+    proc = _writer(pipe.ds)._proc
+    counters = pipe.ds._tally.counters
+    assert proc is not None and proc.poll() is None
+    gone = weakref.ref(pipe.ds)
+    del pipe
+    gc.collect()
+    assert gone() is None
+    assert proc.wait(10) == 0
+    hits, misses, _, written, uncached = counters[:]
+    assert (hits, misses, uncached) == (0, 100, 0) and written >= 100 * 64 * 4
 
 
 def test_a_dataset_whose_length_raises_is_still_filled(tmp_path: Path) -> None:

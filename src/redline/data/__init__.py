@@ -13,7 +13,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from redline.core.loader import LoaderSettings
     from redline.data.autotune import LoaderPlan, autotune_loader
-    from redline.data.cache import CachedDataset, CacheStats
+    from redline.data.cache import CachedDataset
+    from redline.data.cache_counts import CacheStats
     from redline.data.cache_split import CacheSplit
     from redline.data.device_decode import DeviceDecoder, JpegSplit
     from redline.data.prefetcher import DevicePrefetcher, PrefetchStats, map_tensors
@@ -40,7 +41,7 @@ _LAZY = {
     "LoaderPlan": "redline.data.autotune",
     "autotune_loader": "redline.data.autotune",
     "CachedDataset": "redline.data.cache",
-    "CacheStats": "redline.data.cache",
+    "CacheStats": "redline.data.cache_counts",
     "CacheSplit": "redline.data.cache_split",
     "DeviceDecoder": "redline.data.device_decode",
     "JpegSplit": "redline.data.device_decode",

@@ -38,14 +38,14 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import Dataset, get_worker_info
 
 from redline.data import cache_proc, store_place
+from redline.data.cache_counts import CacheStats, Tally, publish_counts
 from redline.data.cache_locks import hold_before_fork, lock_for, release_after_fork
-from redline.data.cache_writer import WRITE_BATCH, StoreWriter, Writer, writer_state_for_pickle
+from redline.data.cache_writer import WRITE_BATCH, StoreWriter, Writer
 from redline.data.fingerprint import dataset_fingerprint, transform_fingerprint
 from redline.data.sample_codec import FORMAT_VERSION, decode, encode_parts
 from redline.data.stores import LmdbStore, Store, process_id
@@ -91,29 +91,6 @@ def _say_once(message: str) -> None:
     if message not in _SAID:
         _SAID.add(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CacheStats:
-    """Counts of a :class:`CachedDataset`'s reads: hits, misses, bytes read and written."""
-
-    hits: int
-    misses: int
-    bytes_read: int
-    bytes_written: int
-    uncached: int
-    """Misses not stored because the store was full (or the disk was, or its write failed)."""
-
-    @property
-    def hit_rate(self) -> float | None:
-        n = self.hits + self.misses
-        return self.hits / n if n else None
-
-    @property
-    def complete(self) -> bool:
-        """Every sample computed so far was stored: after a fill epoch, the store holds the
-        whole dataset. False once a write was refused or failed."""
-        return self.uncached == 0
 
 
 class CachedDataset(Dataset[Any]):
@@ -176,23 +153,15 @@ class CachedDataset(Dataset[Any]):
         self.fingerprint = fingerprint
         # The stored form's version too: a store written in another format is never misread.
         self._prefix = f"{self.fingerprint}:v{FORMAT_VERSION}:".encode()
-        # Shared across forked/spawned DataLoader workers: hits, misses, read, written, uncached
-        self._counters = mp.Array("q", 5)
+        self._tally = Tally(mp.Array("q", 5))
         self._lock = lock_for(self.store, self)
         """Held around every use of the store and the writer from this dataset; not around
         the user's transforms, which threads run side by side."""
         self._spawnable = False
         """Whether the counters were moved to a spawn-context array (see __getstate__)."""
-        self._local: list[int] | None = None
-        self._local_pid = -1
         self._writable = True
         self._warned = False
         self._said: set[str] = set()
-        self._writer: Writer | None = None
-        """This process's writer (made on the first miss: a writer process's or thread's in the
-        training process, the worker's own in a DataLoader worker; its ``pending`` samples are
-        read back from memory first)."""
-        self._writer_pid = -1
         self._own_keys: bytearray | None = None
         """Bit i set: sample i was handed to this process's writer. Kept where that writer is
         a writer process that started on a store holding none of this dataset's keys: while
@@ -226,10 +195,11 @@ class CachedDataset(Dataset[Any]):
             # tracker, a child process that runs with forked workers needing none.
             self._flush()
             moved = mp.get_context("spawn").Array("q", 5)
-            with self._counters.get_lock():
-                moved[:] = self._counters[:]
-            self._counters, self._spawnable = moved, True
-        state = writer_state_for_pickle(self.__dict__)
+            with self._tally.counters.get_lock():
+                moved[:] = self._tally.counters[:]
+            self._tally.counters, self._spawnable = moved, True
+        state = self.__dict__.copy()
+        state["_tally"] = Tally(self._tally.counters)  # the counters; the writer stays here
         state["_own_keys"] = state["_fill"] = None  # this process's writer's, not the new one's
         state["_lock"] = None  # a process's own (made anew in __setstate__)
         return state
@@ -245,7 +215,8 @@ class CachedDataset(Dataset[Any]):
 
     def _writer_here(self) -> Writer | None:
         """This process's writer, if it made one (a forked worker's copy is its parent's)."""
-        return self._writer if self._writer_pid == process_id() else None
+        t = self._tally
+        return t.writer if t.writer_pid == process_id() else None
 
     def _drain(self) -> None:
         w = self._writer_here()
@@ -265,8 +236,8 @@ class CachedDataset(Dataset[Any]):
             self._add(written=written, uncached=lost, publish=False)
             w.close()
             self._own_keys = self._fill = None
-            self._writer = StoreWriter(self.store)
-            mp_util.Finalize(self, self._writer.close, exitpriority=11)
+            self._tally.writer = thread = StoreWriter(self.store)
+            mp_util.Finalize(self, thread.close, exitpriority=11)
             self._say("writer", f"{w.failure}; a writer thread writes from now on")
             return
         self._stop_writing(w.failure)
@@ -275,14 +246,14 @@ class CachedDataset(Dataset[Any]):
              uncached: int = 0, publish: bool = True) -> None:
         """Count locally; publish to the shared counters every FLUSH_EVERY events (a lock per
         sample costs as much as the read it counts) and when the process exits."""
-        local = self._local
-        if local is None or self._local_pid != process_id():
-            local = self._local = [0, 0, 0, 0, 0, 0]
-            self._local_pid = process_id()
+        t = self._tally
+        local = t.local
+        if local is None or t.local_pid != process_id():
+            local = t.local = [0, 0, 0, 0, 0, 0]
+            t.local_pid = process_id()
             # DataLoader workers end through multiprocessing's exit path, which runs these.
-            # Given the attributes, not the dataset: a finalizer that held the dataset would
-            # keep it (and its writer process, its ring) alive until the process exits.
-            mp_util.Finalize(self, _publish, args=(self.__dict__,), exitpriority=10)
+            # Given the tally, not the dataset (see Tally).
+            mp_util.Finalize(self, publish_counts, args=(t,), exitpriority=10)
         local[0] += hits
         local[1] += misses
         local[2] += read
@@ -293,7 +264,7 @@ class CachedDataset(Dataset[Any]):
             self._flush()
 
     def _flush(self) -> None:
-        _publish(self.__dict__)
+        publish_counts(self._tally)
 
     def _stop_writing(self, why: str) -> None:
         self._writable = False
@@ -366,8 +337,8 @@ class CachedDataset(Dataset[Any]):
         makes its own, the parent's thread is not in it)."""
         w = self._writer_here()
         if w is None:
-            w = self._writer = _new_writer(self.store)
-            self._writer_pid = process_id()
+            w = self._tally.writer = _new_writer(self.store)
+            self._tally.writer_pid = process_id()
             _WITH_WRITER.add(self)
             # DataLoader workers end through multiprocessing's exit path, which runs these
             # (before the counters' publication, priority 10). The writer's own close, not the
@@ -441,7 +412,8 @@ class CachedDataset(Dataset[Any]):
     def _look_up(self, i: int, key: bytes) -> Any:
         """Sample ``i`` from this process's pending writes or the store (counted as a hit),
         or _MISSING: not stored (a sample that cannot be read back included)."""
-        w = self._writer if self._writer_pid == process_id() else None  # _writer_here()
+        t = self._tally
+        w = t.writer if t.writer_pid == process_id() else None  # _writer_here()
         blob: bytes | memoryview | None = None
         if w is not None:
             own = self._own_keys
@@ -464,8 +436,9 @@ class CachedDataset(Dataset[Any]):
         fill epoch takes this path where :meth:`get_deterministic`'s shorter one does not
         apply, so once this process has its writer and counters it makes a handful of
         calls."""
-        local = self._local
-        if (w is None or local is None or self._local_pid != self._writer_pid
+        t = self._tally
+        local = t.local
+        if (w is None or local is None or t.local_pid != t.writer_pid
                 or not self._writable
                 or getattr(self.store, "read_only_reason", None) is not None):
             encoded = self._encode(value, i) if self._writable else None
@@ -501,7 +474,7 @@ class CachedDataset(Dataset[Any]):
         """From the next miss on, take :meth:`get_deterministic`'s short path (see
         ``_fill``) with ``w``, ``own`` and ``local``, now known to hold."""
         if isinstance(w, cache_proc.ProcessWriter):
-            self._fill = (self._writer_pid, w, own, len(own) * 8, local)
+            self._fill = (self._tally.writer_pid, w, own, len(own) * 8, local)
 
     def _mark_own(self, i: int) -> None:
         """Sample ``i`` was handed to this process's writer (see ``_own_keys``)."""
@@ -557,37 +530,11 @@ class CachedDataset(Dataset[Any]):
         with self._lock:
             self._drain()
             self._flush()
-        with self._counters.get_lock():
-            c = [int(x) for x in self._counters[:]]
+        with self._tally.counters.get_lock():
+            c = [int(x) for x in self._tally.counters[:]]
         hits, misses, read, written, uncached = c[:5]
         return CacheStats(hits=hits, misses=misses, bytes_read=read, bytes_written=written,
                           uncached=uncached)
-
-
-def _publish(state: dict[str, Any]) -> None:
-    """Add what the writer of this process wrote and dropped to a dataset's local counters,
-    then those to its shared counters (``state``: the dataset's attributes; what
-    ``CachedDataset._flush`` does, and its finalizer, which runs once the dataset is collected
-    or at exit)."""
-    pid = process_id()
-    local = state["_local"]
-    if local is None or state["_local_pid"] != pid:
-        return  # nothing counted in this process, nor written: a writer comes after a miss
-    w = state["_writer"] if state["_writer_pid"] == pid else None
-    if w is not None:
-        written, lost = w.take_counts()
-        if written or lost:
-            local[3] += written
-            local[4] += lost
-            local[5] += 1
-    if not local[5]:
-        return
-    c = state["_counters"]
-    with c.get_lock():
-        raw: Any = c.get_obj()  # the plain ctypes array: items do not take the lock again
-        for k in range(5):
-            raw[k] += local[k]
-    local[:] = (0, 0, 0, 0, 0, 0)  # in place: _fill holds this list
 
 
 def _new_writer(store: Store) -> Writer:

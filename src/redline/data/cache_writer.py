@@ -208,10 +208,3 @@ def _lower_priority() -> None:
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid,
                        min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE_STEP))
-
-
-def writer_state_for_pickle(state: dict[str, Any]) -> dict[str, Any]:
-    """A dataset's state without its writer (threads and locks stay in their process)."""
-    state = dict(state)
-    state["_writer"], state["_writer_pid"] = None, -1
-    return state
