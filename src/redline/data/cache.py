@@ -26,6 +26,9 @@ process by a writer process of its own, fed through a ring in shared memory
 :mod:`redline.data.cache_writer`), in a DataLoader worker by the worker itself (where that
 measured cheaper); until written, samples are read back from memory (``benchmarks/cache.py``;
 the README's cache section has its numbers).
+
+A dataset may be read from several threads at once, and any thread may fork beside them
+(:mod:`redline.data.cache_locks`).
 """
 
 from __future__ import annotations
@@ -154,6 +157,8 @@ class CachedDataset(Dataset[Any]):
         # The stored form's version too: a store written in another format is never misread.
         self._prefix = f"{self.fingerprint}:v{FORMAT_VERSION}:".encode()
         self._tally = Tally(mp.Array("q", 5))
+        """This process's counts and writer, and the counters shared with the DataLoader
+        workers (:class:`~redline.data.cache_counts.Tally`)."""
         self._lock = lock_for(self.store, self)
         """Held around every use of the store and the writer from this dataset; not around
         the user's transforms, which threads run side by side."""
