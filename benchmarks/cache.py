@@ -205,9 +205,11 @@ def median_interval(xs: list[float], level: float = 0.95) -> tuple[float, float,
 def verdict(ratio: float, high: float, coverage: float, target: float = 1.10) -> str:
     if ratio > target:
         return "NOT MET"
-    if high <= target:
-        return "met"
-    return f"met at the median; its {coverage:.0%} interval reaches {high:.3f}"
+    if high > target:
+        return f"met at the median; its {coverage:.0%} interval reaches {high:.3f}"
+    if coverage < 0.95:  # too few rounds for the interval to say much
+        return f"met (an interval of {coverage:.0%} only: more rounds)"
+    return "met"
 
 
 def _children_cpu_s() -> float:
