@@ -30,6 +30,10 @@ after it released them: forks from several threads take turns (each releases onl
 took), and a dataset made while a fork is under way waits for it, rather than reading with a
 lock the fork does not hold while the stores close their handles."""
 
+_HELD_REGISTRY = [False]
+"""Whether the fork under way holds :data:`_REGISTRY` (set and read by the forking thread
+alone, which holds it)."""
+
 
 def lock_for(store: Any, owner: Any) -> threading.RLock:
     """The lock that a dataset holds around its store and writer (``owner``'s own where
@@ -50,6 +54,7 @@ def hold_before_fork() -> None:
     """Take every dataset lock before this process forks (see the module docstring): the
     stores then close their handles under nobody's read."""
     _REGISTRY.acquire()
+    _HELD_REGISTRY[0] = True
     for lock in list(_LOCKS.values()):  # none added meanwhile; one collected is skipped
         lock.acquire()
         _HELD.append(lock)
@@ -59,4 +64,6 @@ def release_after_fork() -> None:
     """Release what :func:`hold_before_fork` took (in the parent, and in the child)."""
     while _HELD:
         _HELD.pop().release()
-    _REGISTRY.release()
+    if _HELD_REGISTRY[0]:  # not where the hook before was interrupted before taking it
+        _HELD_REGISTRY[0] = False
+        _REGISTRY.release()
