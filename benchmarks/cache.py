@@ -185,7 +185,11 @@ def measure(paths: list[str], h: int, w: int, pattern: str, rounds: int,
     return out
 
 
-def median_interval(xs: list[float], level: float = 0.95) -> tuple[float, float, float]:
+LEVEL = 0.95
+"""The confidence each row's interval is asked to reach."""
+
+
+def median_interval(xs: list[float], level: float = LEVEL) -> tuple[float, float, float]:
     """(low, high, coverage): the sorted rounds' k-th smallest and k-th largest, with the
     largest k whose chance of holding the median between them is at least ``level``, that
     chance being 1 - 2·P(Binomial(n, ½) < k), whatever the rounds' distribution (Conover,
@@ -207,7 +211,7 @@ def verdict(ratio: float, high: float, coverage: float, target: float = 1.10) ->
         return "NOT MET"
     if high > target:
         return f"met at the median; its {coverage:.0%} interval reaches {high:.3f}"
-    if coverage < 0.95:  # too few rounds for the interval to say much
+    if coverage < LEVEL:  # too few rounds for the interval to say much
         return f"met (an interval of {coverage:.0%} only: more rounds)"
     return "met"
 

@@ -183,31 +183,29 @@ class CachedDataset(Dataset[Any]):
         return len(self.dataset)
 
     def __getstate__(self) -> dict[str, Any]:
-        with self._lock:
-            return self._state_to_pickle()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = lock_for(self.store, self)
-
-    def _state_to_pickle(self) -> dict[str, Any]:
         # Pickled for spawned workers: what this process computed goes to the store first.
-        self._drain()
-        if mpc.get_spawning_popen() is not None and not self._spawnable:
-            # A fork-context lock refuses to cross into a spawned process ("A SemLock created
-            # in a fork context…"): move the counters to a spawn-context array, once. Not
-            # made so from the start: a spawn-context lock starts multiprocessing's resource
-            # tracker, a child process that runs with forked workers needing none.
-            self._flush()
-            moved = mp.get_context("spawn").Array("q", 5)
-            with self._tally.counters.get_lock():
-                moved[:] = self._tally.counters[:]
-            self._tally.counters, self._spawnable = moved, True
-        state = self.__dict__.copy()
+        with self._lock:
+            self._drain()
+            if mpc.get_spawning_popen() is not None and not self._spawnable:
+                # A fork-context lock refuses to cross into a spawned process ("A SemLock
+                # created in a fork context…"): move the counters to a spawn-context array,
+                # once. Not made so from the start: a spawn-context lock starts
+                # multiprocessing's resource tracker, a child process that runs with forked
+                # workers needing none.
+                self._flush()
+                moved = mp.get_context("spawn").Array("q", 5)
+                with self._tally.counters.get_lock():
+                    moved[:] = self._tally.counters[:]
+                self._tally.counters, self._spawnable = moved, True
+            state = self.__dict__.copy()
         state["_tally"] = Tally(self._tally.counters)  # the counters; the writer stays here
         state["_own_keys"] = state["_fill"] = None  # this process's writer's, not the new one's
         state["_lock"] = None  # a process's own (made anew in __setstate__)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = lock_for(self.store, self)
 
     def flush(self) -> None:
         """Wait until the samples this process computed are written (they are written
