@@ -129,6 +129,63 @@ def test_a_sigterm_to_the_process_group_ends_with_the_report_and_no_worker_trace
         assert data["measurements"]["timing"]["steps_total"] >= 12
 
 
+SERVE_IN_A_DYING_WORKER = """
+import os, signal, socket, sys, time, multiprocessing as mp
+from multiprocessing import resource_sharer
+from redline.doctor.exits import Signals
+
+def worker(conn):
+    # A DataLoader worker as a group's SIGTERM reaches it while the main process fetches a
+    # tensor from it: the signal is pending (held here until its file-descriptor server has
+    # run; on a loaded machine the worker's main thread is simply not scheduled yet), and the
+    # main process hangs up in the middle of the connection's handshake.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # PyTorch's worker handler, for a signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # its parent did not send
+    r, w = os.pipe()
+    shared = resource_sharer.DupFd(r)  # starts the thread that serves descriptors
+    os.kill(os.getpid(), signal.SIGTERM)
+    conn.send(shared._id[0])
+    conn.recv()  # the peer has hung up
+    time.sleep(1.0)  # the server thread's turn
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    time.sleep(30)
+
+def run():
+    ctx = mp.get_context("fork")
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=worker, args=(there,))
+    p.start()
+    peer = socket.socket(socket.AF_UNIX)
+    peer.connect(here.recv())
+    peer.close()
+    here.send(None)
+    p.join(30)
+    print("worker exit code", p.exitcode, flush=True)
+
+if sys.argv[1] == "doctor":
+    with Signals():
+        run()
+else:
+    run()
+"""
+
+
+@pytest.mark.parametrize("under", ["doctor", "bare"])
+def test_a_worker_ending_by_the_group_s_sigterm_prints_no_traceback(tmp_path: Path,
+                                                                    under: str) -> None:
+    """The thread that serves a worker's tensors sees its peer hang up while the worker's
+    SIGTERM is pending: under doctor's signal handling (inherited by the fork) nothing is
+    printed, and the worker still ends by the signal; bare, Python prints the traceback that
+    a group's SIGTERM would cut into the report."""
+    script = _script(tmp_path, SERVE_IN_A_DYING_WORKER)
+    p = subprocess.run([sys.executable, str(script), under], capture_output=True, text=True,
+                       timeout=60)
+    assert f"worker exit code {-signal.SIGTERM}" in p.stdout, p.stdout + p.stderr
+    if under == "doctor":
+        assert "Traceback" not in p.stderr, p.stderr
+    else:
+        assert "resource_sharer.py" in p.stderr and "_serve" in p.stderr, p.stderr
+
 # -- os._exit ----------------------------------------------------------------------------------
 def test_os_exit_in_the_script_ends_with_the_report_and_its_exit_code(tmp_path: Path) -> None:
     """``os._exit`` still ends the process at once (the script's ``finally`` does not run),

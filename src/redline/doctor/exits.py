@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, NoReturn
 
 from rich.console import Console
@@ -58,6 +59,8 @@ class Signals:
         self._raised: tuple[BaseException, int] | None = None
         """What the first signal's handler raised, and the signal's number."""
         self._hook_before: Any = None
+        self._excepthook_before: Any = None
+        self._pid = os.getpid()
 
     def __enter__(self) -> Signals:
         if threading.current_thread() is threading.main_thread():
@@ -66,6 +69,8 @@ class Signals:
                 signal.signal(s, self._first)
             self._hook_before = sys.unraisablehook
             sys.unraisablehook = self._unraisable
+            self._excepthook_before = sys.excepthook
+            sys.excepthook = self._excepthook
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -73,6 +78,8 @@ class Signals:
             signal.signal(s, handler)
         if self._hook_before is not None and sys.unraisablehook == self._unraisable:
             sys.unraisablehook = self._hook_before
+        if self._excepthook_before is not None and sys.excepthook == self._excepthook:
+            sys.excepthook = self._excepthook_before
 
     def reporting(self) -> None:
         """The script has ended: from now on a first signal does not interrupt the report.
@@ -113,9 +120,30 @@ class Signals:
         self.received = None
         redeliver_signal(signum)
 
+    def _excepthook(self, exc_type: type[BaseException], exc: BaseException,
+                    tb: TracebackType | None) -> None:
+        """In a process forked from the script's (a DataLoader worker: fork is the default
+        start method on Linux) that a SIGTERM is about to end, a thread's exception is not
+        printed. A signal to the process group reaches the workers as the main process stops
+        mid-fetch; a worker's thread that serves tensors' file descriptors
+        (``multiprocessing.resource_sharer._serve``) then sees its peer hang up, and where it
+        runs before the worker's main thread takes the signal, it prints a traceback —
+        cut off as the worker dies — into the report's stderr. The worker ends by the signal
+        either way (PyTorch's worker handler takes the default action for a SIGTERM its
+        parent did not send); only that half-printed traceback is left out."""
+        if os.getpid() != self._pid and _terminating():
+            return
+        self._excepthook_before(exc_type, exc, tb)
+
     @staticmethod
     def _at_once(signum: int, frame: object) -> None:
         REAL_EXIT(128 + signum)
+
+
+def _terminating() -> bool:
+    """Whether a SIGTERM is pending for this process: sent, not yet taken by a thread that
+    lets it through (the threads that serve file descriptors block every signal)."""
+    return hasattr(signal, "sigpending") and signal.SIGTERM in signal.sigpending()
 
 
 def _quiet_children() -> None:
