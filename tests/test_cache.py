@@ -189,6 +189,18 @@ def test_cache_statistics_reach_the_report(tmp_path: Path) -> None:
     jsonschema.validate(to_dict(rep), schema())
 
 
+class Boxes(torch.Tensor):
+    """A tensor subclass with metadata, as torchvision's ``tv_tensors.BoundingBoxes``."""
+
+    format: str
+
+
+def _boxes(scale: float = 1.0) -> Boxes:
+    b = torch.tensor([[0.0, 0.0, 10.0, 10.0]]).mul(scale).as_subclass(Boxes)
+    b.format = "XYXY"
+    return b
+
+
 @pytest.mark.parametrize("value", [
     torch.arange(12, dtype=torch.uint8).view(2, 2, 3), torch.randn(3, 4),
     torch.randn(5).to(torch.bfloat16), torch.arange(4, dtype=torch.int64),
@@ -198,6 +210,10 @@ def test_cache_statistics_reach_the_report(tmp_path: Path) -> None:
     {"img": torch.randn(2, 2).to(torch.bfloat16), "mask": torch.ones(3, dtype=torch.bool),
      "nested": (torch.arange(3), {"k": torch.tensor(2.5)}), "label": 1},
     (torch.nn.Parameter(torch.ones(2)), torch.ones(2, requires_grad=True)),
+    # alone, too: what the raw form would drop (the type and its attributes, the flag, the
+    # scale and zero point) comes back
+    torch.nn.Parameter(torch.ones(2)), torch.ones(2, requires_grad=True), _boxes(),
+    torch.quantize_per_tensor(torch.tensor([0.5, -1.0, 2.0]), 0.1, 3, torch.qint8),
     # dense in another order than C's: stored as they lie, decoded with the same strides
     torch.randn(8, 6, 3).permute(2, 0, 1), torch.randn(2, 3, 4, 5).to(
         memory_format=torch.channels_last), torch.randn(5, 7).t(),
@@ -219,6 +235,19 @@ def test_encode_decode_round_trip(value: object) -> None:
     for b in (blob, memoryview(blob)):  # LMDB hands out views into its map
         _same_value(decode(b), value)
 
+
+
+def test_a_subclass_comes_back_from_the_store_with_its_type_and_attributes(
+        tmp_path: Path) -> None:
+    """A v2 transform treats a ``tv_tensors`` sample by its type: a hit must be the sample
+    the miss returned, not a plain tensor of the same numbers."""
+    ds = CachedDataset(Numbers(2), lambda x: _boxes(x), path=tmp_path / "c",
+                       fingerprint="boxes")
+    miss = ds[1]
+    ds.flush()
+    hit = ds[1]
+    assert ds.stats().hits == 1
+    assert type(hit) is Boxes and hit.format == "XYXY" and torch.equal(hit, miss)
 
 def test_a_tensor_without_storage_is_refused_and_teaches_no_layout() -> None:
     from redline.data.sample_codec import decode, encode
@@ -242,6 +271,10 @@ def _same_value(got: object, value: object) -> None:
         assert isinstance(got, torch.Tensor)
         assert got.dtype == value.dtype and got.shape == value.shape
         assert got.requires_grad == value.requires_grad
+        assert getattr(got, "format", None) == getattr(value, "format", None)
+        if value.is_quantized:
+            assert (got.q_scale(), got.q_zero_point()) == (value.q_scale(), value.q_zero_point())
+            got, value = got.dequantize(), value.dequantize()
         assert torch.equal(got.detach(), value.detach())
         if _dense(value):  # the same strides (a dimension of size 1 has any)
             assert [st for st, n in zip(got.stride(), got.shape, strict=True) if n > 1] == [

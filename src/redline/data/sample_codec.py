@@ -31,10 +31,13 @@ from typing import Any
 import numpy as np
 import torch
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 """Bumped whenever the stored form changes (keys carry it). 3: numpy arrays raw (``A1``),
 segments of either kind in structures (``S2``), sizes checked on reading. 4: tensors in their
-memory order (a third header field where it is not C order)."""
+memory order (a third header field where it is not C order). 5: a tensor subclass (a
+Parameter, torchvision's ``tv_tensors``), a tensor requiring grad and a quantized tensor are
+pickled, as inside a structure (4 stored them raw, as plain tensors without their type, flag
+or quantizer)."""
 
 _TENSOR = b"T1"
 _ARRAY = b"A1"
@@ -59,7 +62,7 @@ def _array_header(a: np.ndarray[Any, Any]) -> str:
 
 def _plain_tensor(v: Any) -> bool:
     """A tensor whose bytes, dtype and shape are all there is to it (not a Parameter or
-    another subclass, not on a GPU, not requiring grad)."""
+    another subclass, not on a GPU, not requiring grad, not quantized)."""
     return (type(v) is torch.Tensor and v.layout == torch.strided and v.device.type == "cpu"
             and not v.requires_grad and not v.is_quantized)
 
@@ -152,6 +155,8 @@ _UNSEEN: Any = object()
 
 
 def _layout(t: torch.Tensor) -> _Layout:
+    if t.is_quantized:  # its numbers are its bytes with a scale and zero point: pickled
+        return None
     order = None if t.is_contiguous() else _memory_order(t)
     if order is None and not t.is_contiguous():
         return None  # not dense (a slice with gaps): gathered by the general path
@@ -170,10 +175,11 @@ def _fast_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview] | None:
     memory) of a tensor of exactly ``torch.Tensor``'s type in a known dense layout; None where
     the general path is needed: a tensor on another device (its data pointer is not host
     memory), one with its negative or conjugate bit set (its memory holds other numbers than
-    it reads as), a sparse, nested or MKL-DNN one (no strides), a quantized one, bfloat16 and
+    it reads as), one requiring grad or quantized (pickled: the raw form would drop the flag,
+    or the scale and zero point), a sparse, nested or MKL-DNN one (no strides), bfloat16 and
     the other dtypes without a numpy twin, a tensor without storage."""
     try:
-        if not t.is_cpu or t.is_neg() or t.is_conj():
+        if not t.is_cpu or t.is_neg() or t.is_conj() or t.requires_grad:
             return None
         key = (t.dtype, t.shape, t.stride())
         ptr = t.data_ptr()
@@ -234,9 +240,9 @@ def encode(value: Any) -> bytes:
         parts = _fast_parts(value)
         if parts is not None:
             return b"".join((parts[1], parts[2]))  # the one copy of the data
-    if isinstance(value, torch.Tensor) and value.layout == torch.strided and not value.is_cuda:
+    if _plain_tensor(value):
         # the known layout was tried above where it can apply: not a second time
-        _, first, raw = _general_parts(value) if exact else _tensor_parts(value)
+        _, first, raw = _general_parts(value)
         return b"".join((first, raw))
     if _plain_array(value):
         return _single(_ARRAY, _array_header(value), _array_bytes(value))
