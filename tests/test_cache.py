@@ -249,6 +249,24 @@ def test_a_subclass_comes_back_from_the_store_with_its_type_and_attributes(
     assert ds.stats().hits == 1
     assert type(hit) is Boxes and hit.format == "XYXY" and torch.equal(hit, miss)
 
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_reads_the_same_store_and_counts_its_own_reads(tmp_path: Path, how: str) -> None:
+    """``copy.deepcopy`` (a validation copy) and a pickle kept or sent elsewhere work: the
+    copy reads what the original stored, counted from zero, apart from the original's."""
+    import copy
+    import pickle
+
+    ds = CachedDataset(Numbers(4), square, path=tmp_path / "c")
+    for i in range(4):
+        ds[i]
+    twin = copy.deepcopy(ds) if how == "deepcopy" else pickle.loads(pickle.dumps(ds))
+    assert all(torch.equal(twin[i], square(i)) for i in range(4))
+    assert (twin.stats().hits, twin.stats().misses) == (4, 0)
+    assert (ds.stats().hits, ds.stats().misses) == (0, 4)
+    twin[1]
+    assert twin.stats().hits == 5 and ds.stats().hits == 0
+
 def test_a_tensor_without_storage_is_refused_and_teaches_no_layout() -> None:
     from redline.data.sample_codec import decode, encode
 

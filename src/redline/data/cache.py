@@ -183,10 +183,13 @@ class CachedDataset(Dataset[Any]):
         return len(self.dataset)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Pickled for spawned workers: what this process computed goes to the store first.
+        # Pickled for spawned workers (their counts add to this process's), or copied
+        # (copy.deepcopy, a pickle kept or sent elsewhere: the copy counts its own reads, from
+        # zero); either way what this process computed goes to the store first.
         with self._lock:
             self._drain()
-            if mpc.get_spawning_popen() is not None and not self._spawnable:
+            spawning = mpc.get_spawning_popen() is not None
+            if spawning and not self._spawnable:
                 # A fork-context lock refuses to cross into a spawned process ("A SemLock
                 # created in a fork context…"): move the counters to a spawn-context array,
                 # once. Not made so from the start: a spawn-context lock starts
@@ -198,13 +201,18 @@ class CachedDataset(Dataset[Any]):
                     moved[:] = self._tally.counters[:]
                 self._tally.counters, self._spawnable = moved, True
             state = self.__dict__.copy()
-        state["_tally"] = Tally(self._tally.counters)  # the counters; the writer stays here
+        # The counters, shared with a spawned worker only (multiprocessing refuses to pickle
+        # them otherwise); the writer stays here.
+        state["_tally"] = Tally(self._tally.counters if spawning else None)
         state["_own_keys"] = state["_fill"] = None  # this process's writer's, not the new one's
         state["_lock"] = None  # a process's own (made anew in __setstate__)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        if self._tally.counters is None:  # a copy: counters of its own
+            self._tally = Tally(mp.Array("q", 5))
+            self._spawnable = False
         self._lock = lock_for(self.store, self)
 
     def flush(self) -> None:
