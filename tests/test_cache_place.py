@@ -184,3 +184,35 @@ def test_a_leftover_store_is_emptied_by_the_next_process_that_leases_it(
     assert float(ds[5][0]) == 5.0 and ds.stats().hits == 0  # the dead run's data is gone
     assert store_place.release(left) and not left.exists()
     assert os.listdir(shm) == []
+
+
+def _mapped(folder: Path) -> bool:
+    """Whether this process maps a file of ``folder`` (a removed one included)."""
+    return str(folder / "data.mdb") in Path("/proc/self/maps").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+def test_a_store_folder_removed_and_made_anew_is_read_as_the_new_one(tmp_path: Path) -> None:
+    """A notebook clears its cache (``rm -rf`` the folder) and makes the dataset again: the new
+    dataset reads the new folder, never the removed one's samples, and the removed file
+    leaves this process's memory once the datasets that used it are gone."""
+    import gc
+    import shutil
+
+    folder = tmp_path / "c"
+    old = CachedDataset(Numbers(4), lambda i: torch.tensor([float(i)]), store=folder,
+                        fingerprint="v1")
+    assert [old[i].item() for i in range(4)] == [0.0, 1.0, 2.0, 3.0]
+    old.flush()
+    shutil.rmtree(folder)
+    # the transform changed in a way its fingerprint cannot see: the folder was cleared for it
+    new = CachedDataset(Numbers(4), lambda i: torch.tensor([100.0 * i]), store=folder,
+                        fingerprint="v1")
+    assert [new[i].item() for i in range(4)] == [0.0, 100.0, 200.0, 300.0]
+    assert new.stats().misses == 4
+    assert old[1].item() == 1.0  # the old dataset keeps its own (removed) store meanwhile
+    new.flush()
+    assert _mapped(folder)
+    del old, new
+    gc.collect()
+    assert not _mapped(folder)

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,10 +41,14 @@ class Store(Protocol):
         ...
 
 
-_ENVS: dict[tuple[int, str], Any] = {}
-"""Open LMDB environments of this process by path: LMDB allows one per path per process, and
-several datasets (train/val, or re-created ones) may share a store. Handles only, like a
-connection pool; keyed by pid so a forked worker opens its own."""
+_ENVS: dict[tuple[int, str], tuple[weakref.ref[Any], tuple[int, int] | None]] = {}
+"""Open LMDB environments of this process by path, with the (device, inode) of the data file
+each opened: py-lmdb allows one environment per file per process, and several datasets
+(train/val, or re-created ones) may share a store. Keyed by pid so a forked worker opens its
+own. Held weakly: an environment lives while a store uses it, so a store folder removed
+while this process runs (a notebook clearing its cache) leaves memory once its datasets are
+gone, and a folder made anew at the same path is a new file, opened anew (not the removed
+one's handle, which would serve the removed samples)."""
 
 _ENVS_LOCK = threading.Lock()
 """Held while a store finds or opens its environment: two threads opening one path at once
@@ -76,9 +81,20 @@ def _close_before_fork() -> None:
     if not mine:
         return
     for k in mine:
-        with contextlib.suppress(Exception):  # a failing close must not stop the fork
-            _ENVS.pop(k).close()
+        env = _ENVS.pop(k)[0]()
+        if env is not None:
+            with contextlib.suppress(Exception):  # a failing close must not stop the fork
+                env.close()
     _GENERATION[0] += 1
+
+
+def _data_file(folder: Path) -> tuple[int, int] | None:
+    """(device, inode) of the LMDB data file in ``folder``; None where there is none."""
+    try:
+        st = os.stat(folder / "data.mdb")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 _PID = [os.getpid()]
@@ -169,11 +185,13 @@ class LmdbStore:
 
         key = (os.getpid(), str(self.path.resolve()))
         with _ENVS_LOCK:
-            env = _ENVS.get(key)
-            if env is None:
+            ref, opened = _ENVS.get(key, (None, None))
+            env = ref() if ref is not None else None
+            if env is None or _data_file(self.path) != opened:
+                # None, or the file it opened was removed or replaced: its users keep it
                 env = self._open_env(lmdb)
                 if env is not None:
-                    _ENVS[key] = env
+                    _ENVS[key] = (weakref.ref(env), _data_file(self.path))
         self._env, self._txn, self._pid, self._gen = env, None, os.getpid(), _GENERATION[0]
         return env
 
@@ -207,10 +225,14 @@ class LmdbStore:
         """Close this process's handle on the store (it reopens on the next read)."""
         key = (os.getpid(), str(self.path.resolve()))
         with _ENVS_LOCK:
-            env = _ENVS.pop(key, None)
-        if env is not None:
-            with contextlib.suppress(Exception):
-                env.close()
+            pooled = _ENVS.pop(key, None)
+        envs = [pooled[0]() if pooled is not None else None]
+        if self._pid == _PID[0] and self._env is not envs[0]:
+            envs.append(self._env)  # the handle on a folder since removed or replaced
+        for env in envs:
+            if env is not None:
+                with contextlib.suppress(Exception):
+                    env.close()
         self._env, self._txn, self._pid = None, None, -1
 
     def get(self, key: bytes) -> bytes | memoryview | None:
