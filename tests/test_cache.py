@@ -60,6 +60,23 @@ def _fill(path: str, rank: int) -> None:
             pass
 
 
+
+@pytest.mark.slow
+def test_persistent_workers_hold_nothing_back_and_stats_are_current_each_epoch(
+        tmp_path: Path) -> None:
+    """Workers kept between epochs: after the first epoch every sample is stored (none is
+    computed again later, whichever worker reads it) and stats() counts what the workers did
+    while they still live."""
+    ds = CachedDataset(Numbers(200), square, path=tmp_path / "c")
+    loader = DataLoader(ds, batch_size=8, num_workers=2, shuffle=True, persistent_workers=True)
+    seen = []
+    for _ in range(3):
+        seen.append(sorted(int(x[0].item()) for b in loader for x in b))
+        st = ds.stats()
+        assert st.hits + st.misses == 200 * len(seen)  # published before the epoch's end
+    assert seen == [[i * i for i in range(200)]] * 3
+    assert (st.misses, st.hits, st.uncached) == (200, 400, 0)  # computed once each
+
 @pytest.mark.slow
 def test_two_processes_with_two_workers_fill_one_store(tmp_path: Path) -> None:
     path = str(tmp_path / "c")

@@ -330,6 +330,16 @@ class CachedDataset(Dataset[Any]):
             self._store(puts)
             for i in put_indices:
                 self._mark_own(i)
+            if get_worker_info() is not None:
+                # A DataLoader worker's batch is written and counted before the worker hands
+                # it over: a worker kept between epochs (persistent_workers) holds no samples
+                # back, which the others would compute again, and stats() is current after
+                # each epoch. (Batches of fewer samples than a transaction holds add commits,
+                # a small cost beside the samples' decode.)
+                w = self._writer_here()
+                if w is not None:
+                    w.drain()
+                self._flush()
         return out
 
     def _store(self, puts: list[tuple[bytes, bytes, bytes | memoryview]]) -> None:
@@ -535,9 +545,9 @@ class CachedDataset(Dataset[Any]):
         return [self.random(v) for v in values]
 
     def stats(self) -> CacheStats:
-        """Counters summed over this process and its DataLoader workers (workers publish
-        theirs every few dozen samples and when they exit). This process's pending writes are
-        written first."""
+        """Counters summed over this process and its DataLoader workers (a worker publishes
+        its counts with each batch it returns, and read one sample at a time every few dozen
+        samples and when it exits). This process's pending writes are written first."""
         with self._lock:
             self._drain()
             self._flush()

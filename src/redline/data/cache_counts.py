@@ -1,7 +1,7 @@
 """What a :class:`~redline.data.cache.CachedDataset` counts: its reads' hits and misses, the
 bytes read and written, the samples not stored; counted per process, published to counters
-shared with its DataLoader workers every few dozen events and when the process ends or the
-dataset is collected."""
+shared with its DataLoader workers every few dozen events, with each batch a worker returns,
+and when the process ends or the dataset is collected."""
 
 from __future__ import annotations
 
