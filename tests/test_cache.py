@@ -284,6 +284,21 @@ def test_a_copy_reads_the_same_store_and_counts_its_own_reads(tmp_path: Path, ho
     twin[1]
     assert twin.stats().hits == 5 and ds.stats().hits == 0
 
+
+def test_indices_are_integers_of_any_kind_and_a_float_is_refused(tmp_path: Path) -> None:
+    """What samplers give (ints, numpy integers, one-element integer tensors) is one index;
+    a float is refused, not cut to another sample's index."""
+    import numpy as np
+
+    ds = CachedDataset(Numbers(8), square, path=tmp_path / "c")
+    for i in (3, np.int64(3), torch.tensor(3), torch.tensor([3])):
+        assert torch.equal(ds[i], square(3))
+    assert [t[0].item() for t in ds.__getitems__([np.int32(2), torch.tensor(5)])] == [4, 25]
+    assert (ds.stats().misses, ds.stats().hits) == (3, 3)
+    for bad in (2.7, torch.tensor(2.7), "3"):
+        with pytest.raises(TypeError, match="CachedDataset indexes samples by integer"):
+            ds[bad]
+
 def test_a_tensor_without_storage_is_refused_and_teaches_no_layout() -> None:
     from redline.data.sample_codec import decode, encode
 

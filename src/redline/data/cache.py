@@ -37,6 +37,7 @@ import contextlib
 import multiprocessing as mp
 import multiprocessing.context as mpc
 import multiprocessing.util as mp_util
+import operator
 import os
 import warnings
 import weakref
@@ -100,7 +101,8 @@ class CachedDataset(Dataset[Any]):
     """Wrap ``dataset`` so ``deterministic(dataset[i])`` is computed once and stored.
 
     Args:
-        dataset: any map-style dataset.
+        dataset: a map-style dataset indexed by integers (any index a sampler gives: an
+            int, a numpy integer or a one-element integer tensor).
         deterministic: the transform whose output is cached (must not be random).
         random: the transform applied on every access, after the cache (may be None).
         store: a folder for the node-local LMDB store, or a
@@ -534,12 +536,16 @@ class CachedDataset(Dataset[Any]):
             warnings.warn(f"redline cache at {where}: {message}", RuntimeWarning, stacklevel=5)
 
     def __getitem__(self, i: int) -> Any:
-        value = self.get_deterministic(int(i))
+        try:
+            i = operator.index(i)  # (inline: every read of an epoch comes through here)
+        except TypeError:
+            i = _index(i)  # raises, saying why
+        value = self.get_deterministic(i)
         return self.random(value) if self.random is not None else value
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         """A whole batch in one store round trip (the DataLoader calls this when present)."""
-        values = self._deterministic_many([int(i) for i in indices])
+        values = self._deterministic_many([_index(i) for i in indices])
         if self.random is None:
             return values
         return [self.random(v) for v in values]
@@ -556,6 +562,18 @@ class CachedDataset(Dataset[Any]):
         hits, misses, read, written, uncached = c[:5]
         return CacheStats(hits=hits, misses=misses, bytes_read=read, bytes_written=written,
                           uncached=uncached)
+
+
+def _index(i: Any) -> int:
+    """``i`` as the int it stands for (a numpy integer, a one-element integer tensor); a
+    TypeError for a key that is not one (a float would be cut to another sample's index)."""
+    try:
+        return operator.index(i)
+    except TypeError:
+        raise TypeError(f"CachedDataset indexes samples by integer (0 to len - 1, what "
+                        f"DataLoader's samplers give), got {type(i).__name__} {i!r}; a dataset "
+                        f"keyed otherwise can be wrapped in one that maps positions to its "
+                        f"keys") from None
 
 
 def _new_writer(store: Store) -> Writer:
