@@ -11,6 +11,7 @@ import bisect
 import contextlib
 import hashlib
 import os
+import shutil
 import threading
 import time
 import warnings
@@ -86,6 +87,15 @@ def _close_before_fork() -> None:
             with contextlib.suppress(Exception):  # a failing close must not stop the fork
                 env.close()
     _GENERATION[0] += 1
+
+
+def _outermost_missing(folder: Path) -> Path | None:
+    """The outermost folder that ``folder.mkdir(parents=True)`` would make; None where
+    ``folder`` exists."""
+    missing = None
+    while not folder.exists() and folder != folder.parent:
+        missing, folder = folder, folder.parent
+    return missing
 
 
 def _data_file(folder: Path) -> tuple[int, int] | None:
@@ -164,8 +174,9 @@ class LmdbStore:
 
     @property
     def capped_note(self) -> str | None:
-        """A sentence where the free space, not ``max_bytes``, bounds the store."""
-        if self.max_bytes >= self.requested_bytes:
+        """A sentence where the free space, not ``max_bytes``, bounds the store (not where it
+        leaves too little to open one: the first read says why it cannot be used)."""
+        if self.max_bytes >= self.requested_bytes or self.max_bytes < 2**20:
             return None
         return (f"{self.path} holds at most {self.max_bytes / 2**20:,.1f} MiB "
                 f"({store_place.SAFE_FRACTION:.0%} of what its filesystem has free), not "
@@ -198,15 +209,22 @@ class LmdbStore:
     def _open_env(self, lmdb: Any) -> Any:
         if self.ephemeral or store_place.is_ephemeral(self.path):
             store_place.lease(self.path)  # removed by its last user; a dead run's emptied
-        if self.max_bytes < 2**20:
-            why = (f"{self.path} has too little free space "
-                   f"({store_place.free_bytes(str(self.path)) / 2**20:,.1f} MiB)")
+        made = _outermost_missing(self.path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            why = f"{self.path} cannot be made ({type(e).__name__}: {e})"
         else:
-            try:
-                self.path.mkdir(parents=True, exist_ok=True)
-                return lmdb_env.open_writable(str(self.path), self.max_bytes)
-            except (lmdb.Error, OSError) as e:
-                why = f"{self.path} is not writable ({type(e).__name__}: {e})"
+            if self.max_bytes < 2**20:
+                why = (f"{self.path} has too little free space "
+                       f"({store_place.free_bytes(str(self.path)) / 2**20:,.1f} MiB)")
+                if made is not None:  # made just now, empty: not left behind
+                    shutil.rmtree(made, ignore_errors=True)
+            else:
+                try:
+                    return lmdb_env.open_writable(str(self.path), self.max_bytes)
+                except (lmdb.Error, OSError) as e:
+                    why = f"{self.path} is not writable ({type(e).__name__}: {e})"
         if not (self.path / "data.mdb").is_file():
             self.read_only_reason = f"{why}, and holds no store to read"
             return None
