@@ -77,6 +77,30 @@ def test_persistent_workers_hold_nothing_back_and_stats_are_current_each_epoch(
     assert seen == [[i * i for i in range(200)]] * 3
     assert (st.misses, st.hits, st.uncached) == (200, 400, 0)  # computed once each
 
+
+@pytest.mark.slow
+def test_after_a_worker_epoch_the_main_process_reads_what_the_workers_stored(
+        tmp_path: Path) -> None:
+    """A few reads in the main process (its writer process starts, and the samples it never
+    handed over are taken as not stored), an epoch through forked workers that store the
+    rest, then an epoch in the main process (an evaluation pass): nothing is computed
+    again."""
+    calls: list[int] = []
+
+    def det(i: int) -> torch.Tensor:
+        calls.append(i)  # (the main process's calls only: a worker's list is its own)
+        return square(i)
+
+    ds = CachedDataset(Numbers(300), det, path=tmp_path / "c")
+    for i in range(10):
+        ds[i]
+    for _ in DataLoader(ds, batch_size=16, num_workers=2):
+        pass
+    assert ds.stats().misses == 300
+    del calls[:]
+    assert all(torch.equal(ds[i], square(i)) for i in range(300))
+    assert calls == [] and ds.stats().hits == 10 + 300  # (the workers read the first 10)
+
 @pytest.mark.slow
 def test_two_processes_with_two_workers_fill_one_store(tmp_path: Path) -> None:
     path = str(tmp_path / "c")

@@ -75,10 +75,16 @@ def _write_before_fork() -> None:
     """Write what this process computed and has not written before it forks (a DataLoader
     starting its workers): the workers then read those samples instead of computing them
     again, and no writer thread is inside a transaction when the stores close their handles
-    (this hook runs before theirs: hooks run in reverse order of registration)."""
+    (this hook runs before theirs: hooks run in reverse order of registration).
+
+    The children may write to the stores too (DataLoader workers do), so from here on this
+    process looks up every sample it reads: its writer process would learn of their writes
+    only at its next transaction, and until then the samples they stored would be computed
+    again (``_own_keys``)."""
     for ds in list(_WITH_WRITER):
         with contextlib.suppress(Exception):
             ds._drain()
+        ds._own_keys = ds._fill = None
 
 
 _SAID: set[str] = set()
@@ -171,9 +177,10 @@ class CachedDataset(Dataset[Any]):
         self._said: set[str] = set()
         self._own_keys: bytearray | None = None
         """Bit i set: sample i was handed to this process's writer. Kept where that writer is
-        a writer process that started on a store holding none of this dataset's keys: while
-        nobody else writes to the store (:meth:`~.cache_proc.ProcessWriter.only_own`), a
-        sample whose bit is clear is not stored, and a fill epoch's reads skip the lookup
+        a writer process that started on a store holding none of this dataset's keys, until
+        this process forks (its children may write: ``_write_before_fork``): while nobody
+        else writes to the store (:meth:`~.cache_proc.ProcessWriter.only_own`), a sample
+        whose bit is clear is not stored, and a fill epoch's reads skip the lookup
         (``benchmarks/cache.py --compare-lookups``; the README's cache section)."""
         self._fill: tuple[int, cache_proc.ProcessWriter, bytearray, int, list[int]] | None = None
         """(process id, its writer process, ``_own_keys``, their bits, the local counters) while
