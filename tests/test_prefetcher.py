@@ -3,6 +3,7 @@ gives the same numbers as doing it by hand. (The CUDA stream path runs in gpu_ch
 
 from __future__ import annotations
 
+import dataclasses
 from collections import namedtuple
 from dataclasses import dataclass
 
@@ -169,3 +170,115 @@ def test_cuda_path_order_with_recorded_calls(monkeypatch: pytest.MonkeyPatch) ->
     assert pf.stats.batches == 3 and pf.stats.resolved == 3
     assert pf.stats.copy_s == pytest.approx(3 * 0.002) and pf.stats.hidden_fraction == 1.0
     assert pf.stats.bytes_copied == 3 * (6 * 4 + 8)
+
+
+def _recorded(pf: DevicePrefetcher, monkeypatch: pytest.MonkeyPatch) -> RecordingCuda:
+    """Put ``pf`` on its CUDA path with the recorded stand-ins (simulated device)."""
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: None, raising=False)
+    pf._cuda, cuda = True, RecordingCuda()
+    pf._backend = cuda
+    return cuda
+
+
+def test_cuda_path_hands_out_every_good_batch_before_the_loader_s_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next batch's copy is issued before the current one is handed out: a loader that
+    fails on batch 4 still delivers batches 0–3, then its error, as the pass-through does."""
+    def loader():
+        for i in range(4):
+            yield torch.tensor([i])
+        raise RuntimeError("bad sample")
+
+    for cuda_path in (False, True):
+        pf = DevicePrefetcher(loader(), "cpu")
+        if cuda_path:
+            _recorded(pf, monkeypatch)
+        got = []
+        with pytest.raises(RuntimeError, match="bad sample"):
+            for b in pf:
+                got.append(int(b))
+        assert got == [0, 1, 2, 3] and pf.stats.batches == 4
+
+
+def test_mean_and_std_go_to_the_device_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Moved per batch, they would be a blocking copy from pageable memory on the side
+    stream: the host would wait for the batch's own copy before handing out the previous."""
+    pf = DevicePrefetcher([torch.zeros(2, 3, 4, 4, dtype=torch.uint8)] * 3, "cpu",
+                          mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    _recorded(pf, monkeypatch)
+    moved: list[int] = []
+    to = torch.Tensor.to
+
+    def counting_to(self: torch.Tensor, *a: object, **k: object) -> torch.Tensor:
+        if self is pf._mean or self is pf._std:
+            moved.append(id(self))
+        return to(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    out = list(pf)
+    assert len(out) == 3 and all(torch.allclose(x, torch.full_like(x, -2.0)) for x in out)
+    assert len(moved) == 2  # mean and std, once each
+
+
+def test_a_tensor_already_on_the_device_is_read_after_the_consumer_s_work(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loader that decodes on the device hands over tensors made on the consumer's stream:
+    the side stream waits for it before reading them, once a batch, and they are not counted
+    as copied. (The meta device stands for the target here.)"""
+    batches = [(torch.ones(2), torch.ones(3, device="meta")) for _ in range(2)]
+    pf = DevicePrefetcher(batches, "meta")
+    cuda = _recorded(pf, monkeypatch)
+    out = list(pf)
+    assert len(out) == 2 and all(x.device.type == "meta" for b in out for x in b)
+    assert cuda.log.count("side waits main") == 2
+    assert pf.stats.bytes_copied == 2 * 2 * 4  # the host tensors only
+
+
+def test_a_pass_through_says_nothing_of_hidden_copies() -> None:
+    pf = DevicePrefetcher([torch.ones(2)] * 3, "cpu")
+    assert len(list(pf)) == 3
+    assert pf.stats.batches == 3 and pf.stats.prefetched == 0
+    assert pf.stats.hidden_fraction is None  # nothing was copied ahead: not "0 % hidden"
+
+
+class Keyed(dict):  # type: ignore[type-arg]
+    """A dict subclass whose constructor takes another argument."""
+
+    def __init__(self, tag: str, *a: object) -> None:
+        super().__init__(*a)
+        self.tag = tag
+
+
+@dataclass
+class Masked:
+    x: torch.Tensor
+    mask: torch.Tensor = dataclasses.field(init=False)
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        self.mask = torch.ones(1)
+        self.calls += 1
+
+
+def test_map_tensors_keeps_containers_that_take_more_than_their_items() -> None:
+    """Each kept as its type, every tensor mapped: what a DataLoader's collate or a user's
+    batch class gives, moved to a device (PyTorch's pin_memory keeps them too)."""
+    import collections
+
+    add = lambda t: t + 100  # noqa: E731
+    t = torch.zeros(1)
+    dd = map_tensors(collections.defaultdict(list, x=t), add)
+    assert type(dd) is collections.defaultdict and dd.default_factory is list
+    assert dd["x"].item() == 100
+    k = map_tensors(Keyed("tag", {"x": t}), add)
+    assert type(k) is Keyed and k.tag == "tag" and k["x"].item() == 100
+    for seq in (collections.UserList([t]), collections.deque([t], maxlen=3)):
+        out = map_tensors(seq, add)
+        assert type(out) is type(seq) and out[0].item() == 100
+    assert map_tensors(collections.deque([t], maxlen=3), add).maxlen == 3
+    assert [x.item() for x in map_tensors({t}, add)] == [100]
+    assert map_tensors("text", add) == "text" and map_tensors(torch.Size([2, 3]), add) == (2, 3)
+    m = Masked(t)
+    m.mask = torch.full((1,), 7.0)
+    out = map_tensors(m, add)
+    assert (out.x.item(), out.mask.item(), out.calls) == (100, 107, 1)  # no __post_init__ again

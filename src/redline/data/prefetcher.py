@@ -13,8 +13,17 @@ On a device that is not CUDA it is a correct pass-through (same batches, same no
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Iterable,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    MutableSequence,
+    Sequence,
+)
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -25,10 +34,15 @@ B = TypeVar("B")
 
 @dataclass(slots=True, kw_only=True)
 class PrefetchStats:
-    """What the prefetcher did (device times from CUDA events, read without synchronizing)."""
+    """What the prefetcher did over its life, all epochs added (device times from CUDA
+    events, read without synchronizing)."""
 
     batches: int = 0
     bytes_copied: int = 0
+    """Bytes of host tensors copied to the device (a tensor already there is not counted)."""
+    prefetched: int = 0
+    """Batches whose copy was issued ahead on a side stream (the CUDA path; 0 on a
+    pass-through, which copies nothing ahead)."""
     ready_when_requested: int = 0
     """Batches whose copy had already finished when the loop asked for them: fully hidden."""
     copy_s: float = 0.0
@@ -37,13 +51,21 @@ class PrefetchStats:
 
     @property
     def hidden_fraction(self) -> float | None:
-        """Share of batches whose copy was entirely overlapped with compute."""
-        return self.ready_when_requested / self.batches if self.batches else None
+        """Share of the batches copied ahead whose copy was entirely overlapped with compute;
+        None where none was copied ahead (a pass-through, or no batch yet)."""
+        return self.ready_when_requested / self.prefetched if self.prefetched else None
 
 
 def map_tensors(obj: Any, fn: Any) -> Any:
-    """Apply ``fn`` to every tensor in a nested batch, keeping its structure (dict, list,
-    tuple, namedtuple, dataclass instance).
+    """Apply ``fn`` to every tensor in a nested batch, keeping its structure (mappings,
+    sequences, namedtuples, sets, dataclass instances).
+
+    A container is rebuilt as its own type where that type allows it: a mutable mapping or
+    sequence (``defaultdict``, ``UserList``, ``deque``) as a shallow copy with its items
+    replaced, so the extra state its constructor takes is kept; otherwise from its items, and
+    where its constructor refuses them, as a plain ``dict`` or ``list`` (what PyTorch's
+    ``pin_memory`` does). A dataclass instance is a shallow copy with its fields replaced,
+    including fields not taken by ``__init__``, without running ``__post_init__`` again.
 
     Args:
         obj: the batch: a tensor, or containers of tensors and other values.
@@ -55,15 +77,40 @@ def map_tensors(obj: Any, fn: Any) -> Any:
     """
     if isinstance(obj, torch.Tensor):
         return fn(obj)
+    if isinstance(obj, str | bytes | bytearray | memoryview):  # sequences of themselves
+        return obj
     if isinstance(obj, Mapping):
-        return type(obj)({k: map_tensors(v, fn) for k, v in obj.items()})  # type: ignore[call-arg]
+        items = {k: map_tensors(v, fn) for k, v in obj.items()}
+        try:
+            if isinstance(obj, MutableMapping):
+                clone = copy.copy(obj)
+                clone.update(items)
+                return clone
+            return type(obj)(items)  # type: ignore[call-arg]
+        except TypeError:
+            return items
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
         return type(obj)(*(map_tensors(v, fn) for v in obj))
-    if isinstance(obj, list | tuple):
+    if type(obj) is list or type(obj) is tuple:  # the common case, first
         return type(obj)(map_tensors(v, fn) for v in obj)
+    if isinstance(obj, Sequence | AbstractSet):
+        mapped = [map_tensors(v, fn) for v in obj]
+        try:
+            if isinstance(obj, MutableSequence):
+                seq = copy.copy(obj)
+                seq.clear()
+                seq.extend(mapped)
+                return seq
+            return type(obj)(mapped)  # type: ignore[call-arg]
+        except TypeError:
+            return mapped
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: map_tensors(getattr(obj, f.name), fn)
-                                           for f in dataclasses.fields(obj) if f.init})
+        instance = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            if hasattr(obj, f.name):  # (a field without a default not set yet)
+                # object.__setattr__: a frozen dataclass refuses setattr
+                object.__setattr__(instance, f.name, map_tensors(getattr(obj, f.name), fn))
+        return instance
     return obj
 
 
@@ -98,6 +145,10 @@ class DevicePrefetcher(Generic[B]):
         self.channels_dim = channels_dim
         self._mean = None if mean is None else torch.tensor(mean, dtype=torch.float32)
         self._std = None if std is None else torch.tensor(std, dtype=torch.float32)
+        self._moments: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        """``mean`` and ``std`` on each device they were used on, copied there once: a copy
+        from pageable host memory per batch would make the host wait for the side stream
+        (the batch's own copy queued on it) before the batch is handed out."""
         self.stats = PrefetchStats()
         self._cuda = self.device.type == "cuda"
         if self._cuda and not torch.cuda.is_available():
@@ -113,8 +164,10 @@ class DevicePrefetcher(Generic[B]):
             return t
         shape = [1] * t.dim()
         shape[self.channels_dim] = -1
-        mean = self._mean.to(t.device).view(shape)
-        std = self._std.to(t.device).view(shape)
+        moments = self._moments.get(t.device)
+        if moments is None:
+            moments = self._moments[t.device] = (self._mean.to(t.device), self._std.to(t.device))
+        mean, std = (m.view(shape) for m in moments)
         return (t.float().div_(255.0) - mean) / std
 
     # -- iteration ------------------------------------------------------------------------
@@ -140,6 +193,7 @@ class DevicePrefetcher(Generic[B]):
         while nxt is not None:
             batch, done, start = nxt
             self.stats.batches += 1
+            self.stats.prefetched += 1
             if done.query():
                 self.stats.ready_when_requested += 1
             cur = cuda.current_stream(self.device)
@@ -147,10 +201,16 @@ class DevicePrefetcher(Generic[B]):
             # The batch was allocated on the side stream: tell the caching allocator it is used
             # on the consumer's stream, or its memory could be reused while kernels still read it.
             map_tensors(batch, lambda t, s=cur: t.record_stream(s))
-            following = self._issue(it, stream)  # overlap the next copy with this compute
+            failed: Exception | None = None
+            try:
+                following = self._issue(it, stream)  # overlap the next copy with this compute
+            except Exception as e:  # the loader failed on the next batch: this one first
+                failed, following = e, None
             pending.append((start, done))
             self._resolve(pending)
             yield batch
+            if failed is not None:
+                raise failed
             nxt = following
         self._resolve(pending)
 
@@ -162,11 +222,20 @@ class DevicePrefetcher(Generic[B]):
         cuda = self._backend
         start, done = cuda.event(), cuda.event()
         dev = self.device
+        consumer = cuda.current_stream(dev)  # (inside `on(stream)` the side one is current)
+        waited = False
 
         def copy(t: torch.Tensor) -> torch.Tensor:
-            if t.device.type == "cpu" and not cuda.is_pinned(t):
-                t = cuda.pin(t)
-            self.stats.bytes_copied += t.numel() * t.element_size()
+            nonlocal waited
+            if t.device.type == "cpu":
+                if not cuda.is_pinned(t):
+                    t = cuda.pin(t)
+                self.stats.bytes_copied += t.numel() * t.element_size()
+            elif not waited:
+                # Made on the device by the loader (a decode there), on the consumer's
+                # stream: the side stream reads it only once that stream's work is done.
+                stream.wait_stream(consumer)
+                waited = True
             return self._normalize(t.to(dev, non_blocking=True))
 
         with cuda.on(stream):
