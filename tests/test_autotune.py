@@ -270,3 +270,21 @@ def test_a_full_queue_does_not_pass_for_the_pipeline_s_rate() -> None:
     assert trial.data_wait_fraction > 0.25  # the consumer waits about half of each step
     assert 0.6 <= trial.startup_s < trial.seconds
     assert trial.spread_fraction < 0.3
+
+
+@pytest.mark.parametrize("data,drop_last", [([], False), (list(range(3)), True)])
+def test_a_loader_with_no_batch_is_refused_with_why(data: list[int], drop_last: bool) -> None:
+    """An empty dataset, or drop_last with a batch larger than the dataset: a ValueError that
+    says so (not a bare StopIteration, which a generator around the call turns into
+    'generator raised StopIteration')."""
+    with pytest.raises(ValueError, match=rf"yields no batch \(its dataset has {len(data)} "
+                                         rf"samples, batch_size=4, drop_last={drop_last}\)"):
+        autotune_loader(lambda s: DataLoader(data, batch_size=4, drop_last=drop_last,
+                                             **s.loader_kwargs()), lambda b: None)
+
+
+def test_the_device_may_be_a_torch_device() -> None:
+    plan = autotune_loader(lambda s: DataLoader(list(range(64)), batch_size=4,
+                                                **s.loader_kwargs()),
+                           lambda b: None, device=torch.device("cpu"), max_workers=1)
+    assert plan.settings.pin_memory is False and plan.trials

@@ -139,8 +139,18 @@ def free_file_descriptors() -> int | None:
 
 def consume_time(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                  consume: Callable[[Any], None], repeats: int = 5) -> tuple[float, Any]:
-    """(median time the consumer takes per batch with data ready, that batch)."""
-    batch = next(iter(make_loader(LoaderSettings())))
+    """(median time the consumer takes per batch with data ready, that batch). Raises
+    ValueError where the loader yields no batch (nothing to tune)."""
+    loader = make_loader(LoaderSettings())
+    batch = next(iter(loader), _NO_BATCH)
+    if batch is _NO_BATCH:
+        n = _length(getattr(loader, "dataset", None))
+        raise ValueError(
+            f"the loader yields no batch (its dataset has {n if n is not None else 'unknown'} "
+            f"samples, batch_size={getattr(loader, 'batch_size', None)}, "
+            f"drop_last={getattr(loader, 'drop_last', None)}): there is nothing to time. "
+            "Give autotune_loader a loader over data, with drop_last=False or a batch_size "
+            "no larger than the dataset")
     consume(batch)  # warm-up
     times = []
     for _ in range(repeats):
@@ -148,6 +158,16 @@ def consume_time(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         consume(batch)
         times.append(time.perf_counter() - t)
     return statistics.median(times), batch
+
+
+_NO_BATCH: Any = object()
+
+
+def _length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:  # none (an IterableDataset), or no dataset
+        return None
 
 
 def _repays(best: Trial, trial: Trial, horizon: int | None) -> bool:
@@ -230,7 +250,7 @@ def _predicted_trial_s(s: LoaderSettings, rate_batches: float, per_worker_startu
 
 
 def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
-                    consume: Callable[[Any], None], *, device: str = "cpu",
+                    consume: Callable[[Any], None], *, device: str | torch.device = "cpu",
                     batches_per_trial: int = 24, max_workers: int | None = None,
                     cpus: float | None = None, agree: Agreement | None = None,
                     window_s: float | None = TRIAL_WINDOW_S,
@@ -268,7 +288,7 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     budget = job.min(cpus if cpus is not None else cpu_budget().cpus, "loader CPUs")
     cap = max_workers if max_workers is not None else max(1, int(2 * budget))
     io_cap = max_workers if max_workers is not None else max(cap, MAX_IO_WORKERS)
-    pin = device.startswith("cuda") and torch.cuda.is_available()
+    pin = torch.device(device).type == "cuda" and torch.cuda.is_available()
     consume_s, sample_batch = consume_time(make_loader, consume)
     consume_s = job.max(consume_s, "loader consume time")
     plan = LoaderPlan(settings=LoaderSettings(), torch_threads=max(1, int(budget)),
