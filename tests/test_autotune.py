@@ -185,6 +185,30 @@ def test_a_distributed_sampler_is_kept_when_the_loader_is_rebuilt() -> None:
     assert [len(b) for b in tens] == [10, 10] and [i for b in tens for i in b] == flat
 
 
+
+def test_a_rebuilt_loader_samples_as_the_user_s_did() -> None:
+    """A RandomSampler drawing with replacement, fewer samples than the dataset, keeps both;
+    timeout and in_order are kept; batch_size=None is refused for what it is."""
+    import inspect
+
+    from torch.utils.data import RandomSampler
+
+    from redline.data.autotune import rebuild_factory
+
+    ds = list(range(1000))
+    g = torch.Generator().manual_seed(5)
+    extra = {"in_order": False} if "in_order" in inspect.signature(DataLoader).parameters else {}
+    user = DataLoader(ds, batch_size=10, timeout=5, **extra,
+                      sampler=RandomSampler(ds, replacement=True, num_samples=100, generator=g))
+    ours = rebuild_factory(user)(LoaderSettings(num_workers=1))
+    assert len(ours) == len(user) == 10
+    assert ours.sampler.replacement and ours.sampler.num_samples == 100
+    assert ours.timeout == 5 and all(getattr(ours, k) == v for k, v in extra.items())
+    assert sum(len(b) for b in ours) == 100
+    assert rebuild_factory(user)(LoaderSettings()).timeout == 0  # no workers: nothing waits
+    with pytest.raises(ValueError, match="batch_size=None"):
+        rebuild_factory(DataLoader(ds, batch_size=None))
+
 class _WaitsOnStorage(torch.utils.data.Dataset[torch.Tensor]):
     """Each sample waits 4 ms (SIMULATED storage latency: no CPU), as a network file system or
     an object store makes a fetch wait."""

@@ -19,9 +19,9 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import torch
@@ -591,27 +591,42 @@ def rebuild_factory(loader: DataLoader[Any], batch_size: int | None = None,
     from torch.utils.data.distributed import DistributedSampler
 
     bs = loader.batch_sampler
-    if loader.batch_size is None or not isinstance(bs, BatchSampler):
+    if loader.batch_size is None:
+        raise ValueError("the DataLoader has batch_size=None (it yields samples one by one, "
+                         "its dataset or sampler batching them): pass your own make_loader to "
+                         "autotune_loader")
+    if not isinstance(bs, BatchSampler):
         raise ValueError("the DataLoader uses a custom batch sampler: pass your own "
                          "make_loader to autotune_loader")
-    shared = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
-    shuffle = isinstance(loader.sampler, RandomSampler)
-    if not shuffle and shared is None and not isinstance(loader.sampler, SequentialSampler):
-        raise ValueError(f"the DataLoader uses a {type(loader.sampler).__name__}: pass your own "
+    sampler = loader.sampler
+    shared = sampler if isinstance(sampler, DistributedSampler) else None
+    if not isinstance(sampler, RandomSampler | SequentialSampler) and shared is None:
+        raise ValueError(f"the DataLoader uses a {type(sampler).__name__}: pass your own "
                          "make_loader to autotune_loader")
 
-    generator = getattr(loader.sampler, "generator", None)
+    generator = getattr(sampler, "generator", None)
     data = loader.dataset if dataset is None else dataset
+    # Arguments of the user's loader that no setting here changes, kept as they were (the
+    # ones newer PyTorch versions added, only where the loader has them).
+    kept: dict[str, Any] = {"timeout": loader.timeout}
+    if getattr(loader, "in_order", True) is False:
+        kept["in_order"] = False
 
     def make(s: LoaderSettings) -> DataLoader[Any]:
         kw = s.loader_kwargs()
         if s.num_workers > 0 and loader.multiprocessing_context is not None:
             kw["multiprocessing_context"] = loader.multiprocessing_context
+        if s.num_workers == 0:
+            kw["timeout"] = 0  # (only workers wait for batches)
+        used: Any = shared
+        if isinstance(sampler, RandomSampler):  # with its replacement and sample count
+            used = RandomSampler(cast(Sized, data), replacement=sampler.replacement,
+                                 num_samples=sampler.num_samples, generator=generator)
         return DataLoader(data, batch_size=batch_size or loader.batch_size,
-                          shuffle=shuffle, sampler=shared, drop_last=loader.drop_last,
+                          sampler=used, drop_last=loader.drop_last,
                           collate_fn=collate_fn or loader.collate_fn,
                           worker_init_fn=loader.worker_init_fn,
-                          generator=generator, **kw)
+                          generator=generator, **{**kept, **kw})
 
     return make
 
