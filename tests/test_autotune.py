@@ -312,3 +312,23 @@ def test_the_device_may_be_a_torch_device() -> None:
                                                 **s.loader_kwargs()),
                            lambda b: None, device=torch.device("cpu"), max_workers=1)
     assert plan.settings.pin_memory is False and plan.trials
+
+
+class _Stream(torch.utils.data.IterableDataset[torch.Tensor]):
+    """64 records, each waiting 3 ms (SIMULATED storage latency), not split by worker."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for i in range(64):
+            time.sleep(0.003)
+            yield torch.tensor([i])
+
+
+def test_workers_over_an_iterable_dataset_are_said_to_repeat_it() -> None:
+    """Each worker iterates its own copy of an IterableDataset: a plan with workers says that
+    its samples repeat unless the dataset shards itself, in the reason and as a warning."""
+    with pytest.warns(RuntimeWarning, match="reads an IterableDataset: each of the"):
+        plan = autotune_loader(lambda s: DataLoader(_Stream(), batch_size=4,
+                                                    **s.loader_kwargs()),
+                               simulated_accelerator(0.001), max_workers=2)
+    assert plan.settings.num_workers > 0
+    assert "get_worker_info()" in plan.reason

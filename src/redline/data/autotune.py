@@ -19,13 +19,14 @@ import dataclasses
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import psutil
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from redline.core.loader import LoaderSettings
 from redline.data.loader_timing import (
@@ -301,7 +302,9 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     # One window rule for every trial (see measure): whole epochs when the deepest queue this
     # search may try (cap workers × prefetch 4: its skip and its windows) would leave no room
     # inside an epoch.
-    epoch = epoch_batches(make_loader(LoaderSettings()))
+    default_loader = make_loader(LoaderSettings())
+    epoch = epoch_batches(default_loader)
+    iterable = isinstance(getattr(default_loader, "dataset", None), IterableDataset)
     deepest = LoaderSettings(num_workers=cap, prefetch_factor=4)
     whole = epoch is not None and \
         epoch < in_flight(deepest) + 1 + window_batches(deepest, batches_per_trial)
@@ -573,6 +576,13 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                       "batches, refills included" if best.whole_epochs else "")
                    + f"). Search: {len(plan.trials)} trials in {plan.tuning_s:.1f} s, "
                    f"{plan.startup_s:.1f} s of it starting loaders")
+    if iterable and best.settings.num_workers > 0:
+        note = (f"the loader reads an IterableDataset: each of the {best.settings.num_workers} "
+                "workers iterates its own copy, and unless the dataset splits its stream by "
+                "torch.utils.data.get_worker_info() every sample comes once a worker (these "
+                "rates count such repeats). Shard it by worker before using these settings")
+        plan.reason += f". Note: {note}"
+        warnings.warn(f"redline autotune_loader: {note}", RuntimeWarning, stacklevel=2)
     return plan
 
 
