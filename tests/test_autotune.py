@@ -332,3 +332,12 @@ def test_workers_over_an_iterable_dataset_are_said_to_repeat_it() -> None:
                                simulated_accelerator(0.001), max_workers=2)
     assert plan.settings.num_workers > 0
     assert "get_worker_info()" in plan.reason
+
+
+@pytest.mark.parametrize("kw", [{"num_workers": 2.5}, {"num_workers": True}, {"num_workers": "2"},
+                                {"num_workers": -1}, {"num_workers": 2, "prefetch_factor": 1.5},
+                                {"pin_memory": 1}])
+def test_settings_refuse_what_a_dataloader_would_refuse_later(kw: dict[str, Any]) -> None:
+    """Said where the settings are made, naming the field, not at the loader's iteration."""
+    with pytest.raises(ValueError, match=rf"^{next(iter(kw)) if len(kw) == 1 else 'prefetch'}"):
+        LoaderSettings(**kw)

@@ -165,3 +165,21 @@ def test_a_plan_with_the_cache_needs_the_split_to_be_applied(tmp_path: Path) -> 
     losses = [float(tuned.step(b)) for b in tuned.loader]
     assert len(losses) == ITEMS // 4 and all(torch.isfinite(torch.tensor(losses)))
     assert tuned.dataloader.dataset.stats().misses == ITEMS  # filled on first access
+
+
+class _Records(torch.utils.data.IterableDataset[int]):
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(range(4))
+
+    def __len__(self) -> int:
+        return 4
+
+
+@pytest.mark.parametrize("source,said", [
+    (SyntheticJpegDataset, "the class SyntheticJpegDataset"), ("/data/train", "str"),
+    (_Records(), "_Records"), (iter(range(3)), "range_iterator")])
+def test_a_split_s_source_must_be_a_map_style_dataset_instance(source: Any, said: str) -> None:
+    """A class, a path and an IterableDataset (which torch's Dataset base gives a
+    __getitem__ that raises) are refused where the split is made, not at its fill."""
+    with pytest.raises(TypeError, match=f"must be a map-style dataset .*, got {said}$"):
+        CacheSplit(source=source, deterministic=lambda x: x)

@@ -21,10 +21,16 @@ class LoaderSettings:
     """Keep the workers (and their copy of the dataset) alive across epochs."""
 
     def __post_init__(self) -> None:
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
-        if self.prefetch_factor is not None and self.prefetch_factor < 1:
-            raise ValueError(f"prefetch_factor must be >= 1 or None, got {self.prefetch_factor}")
+        # type() is, not isinstance: a bool is an int, and True workers is a mistake
+        if type(self.num_workers) is not int or self.num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {self.num_workers!r}")
+        if self.prefetch_factor is not None and (type(self.prefetch_factor) is not int
+                                                 or self.prefetch_factor < 1):
+            raise ValueError(f"prefetch_factor must be an int >= 1 or None, got "
+                             f"{self.prefetch_factor!r}")
+        for name in ("pin_memory", "persistent_workers"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     def loader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``DataLoader(...)`` (the worker-only ones only with workers,

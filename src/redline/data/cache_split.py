@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from redline.data.cache import CachedDataset
 from redline.data.stores import Store
@@ -41,9 +41,14 @@ class CacheSplit:
     where the loader spawns its workers."""
 
     def __post_init__(self) -> None:
-        if not hasattr(self.source, "__getitem__") or not hasattr(self.source, "__len__"):
-            raise TypeError(f"CacheSplit.source must be a map-style dataset (__getitem__ and "
-                            f"__len__), got {type(self.source).__name__}")
+        src = self.source
+        # A class (not an instance), a string (a path, not its dataset) and an IterableDataset
+        # (torch's Dataset base gives it a __getitem__ that raises) all have both methods.
+        if (isinstance(src, type | str | bytes | IterableDataset)
+                or not hasattr(src, "__getitem__") or not hasattr(src, "__len__")):
+            got = f"the class {src.__name__}" if isinstance(src, type) else type(src).__name__
+            raise TypeError(f"CacheSplit.source must be a map-style dataset (an instance with "
+                            f"__getitem__ and __len__), got {got}")
         if not callable(self.deterministic):
             raise TypeError(f"CacheSplit.deterministic must be callable, got "
                             f"{type(self.deterministic).__name__}")
