@@ -341,3 +341,28 @@ def test_settings_refuse_what_a_dataloader_would_refuse_later(kw: dict[str, Any]
     """Said where the settings are made, naming the field, not at the loader's iteration."""
     with pytest.raises(ValueError, match=rf"^{next(iter(kw)) if len(kw) == 1 else 'prefetch'}"):
         LoaderSettings(**kw)
+
+
+class _SlowSamples(torch.utils.data.Dataset[torch.Tensor]):
+    """64 samples of 25 ms each (SIMULATED storage latency): 0.1 s a batch of 4."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.025)
+        return torch.zeros(4)
+
+
+def test_a_budget_too_small_for_little_s_count_tries_fewer_workers() -> None:
+    """Little's law asks for ~13 workers, whose trial (predicted at the main process's rate)
+    would not fit a 10 s budget: fewer workers that fit are tried, not none (the main
+    process's settings kept while the data wait is ~90 % of the step)."""
+    plan = autotune_loader(lambda s: DataLoader(_SlowSamples(), batch_size=4,
+                                                **s.loader_kwargs()),
+                           simulated_accelerator(0.01), budget_s=10)
+    tried = [t.settings.num_workers for t in plan.trials]
+    assert plan.settings.num_workers >= 2, plan.reason
+    assert tried[0] == 0 and max(tried) < 13 and len(tried) >= 2
+    best = max(plan.trials, key=lambda t: t.samples_per_s)
+    assert best.samples_per_s > 2 * plan.trials[0].samples_per_s

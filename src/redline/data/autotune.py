@@ -279,7 +279,9 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             least a run reads; persistent workers start once per run); None with a loader of
             unknown length: start-up is not weighed.
         budget_s: the search's own time limit, worker start-up included: a trial whose
-            predicted cost would pass it is not run (None: no limit).
+            predicted cost would pass it is not run, nor more workers after it, though fewer
+            that fit are (None: no limit). The main process's trial, the baseline every
+            decision needs, always runs.
 
     Returns:
         A :class:`LoaderPlan` with the settings, every trial and the reason in numbers.
@@ -475,9 +477,17 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
                               f"({most_saved_s:.2f} s)")
                     break
         why = over_budget(s)
+        while why and s.num_workers > best.settings.num_workers + 1:
+            # Fewer workers may fit: a shorter start-up, fewer batches to time (a trial's
+            # windows grow with what is in flight). A search that stopped here kept the
+            # main process's settings although a few workers would have gained.
+            s = dataclasses.replace(s, num_workers=max(best.settings.num_workers + 1,
+                                                       s.num_workers // 2))
+            why = over_budget(s)
         if why:
             reason = why
             break
+        workers = s.num_workers
         trial = measure_(s, max(1, int(budget) - workers))
         last = trial
         # start-up per worker: the trial's start-up less the first batch's own fetch
