@@ -366,3 +366,14 @@ def test_a_budget_too_small_for_little_s_count_tries_fewer_workers() -> None:
     assert tried[0] == 0 and max(tried) < 13 and len(tried) >= 2
     best = max(plan.trials, key=lambda t: t.samples_per_s)
     assert best.samples_per_s > 2 * plan.trials[0].samples_per_s
+
+
+def test_the_user_s_max_workers_is_named_as_the_limit() -> None:
+    """A fetch that waits would take ~16 workers (Little's law); the user allowed 2: the
+    reason names max_workers, not the search's own limit for such fetches."""
+    plan = autotune_loader(lambda s: DataLoader(_SlowSamples(), batch_size=4,
+                                                **s.loader_kwargs()),
+                           simulated_accelerator(0.005), max_workers=2)
+    assert plan.settings.num_workers == 2
+    assert "reached 2 workers (max_workers)" in plan.reason
+    assert "the most tried for a fetch that waits" not in plan.reason

@@ -374,8 +374,13 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
         # cores: they wait in parallel. Then memory, /dev/shm and open files bound them.
         waits = _waits(last, budget) if last is not None else first_waits
         if workers > (io_cap if waits else cap):
-            reason = (f"reached {io_cap} workers (the most tried for a fetch that waits)"
+            limit = io_cap if waits else cap
+            reason = (f"reached {limit} workers (max_workers)" if max_workers is not None
+                      else f"reached {io_cap} workers (the most tried for a fetch that waits)"
                       if waits else f"reached {cap} workers (2 × {budget:g} usable CPUs)")
+            if last is not None and last is not best:
+                reason += (f"; {last.settings.num_workers} workers, the most tried, did not "
+                           f"gain beyond the noise over {best.settings.num_workers}")
             break
         per_worker = last.worker_bytes if last is not None else None
         if per_worker and workers * per_worker > WORKER_RAM_SHARE * ram:
