@@ -377,3 +377,20 @@ def test_the_user_s_max_workers_is_named_as_the_limit() -> None:
     assert plan.settings.num_workers == 2
     assert "reached 2 workers (max_workers)" in plan.reason
     assert "the most tried for a fetch that waits" not in plan.reason
+
+
+def test_samples_are_counted_as_the_loader_batches_them() -> None:
+    """A batch of 16 strings is 16 samples (not 1: no tensor to read a length from); a
+    loader with batch_size=None yields one sample at a time (not 4: a sample's own first
+    dimension). The same consumer time a batch: rates 16 to 1."""
+    texts = [f"sentence {i}" for i in range(256)]
+    feats = [torch.zeros(4) for _ in range(256)]
+    rates = []
+    for data, bs in ((texts, 16), (feats, None)):
+        plan = autotune_loader(lambda s, d=data, b=bs: DataLoader(d, batch_size=b,
+                                                                 **s.loader_kwargs()),
+                               simulated_accelerator(0.004), max_workers=0)
+        assert plan.consumer_samples_per_s is not None
+        rates.append(plan.consumer_samples_per_s)
+    assert 16 * 0.7 < rates[0] / rates[1] < 16 * 1.3
+    assert 150 < rates[1] < 260  # one sample a ~4 ms step

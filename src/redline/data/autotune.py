@@ -39,10 +39,11 @@ from redline.data.loader_timing import (
     in_flight,
     measure,
     merge_rank_trials,
+    samples_in,
     window_batches,
 )
 from redline.measure.agree import Agreement
-from redline.measure.loader import batch_nbytes, batch_samples
+from redline.measure.loader import batch_nbytes
 from redline.measure.system import cpu_budget, shm_info
 
 __all__ = ["IN_FLIGHT_MARGIN", "MIN_TIMED_BATCHES", "WINDOWS", "LoaderPlan", "Trial",
@@ -296,7 +297,8 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     consume_s = job.max(consume_s, "loader consume time")
     plan = LoaderPlan(settings=LoaderSettings(), torch_threads=max(1, int(budget)),
                       consume_s_per_batch=consume_s)
-    per_batch = batch_samples(sample_batch)
+    default_loader = make_loader(LoaderSettings())
+    per_batch = samples_in(sample_batch, default_loader)
     # The consumer's rate with data ready: no loader setting can pass it (every rank's sum,
     # as merged trials are; the job steps at the slowest rank's consumer).
     ceiling = (job.world_size * per_batch / max(1e-12, consume_s)) if per_batch else None
@@ -304,7 +306,6 @@ def autotune_loader(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
     # One window rule for every trial (see measure): whole epochs when the deepest queue this
     # search may try (cap workers × prefetch 4: its skip and its windows) would leave no room
     # inside an epoch.
-    default_loader = make_loader(LoaderSettings())
     epoch = epoch_batches(default_loader)
     iterable = isinstance(getattr(default_loader, "dataset", None), IterableDataset)
     deepest = LoaderSettings(num_workers=cap, prefetch_factor=4)

@@ -118,6 +118,16 @@ def default_skip(settings: LoaderSettings, window_s: float | None = None) -> int
     return queued + 1 if window_s is not None else max(3, queued + 1)
 
 
+def samples_in(batch: Any, loader: Any) -> int | None:
+    """Samples in a batch of ``loader``: 1 where the loader yields samples one by one
+    (``batch_size=None``: no batch sampler), else the batch's leading dimension, else the
+    loader's batch size (a batch of strings or other objects); None where none says."""
+    if getattr(loader, "batch_sampler", True) is None:  # automatic batching off
+        return 1
+    n = batch_samples(batch)
+    return n if n is not None else getattr(loader, "batch_size", None)
+
+
 def measure(make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             consume: Callable[[Any], None], settings: LoaderSettings, torch_threads: int = 1,
             batches: int = 24, skip: int | None = None,
@@ -266,7 +276,7 @@ def _measure(*, make_loader: Callable[[LoaderSettings], DataLoader[Any]],
             t1 = time.perf_counter()
             consume(b)
             t2 = time.perf_counter()
-            n = batch_samples(b) or 1
+            n = samples_in(b, loader) or 1
             if len(refills) > began:
                 start_step += t2 - t0
                 start_samples += n
