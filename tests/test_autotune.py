@@ -209,39 +209,31 @@ def test_a_rebuilt_loader_samples_as_the_user_s_did() -> None:
     with pytest.raises(ValueError, match="batch_size=None"):
         rebuild_factory(DataLoader(ds, batch_size=None))
 
-class _WaitsOnStorage(torch.utils.data.Dataset[torch.Tensor]):
-    """Each sample waits 4 ms (SIMULATED storage latency: no CPU), as a network file system or
-    an object store makes a fetch wait."""
+class _Waits(torch.utils.data.Dataset[torch.Tensor]):
+    """Each sample waits ``wait_s`` (SIMULATED storage latency: no CPU), as a network file
+    system or an object store makes a fetch wait."""
+
+    def __init__(self, n: int = 100_000, wait_s: float = 0.004) -> None:
+        self.n, self.wait_s = n, wait_s
 
     def __len__(self) -> int:
-        return 100_000
+        return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(0.004)
-        return torch.zeros(16)
+        time.sleep(self.wait_s)
+        return torch.zeros(4)
 
 
 def test_a_fetch_that_waits_gets_more_workers_than_cores() -> None:
     """16 samples × 4 ms per batch against a 10 ms step: one worker delivers a batch in 64 ms,
     so the loop needs about 7 in parallel; they wait, so the two cores do not bound them."""
-    ds = _WaitsOnStorage()
+    ds = _Waits()
     plan = autotune_loader(lambda s: DataLoader(ds, batch_size=16, **s.loader_kwargs()),
                            simulated_accelerator(0.010), cpus=2, batches_per_trial=8)
     assert plan.settings.num_workers > 2 * 2, plan.reason
     assert plan.best.samples_per_s > 4 * plan.trials[0].samples_per_s
     assert all(t.worker_bytes is None or t.worker_bytes > 0 for t in plan.trials)
     assert any(t.settings.num_workers > 4 and t.cpu_cores_busy < 0.75 * 2 for t in plan.trials)
-
-
-class _SleepsPerSample(torch.utils.data.Dataset[torch.Tensor]):
-    """Each sample sleeps 5 ms (no CPU): 8 samples make a worker's batch take 40 ms."""
-
-    def __len__(self) -> int:
-        return 100_000
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(0.005)
-        return torch.zeros(4)
 
 
 class _SlowStartLoader(DataLoader):  # type: ignore[type-arg]
@@ -261,7 +253,7 @@ def test_a_full_queue_does_not_pass_for_the_pipeline_s_rate() -> None:
     window of 8 batches reads it at the consumer's pace, up to twice the pipeline's."""
     from redline.data.autotune import in_flight, measure
 
-    ds = _SleepsPerSample()
+    ds = _Waits(wait_s=0.005)  # 8 samples: a worker's batch takes 40 ms
     s = LoaderSettings(num_workers=4, prefetch_factor=8, persistent_workers=True)
 
     def make(_: LoaderSettings) -> DataLoader[Any]:
@@ -343,22 +335,11 @@ def test_settings_refuse_what_a_dataloader_would_refuse_later(kw: dict[str, Any]
         LoaderSettings(**kw)
 
 
-class _SlowSamples(torch.utils.data.Dataset[torch.Tensor]):
-    """64 samples of 25 ms each (SIMULATED storage latency): 0.1 s a batch of 4."""
-
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(0.025)
-        return torch.zeros(4)
-
-
 def test_a_budget_too_small_for_little_s_count_tries_fewer_workers() -> None:
     """Little's law asks for ~13 workers, whose trial (predicted at the main process's rate)
     would not fit a 10 s budget: fewer workers that fit are tried, not none (the main
     process's settings kept while the data wait is ~90 % of the step)."""
-    plan = autotune_loader(lambda s: DataLoader(_SlowSamples(), batch_size=4,
+    plan = autotune_loader(lambda s: DataLoader(_Waits(64, 0.025), batch_size=4,
                                                 **s.loader_kwargs()),
                            simulated_accelerator(0.01), budget_s=10)
     tried = [t.settings.num_workers for t in plan.trials]
@@ -371,7 +352,7 @@ def test_a_budget_too_small_for_little_s_count_tries_fewer_workers() -> None:
 def test_the_user_s_max_workers_is_named_as_the_limit() -> None:
     """A fetch that waits would take ~16 workers (Little's law); the user allowed 2: the
     reason names max_workers, not the search's own limit for such fetches."""
-    plan = autotune_loader(lambda s: DataLoader(_SlowSamples(), batch_size=4,
+    plan = autotune_loader(lambda s: DataLoader(_Waits(64, 0.025), batch_size=4,
                                                 **s.loader_kwargs()),
                            simulated_accelerator(0.005), max_workers=2)
     assert plan.settings.num_workers == 2
