@@ -129,7 +129,7 @@ def _plan_dict() -> dict[str, Any]:
     (lambda d: d.pop("micro_batch"), r"micro_batch: missing \(expected an integer\)"),
     (lambda d: d.update(micro_batch="16"), r"micro_batch: expected an integer, got '16'"),
     (lambda d: d.update(micro_batch=64), r"need 1 <= micro_batch <= effective_batch"),
-    (lambda d: d["loader"].update(num_workers=-1), r"loader: num_workers must be >= 0"),
+    (lambda d: d["loader"].update(num_workers=-1), r"loader: num_workers must be an int >= 0"),
     (lambda d: d["loader"].update(pin_memory="yes"),
      r"loader\.pin_memory: expected true or false, got 'yes'"),
     (lambda d: d["decisions"][0].update(knob="warp"),
