@@ -45,8 +45,9 @@ class Tally:
 
     def __init__(self, counters: Any) -> None:
         self.counters = counters
-        """Shared with the DataLoader workers (forked, or spawned: see ``CachedDataset.__getstate__``): hits,
-        misses, bytes read, bytes written, samples not stored."""
+        """Shared with the DataLoader workers (forked, or spawned: see
+        ``CachedDataset.__getstate__``; a copy gets its own): hits, misses, bytes read, bytes
+        written, samples not stored."""
         self.local: list[int] | None = None
         """This process's counts not published yet (the same five, then events counted)."""
         self.local_pid = -1
