@@ -21,7 +21,8 @@ statistics of the rounds); a row is met where that whole interval is within the 
 
 Run: .venv/bin/python benchmarks/cache.py [--rounds 9] [--sizes 10k,150k,1m] [--no-extras]
 [--patterns sample,loader] [--compare-writers] [--compare-placement]
-[--compare-batch-bytes] [--compare-lookups] [--compare-fill-path] [--torch-threads N]
+[--compare-batch-bytes] [--compare-lookups] [--compare-fill-path] [--compare-hand-over]
+[--torch-threads N]
 Targets: fill ≤ 1.10× the uncached epoch on each row; cached epoch ≥ 5× faster than uncached
 where the decode is the cost; cached reads ≥ 50 % of raw page-cache read throughput.
 """
@@ -51,7 +52,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from redline.data import CachedDataset
+from redline.data import CachedDataset, cache_ring
 
 try:
     from PIL import Image
@@ -335,6 +336,22 @@ def compare_fill_path(paths: list[str], h: int, w: int, rounds: int, shm: Path) 
         "general path": lambda: mock.patch.object(CachedDataset, "_start_fill", never)})
 
 
+def compare_hand_over(paths: list[str], h: int, w: int, rounds: int, shm: Path) -> None:
+    """Read one by one: a fill's per-sample hand-over of a tensor in C (the default where it
+    was built at install, :data:`redline.data.cache_ring.COMPILED`) against the same in
+    Python (:class:`redline.data.cache_ring.PyRing`, what an install without a C compiler
+    runs)."""
+    from redline.data import cache_ring
+
+    if not cache_ring.COMPILED:
+        print("--compare-hand-over: redline.data._ring is not built here (no C compiler at "
+              "install): only the Python hand-over runs")
+        return
+    compare(paths, h, w, rounds, shm, "the per-sample hand-over", {
+        "compiled (redline.data._ring)": contextlib.nullcontext,
+        "Python (cache_ring.PyRing)": lambda: mock.patch.object(cache_ring, "COMPILED", False)})
+
+
 def read_throughput(paths: list[str], h: int, w: int, shm: Path) -> None:
     """Cached reads by index (decoded to tensors) against a raw sequential read of the store's
     file from the page cache."""
@@ -429,6 +446,9 @@ def main() -> None:
     ap.add_argument("--compare-fill-path", action="store_true",
                     help="also time a fill one by one through the miss's short path against "
                     "its general path")
+    ap.add_argument("--compare-hand-over", action="store_true",
+                    help="also time a fill one by one with the per-sample hand-over in C "
+                    "against the same in Python")
     ap.add_argument("--torch-threads", type=int, default=None,
                     help="torch.set_num_threads for the decode (default: torch's own)")
     args = ap.parse_args()
@@ -440,7 +460,8 @@ def main() -> None:
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, torch {torch.__version__}, decode: "
           f"{'PIL PNG' if Image is not None else 'zlib + numpy substitute (no PIL)'}, "
           f"{torch.get_num_threads()} torch threads, "
-          f"store in {shm}, median of {args.rounds} rounds")
+          f"store in {shm}, median of {args.rounds} rounds, hand-over "
+          f"{'in C' if cache_ring.COMPILED else 'in Python (redline.data._ring not built)'}")
     print(f"{'sample':>8} {'n':>5} {'pattern':>22} {'fill s':>8} {'uncached s':>10} "
           f"{'cached s':>9} {'fill/uncached':>13} {'interval':>13} {'cached ×':>8}  "
           f"target ≤ 1.10")
@@ -472,6 +493,7 @@ def main() -> None:
                                    (args.compare_batch_bytes, compare_batch_bytes),
                                    (args.compare_lookups, compare_lookups),
                                    (args.compare_fill_path, compare_fill_path),
+                                   (args.compare_hand_over, compare_hand_over),
                                    (args.compare_placement, compare_placement)):
             for size, paths in made.items() if wanted else ():
                 h, w, _ = SIZES[size]

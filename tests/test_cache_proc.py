@@ -117,7 +117,7 @@ def test_records_wrap_around_a_small_ring(tmp_path: Path, monkeypatch: pytest.Mo
     assert w.ring_bytes == 64 * 1024
     for i in range(1, 2000):
         ds[i]
-    assert w._end > 3 * w.ring_bytes  # laps round the ring
+    assert w.ring.end > 3 * w.ring_bytes  # laps round the ring
     ds.flush()
     st = ds.stats()
     assert (st.misses, st.uncached) == (2000, 0)
@@ -225,9 +225,9 @@ def test_the_end_goes_through_the_socket_where_stores_are_not_kept_in_order(
         ds[i]
     assert w._head is not None and w._head[cache_child.PUBLISHED] == 0  # never by a store
     deadline = time.monotonic() + 10
-    while w._head[cache_child.CONSUMED] < w._sent and time.monotonic() < deadline:
+    while w._head[cache_child.CONSUMED] < w.ring.sent and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert w._head[cache_child.CONSUMED] >= w._sent > 0  # written without a drain
+    assert w._head[cache_child.CONSUMED] >= w.ring.sent > 0  # written without a drain
     ds.flush()
     assert ds.stats().complete and ds.stats().misses == 500
 

@@ -46,13 +46,13 @@ from typing import Any
 
 from torch.utils.data import Dataset, get_worker_info
 
-from redline.data import cache_proc, store_place
+from redline.data import cache_proc, cache_ring, store_place
 from redline.data.cache_counts import CacheStats, Tally, publish_counts
 from redline.data.cache_locks import hold_before_fork, lock_for, release_after_fork
 from redline.data.cache_writer import WRITE_BATCH, StoreWriter, Writer
 from redline.data.fingerprint import dataset_fingerprint, transform_fingerprint
 from redline.data.sample_codec import FORMAT_VERSION, decode, encode_parts
-from redline.data.stores import LmdbStore, Store, process_id
+from redline.data.stores import _PID, LmdbStore, Store, process_id
 
 FLUSH_EVERY = 64
 """Cache events counted per process before the shared counters are updated."""
@@ -182,8 +182,10 @@ class CachedDataset(Dataset[Any]):
         else writes to the store (:meth:`~.cache_proc.ProcessWriter.only_own`), a sample
         whose bit is clear is not stored, and a fill epoch's reads skip the lookup
         (``benchmarks/cache.py --compare-lookups``; the README's cache section)."""
-        self._fill: tuple[int, cache_proc.ProcessWriter, bytearray, int, list[int]] | None = None
-        """(process id, its writer process, ``_own_keys``, their bits, the local counters) while
+        self._fill: tuple[int, cache_proc.ProcessWriter, bytearray, int, list[int],
+                          cache_ring.Ring] | None = None
+        """(process id, its writer process, ``_own_keys``, their bits, the local counters, the
+        writer's ring) while
         a fill's miss may skip what :meth:`_keep` checks each sample (this process's writer is
         a writer process with ``_own_keys`` kept, writing is on, the counters are this
         process's): made at the first such miss, dropped wherever one of them changes."""
@@ -401,34 +403,39 @@ class CachedDataset(Dataset[Any]):
         threads at once (a thread-pool loader): the lookup and the hand-over hold the
         store's lock (:mod:`.cache_locks`), the transform runs outside it."""
         key = self._prefix + str(i).encode()
-        with self._lock:
-            fill = self._fill
-            if fill is not None:
-                # A fill epoch's read, right after the user's transform (the CPU's caches
-                # cold): _keep's path with what it checks each sample checked once (see
-                # _fill), a dozen operations fewer a sample (``benchmarks/cache.py
-                # --compare-fill-path``).
-                pid, writer, bits_of, n_bits, _ = fill
-                if not (pid == process_id() and 0 <= i < n_bits
-                        and not bits_of[i >> 3] >> (i & 7) & 1
-                        and writer.only_own()):  # never handed over, nobody else writes
-                    fill = None
-            if fill is None:
+        fill = self._fill
+        if fill is not None:
+            # A fill epoch's read, right after the user's transform (the CPU's caches cold):
+            # _keep's path with what it checks each sample checked once (see _fill), a dozen
+            # operations fewer a sample (``benchmarks/cache.py --compare-fill-path``). This
+            # check takes no lock: it reads no store, and two threads that both find sample i
+            # not handed over both compute it, while the hand-over below, under the lock,
+            # hands it over once.
+            pid, writer, bits_of, n_bits, _, _ = fill
+            if not (pid == _PID[0] and 0 <= i < n_bits and not bits_of[i >> 3] >> (i & 7) & 1
+                    and writer.only_own()):  # never handed over, nobody else writes
+                fill = None
+        if fill is None:
+            with self._lock:
                 found = self._look_up(i, key)
-                if found is not _MISSING:
-                    return found
+            if found is not _MISSING:
+                return found
         value = self.deterministic(self.dataset[i])
         with self._lock:
             if fill is None or fill is not self._fill:
                 return self._keep(i, key, self._writer_here(), value)
-            _, writer, bits_of, _, local = fill
-            try:
-                head, body = encode_parts(value)
-            except Exception:
-                self._fill = None
-                return self._keep(i, key, writer, value)  # says why, once
+            _, writer, bits_of, _, local, ring = fill
             if not bits_of[i >> 3] >> (i & 7) & 1:  # else another thread handed it over
-                writer.submit(key, head, body)
+                put = ring.put(key, value)  # a tensor in a known layout, in one call
+                if put == 2:
+                    writer.publish()
+                elif not put:
+                    try:
+                        head, body = encode_parts(value)
+                    except Exception:
+                        self._fill = None
+                        return self._keep(i, key, writer, value)  # says why, once
+                    writer.submit(key, head, body)
                 bits_of[i >> 3] |= 1 << (i & 7)
             local[1] += 1
             local[5] += 1
@@ -504,7 +511,7 @@ class CachedDataset(Dataset[Any]):
         """From the next miss on, take :meth:`get_deterministic`'s short path (see
         ``_fill``) with ``w``, ``own`` and ``local``, now known to hold."""
         if isinstance(w, cache_proc.ProcessWriter):
-            self._fill = (self._tally.writer_pid, w, own, len(own) * 8, local)
+            self._fill = (self._tally.writer_pid, w, own, len(own) * 8, local, w.ring)
 
     def _mark_own(self, i: int) -> None:
         """Sample ``i`` was handed to this process's writer (see ``_own_keys``)."""

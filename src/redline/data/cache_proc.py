@@ -66,6 +66,7 @@ from redline.data.cache_child import (
     WRITTEN,
     stopped_because,
 )
+from redline.data.cache_ring import Ring, new_ring
 from redline.data.stores import LmdbStore, StoreFull, process_id
 
 RING_BYTES = 32 * 2**20
@@ -142,8 +143,20 @@ class ProcessWriter:
         self.store = store
         self.ring_bytes = ring_bytes
         self.window = min(WINDOW_BYTES, ring_bytes // 2)
-        self.pending: dict[bytes, Any] = {}
-        """Samples in the ring not written yet (key → a view of the stored form)."""
+        self.ring: Ring = new_ring(ring_bytes, self.window, HEADER_BYTES, SEND_BYTES,
+                                   WRITE_BATCH)
+        """Where records go (its ``end``, and where the writer process had written up to,
+        ``consumed``; the end last published, ``sent``), and the fill's one-call hand-over of
+        a tensor (:mod:`.cache_ring`). Its ``unsettled`` keys are those of the records from
+        :attr:`_settled` to its end, in ring order: a record is only copied into the ring as
+        it is submitted, and entered in :attr:`pending` and :attr:`_inflight`
+        (:meth:`_settle`) when its batch is published or :attr:`pending` is read, a loop
+        over the batch rather than a few more operations on every sample right after the
+        user's transform."""
+        self._pending: dict[bytes, Any] = {}
+        """:attr:`pending`, up to the records not settled yet."""
+        self._settled = 0
+        """Where the records not settled yet begin (absolute position)."""
         self.failure: str | None = None
         """Why writing stopped (None: it has not); read from the writer process's header
         once a batch."""
@@ -152,14 +165,6 @@ class ProcessWriter:
         the dataset hands its writes to a writer thread from then on."""
         self._inflight: collections.deque[tuple[int, bytes]] = collections.deque()
         """(the end of its record, key) of each pending sample, in ring order."""
-        self._end = 0
-        """Where the next record goes (absolute position)."""
-        self._sent = 0
-        """The end last published to the writer process."""
-        self._unsent = 0
-        """Records put in the ring since its end was last published."""
-        self._consumed = 0
-        """Where the writer process had written up to, when last read."""
         self._taken = (0, 0)
         """(bytes written, samples not stored) of the writer process already counted."""
         self._own = [0, 0]
@@ -199,16 +204,17 @@ class ProcessWriter:
                 return
             mem = self._map
             assert mem is not None
+        ring = self.ring
         n = len(head) + len(body)
         need = (RECORD.size + len(key) + n + 7) & ~7
-        end = self._end
+        end = ring.end
         at = end % self.ring_bytes
-        if at + need > self.window or end + need - self._consumed > self.ring_bytes:
+        if at + need > self.window or end + need - ring.consumed > self.ring_bytes:
             at = self._place(need)
             if at < 0:
                 self._write_here(key, b"".join((head, body)))  # too large, or no room
                 return
-            end = self._end
+            end = ring.end
         # Through the map, not a view of it: it takes any contiguous buffer (a tensor's bytes
         # as ctypes' chars) without a cast. The record's header, key and the value's first
         # bytes in one copy, its bulk in another.
@@ -216,13 +222,45 @@ class ProcessWriter:
         h1 = v0 + len(head)
         mem[v0 - RECORD.size - len(key):h1] = RECORD.pack(len(key), n) + key + head
         mem[h1:v0 + n] = body
-        self._end = end = end + need
-        self.pending[key] = self._view[v0:v0 + n]
-        self._inflight.append((end, key))
-        self._unsent += 1
-        if self._unsent >= WRITE_BATCH or end - self._sent >= SEND_BYTES:
-            self._send(end)
-            self._refresh()
+        ring.end = end = end + need
+        unsettled = ring.unsettled
+        unsettled.append(key)
+        if len(unsettled) >= WRITE_BATCH or end - ring.sent >= SEND_BYTES:
+            self.publish()
+
+    def publish(self) -> None:
+        """Publish the ring's end to the writer process, and read its header (what
+        :meth:`submit` does once a batch; the caller of ``ring.put`` where it returned 2)."""
+        self._send(self.ring.end)
+        self._refresh()
+
+    @property
+    def pending(self) -> dict[bytes, Any]:
+        """Samples in the ring not written yet (key → a view of the stored form): read your
+        own writes."""
+        if self.ring.unsettled:
+            self._settle()
+        return self._pending
+
+    def _settle(self) -> None:
+        """Enter the records submitted since the last call in :attr:`pending` and
+        :attr:`_inflight`: each record's place is read back from the ring, from
+        :attr:`_settled` on (the records are back to back, a wrap marker sends the next to
+        the ring's beginning)."""
+        ring = self.ring
+        keys, ring.unsettled = ring.unsettled, []
+        at, size, view = self._settled, self.ring_bytes, self._view
+        pending, inflight = self._pending, self._inflight
+        for key in keys:
+            k, n = RECORD.unpack_from(view, HEADER_BYTES + at % size)
+            if k == WRAP:
+                at += size - at % size
+                k, n = RECORD.unpack_from(view, HEADER_BYTES)
+            v0 = HEADER_BYTES + at % size + RECORD.size + k
+            pending[key] = view[v0:v0 + n]
+            at += (RECORD.size + k + n + 7) & ~7
+            inflight.append((at, key))
+        self._settled = at
 
     def expect_only_own(self, last_txn: int) -> None:
         """The store's last write transaction is ``last_txn``, and the store holds none of the
@@ -231,7 +269,7 @@ class ProcessWriter:
         the writer process's own (it checks their ids), a key the dataset never handed over is
         not in the store (:meth:`only_own`)."""
         head = self._head
-        if head is None or self._end:
+        if head is None or self.ring.end:
             return
         head[NEXT_TXN] = last_txn + 1
         self._alone = True
@@ -255,8 +293,8 @@ class ProcessWriter:
         if self._proc is None or self._owner != process_id():
             return  # (a forked copy: the writer process is its parent's)
         self._refresh()
-        target = self._end
-        if self._consumed >= target or self.process_ended:
+        target = self.ring.end
+        if self.ring.consumed >= target or self.process_ended:
             return
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while self._head is not None and self._head[CONSUMED] < target:
@@ -315,8 +353,12 @@ class ProcessWriter:
         if self._mem_fd >= 0:
             os.close(self._mem_fd)
             self._mem_fd = -1
-        self.pending.clear()
+        self._pending.clear()
         self._inflight.clear()
+        ring = self.ring
+        ring.release()  # (its view of the map first: a map with views open cannot close)
+        ring.unsettled = []
+        ring.end = ring.sent = ring.consumed = self._settled = 0
         head, view, mem = self._head, self._view, self._map
         self._head, self._view, self._map = None, memoryview(b""), None
         if head is not None:
@@ -325,7 +367,6 @@ class ProcessWriter:
         if mem is not None:
             with contextlib.suppress(BufferError):  # a view still held elsewhere: freed later
                 mem.close()
-        self._end = self._sent = self._consumed = self._unsent = 0
         self._taken = (0, 0)  # a new writer process counts from zero
         self._alone = False
 
@@ -356,6 +397,7 @@ class ProcessWriter:
         self._mem_fd, self._map, self._owner = mem_fd, mem, process_id()
         self._head = memoryview(mem)[:HEADER_BYTES].cast("Q")
         self._view = memoryview(mem)
+        self.ring.hold(mem)
         self.failure, self.process_ended = None, False
         if self._spawn(0):
             return True
@@ -419,8 +461,8 @@ class ProcessWriter:
         if not self._spawn(head[CONSUMED]):
             self._lost(self.failure or "the cache's writer process could not start again")
             return False
-        if not ORDERED_STORES and self._sent > head[CONSUMED]:
-            self._say(self._sent, None)
+        if not ORDERED_STORES and self.ring.sent > head[CONSUMED]:
+            self._say(self.ring.sent, None)
         return True
 
     def _close_channel(self) -> None:
@@ -447,7 +489,7 @@ class ProcessWriter:
         for fresh in (False, True):
             if fresh:
                 self._refresh()  # the writer process may have freed more since last read
-            end, consumed = self._end, self._consumed
+            end, consumed = self.ring.end, self.ring.consumed
             at = end % size
             wrap = 0
             if at + need > size:
@@ -459,11 +501,11 @@ class ProcessWriter:
                 if wrap:
                     assert self._map is not None
                     RECORD.pack_into(self._map, HEADER_BYTES + at, WRAP, 0)
-                    self._end = end + wrap
+                    self.ring.end = end + wrap
                     return 0
                 return at
-        if self._sent < self._end:
-            self._send(self._end)
+        if self.ring.sent < self.ring.end:
+            self._send(self.ring.end)
         return -1
 
     def _refresh(self) -> None:
@@ -473,7 +515,7 @@ class ProcessWriter:
         head = self._head
         if head is None:
             return
-        if not self._refresh_consumed() and self._sent > self._consumed:
+        if not self._refresh_consumed() and self.ring.sent > self.ring.consumed:
             proc = self._proc
             if head[STATE] == ENDED_IDLE:
                 self._restart()
@@ -487,7 +529,7 @@ class ProcessWriter:
     def _refresh_consumed(self) -> bool:
         """Forget what the writer process has written since last read; whether it had."""
         head = self._head
-        if head is None or head[CONSUMED] <= self._consumed:
+        if head is None or head[CONSUMED] <= self.ring.consumed:
             return False
         self._release(head[CONSUMED])
         return True
@@ -504,10 +546,12 @@ class ProcessWriter:
     def _release(self, consumed: int) -> None:
         """Forget the pending samples the writer process has written (read from the store from
         now on: its next miss takes a new snapshot)."""
-        inflight, pending = self._inflight, self.pending
+        if self.ring.unsettled:  # (a drain publishes the end without _send)
+            self._settle()
+        inflight, pending = self._inflight, self._pending
         while inflight and inflight[0][0] <= consumed:
             pending.pop(inflight.popleft()[1], None)
-        self._consumed = consumed
+        self.ring.consumed = consumed
         self.store.note_written()
 
     def _write_here(self, key: bytes, blob: bytes) -> None:
@@ -526,8 +570,9 @@ class ProcessWriter:
         """Publish where the ring ends, without waiting: a store in the header where the CPU
         keeps stores in order (and a word on the socket only where the writer process sleeps
         long), else a word on the socket (a full socket drops it: a later one covers it)."""
-        self._sent = end
-        self._unsent = 0
+        self.ring.sent = end
+        if self.ring.unsettled:
+            self._settle()
         head = self._head
         word = end
         if head is not None:
@@ -590,10 +635,13 @@ class ProcessWriter:
             proc.kill()
             proc.wait()
         head = self._head
-        if head is not None and head[CONSUMED] > self._consumed:
+        if head is not None and head[CONSUMED] > self.ring.consumed:
             self._release(head[CONSUMED])
+        if self.ring.unsettled:
+            self._settle()
         self._own[1] += len(self._inflight)
-        self._release(self._end)
+        self._release(self.ring.end)
+        self.ring.release()  # nothing more is put there: a later submit counts as not stored
         self.process_ended = True
         if self.failure is None:
             self.failure = why

@@ -50,8 +50,11 @@ than it, or 33 samples where each is larger (a batch of its own)."""
 class Writer(Protocol):
     """What a dataset calls on its writer in one process."""
 
-    pending: dict[bytes, Any]
-    """Samples handed over and not written yet (key → stored form): read your own writes."""
+    @property
+    def pending(self) -> dict[bytes, Any]:
+        """Samples handed over and not written yet (key → stored form): read your own
+        writes."""
+        ...
 
     @property
     def failure(self) -> str | None:

@@ -140,12 +140,14 @@ def _single(tag: bytes, header: str, raw: memoryview) -> bytes:
     return b"".join((_prefix(tag, header), raw))  # the one copy of the data
 
 
-_Layout = tuple[str, bytes, type[ctypes.Array[ctypes.c_char]] | None] | None
+_Layout = tuple[str, bytes, type[ctypes.Array[ctypes.c_char]] | None, int, bool] | None
 
-_LAYOUTS: dict[tuple[torch.dtype, torch.Size, tuple[int, ...]], _Layout] = {}
+LAYOUTS: dict[tuple[torch.dtype, torch.Size, tuple[int, ...]], _Layout] = {}
 """Tensor layouts seen (dtype, shape, strides): for one dense in some order, its header, its
-stored form's first bytes and a ctypes array type as long as its values' bytes (None where it
-has none); None for one that takes the general path. A dataset's samples share a few layouts,
+stored form's first bytes, a ctypes array type as long as its values' bytes (None where it
+has none), that length, and whether the dtype is complex (only a complex tensor can carry the
+conjugate bit, so only there is it read); None for one that takes the general path. Read by
+:mod:`redline.data.cache_ring` too. A dataset's samples share a few layouts,
 and a fill epoch encodes every sample right after the user's own transform, with the CPU's
 caches cold: there a tensor's ``numpy()`` view alone cost ~3.5 us a 10 kB sample, so a known
 layout is found from the tensor's own dtype, shape and strides and its bytes are read from its
@@ -167,10 +169,11 @@ def _layout(t: torch.Tensor) -> _Layout:
     if not (a if order is None else a.transpose(order)).flags.c_contiguous:
         return None
     header = _tensor_header(t, order)
-    return header, _prefix(_TENSOR, header), (ctypes.c_char * a.nbytes) if a.nbytes else None
+    return (header, _prefix(_TENSOR, header), (ctypes.c_char * a.nbytes) if a.nbytes else None,
+            a.nbytes, t.is_complex())
 
 
-def _fast_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview] | None:
+def fast_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview] | None:
     """(header, first bytes of the stored form, the values' bytes as a view of the tensor's
     memory) of a tensor of exactly ``torch.Tensor``'s type in a known dense layout; None where
     the general path is needed: a tensor on another device (its data pointer is not host
@@ -179,22 +182,24 @@ def _fast_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview] | None:
     or the scale and zero point), a sparse, nested or MKL-DNN one (no strides), bfloat16 and
     the other dtypes without a numpy twin, a tensor without storage."""
     try:
-        if not t.is_cpu or t.is_neg() or t.is_conj() or t.requires_grad:
+        if not t.is_cpu or t.requires_grad or t.is_neg():
             return None
         key = (t.dtype, t.shape, t.stride())
         ptr = t.data_ptr()
     except RuntimeError:
         return None
-    layout = _LAYOUTS.get(key, _UNSEEN)
+    layout = LAYOUTS.get(key, _UNSEEN)
     if layout is _UNSEEN:
-        if not ptr:  # no storage (a zero tensor) or no values: nothing to learn a layout from
-            return None
+        if not ptr or t.is_conj():  # no storage, no values, or not its own numbers: nothing
+            return None             # to learn a layout from
         layout = _layout(t)
-        if len(_LAYOUTS) < 4096:
-            _LAYOUTS[key] = layout
+        if len(LAYOUTS) < 4096:
+            LAYOUTS[key] = layout
     if layout is None:
         return None
-    header, first, values = layout
+    header, first, values, _, complex_ = layout
+    if complex_ and t.is_conj():
+        return None
     if values is None:
         return header, first, memoryview(b"")
     if not ptr:
@@ -208,7 +213,7 @@ def _fast_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview] | None:
 def _tensor_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview]:
     """(header, first bytes of the stored form, the values' bytes) of a CPU tensor, through
     the known layout where there is one."""
-    parts = _fast_parts(t) if type(t) is torch.Tensor else None
+    parts = fast_parts(t) if type(t) is torch.Tensor else None
     return parts if parts is not None else _general_parts(t)
 
 
@@ -226,7 +231,7 @@ def encode_parts(value: Any) -> tuple[bytes, bytes | memoryview]:
     straight into its buffer, the one copy of the data). Otherwise the first bytes are empty
     and the rest is :func:`encode`'s."""
     if type(value) is torch.Tensor:  # the known layout, before any other attribute read
-        parts = _fast_parts(value)
+        parts = fast_parts(value)
         if parts is not None:
             return parts[1], parts[2]
     return b"", encode(value)
@@ -237,7 +242,7 @@ def encode(value: Any) -> bytes:
     tensor or a numeric numpy array."""
     exact = type(value) is torch.Tensor
     if exact:  # a fill epoch's common case: the known layout, before any other attribute read
-        parts = _fast_parts(value)
+        parts = fast_parts(value)
         if parts is not None:
             return b"".join((parts[1], parts[2]))  # the one copy of the data
     if _plain_tensor(value):
