@@ -426,7 +426,9 @@ class CachedDataset(Dataset[Any]):
                 return self._keep(i, key, self._writer_here(), value)
             _, writer, bits_of, _, local, ring = fill
             if not bits_of[i >> 3] >> (i & 7) & 1:  # else another thread handed it over
-                put = ring.put(key, value)  # a tensor in a known layout, in one call
+                # A plain tensor in a dense layout, in one call (compiled where it was built:
+                # cache_ring; ``benchmarks/cache.py --compare-hand-over``).
+                put = ring.put(key, value)
                 if put == 2:
                     writer.publish()
                 elif not put:

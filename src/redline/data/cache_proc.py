@@ -9,9 +9,11 @@ encoded sample into a ring in shared memory (an anonymous ``memfd``, mapped by b
 processes), and a small process of its own (:mod:`redline.data.cache_child`: Python and
 py-lmdb, no torch) writes what the ring holds into the LMDB store, a transaction a batch.
 
-The training thread's cost per sample is one copy into the ring. Once a batch is there it
-publishes the ring's new end, a store into the ring's header where the CPU keeps stores in
-order (:data:`ORDERED_STORES`), which the writer process reads when it looks (every
+The training thread's cost per sample is one copy into the ring (for a plain tensor, one call
+that checks it and copies it there, compiled where it could be built: :mod:`.cache_ring`).
+Once a batch is there it publishes the ring's new end, a store into the ring's header where
+the CPU keeps stores in order (:data:`ORDERED_STORES`), which the writer process reads when
+it looks (every
 :data:`~redline.data.cache_child.POLL_S` while records come); elsewhere, or where the writer
 process sleeps long, a word on a socket, without waiting. The writer process publishes how far
 it has written in the header; the training side frees those records then, and until then
