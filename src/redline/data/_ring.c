@@ -206,21 +206,23 @@ Ring_put(Ring *self, PyObject *const *args, Py_ssize_t nargs)
     /* (header, first bytes, ctypes array type or None, value bytes, complex) */
     if (layout == NULL || !PyTuple_CheckExact(layout) || PyTuple_GET_SIZE(layout) != 5)
         return not_taken(); /* unseen, or the general path's (None) */
+    /* Held: the calls below may run Python (a torch function mode), which may change the
+       table. */
+    Py_INCREF(layout);
     PyObject *first = PyTuple_GET_ITEM(layout, 1);
     Py_ssize_t nbytes = PyLong_AsSsize_t(PyTuple_GET_ITEM(layout, 3));
-    if (!PyBytes_CheckExact(first) || nbytes < 0)
-        return not_taken();
-    if (PyTuple_GET_ITEM(layout, 4) == Py_True && is(t, s_is_conj, 1, Py_False) != 1)
-        return not_taken();
     const char *src = NULL;
+    if (!PyBytes_CheckExact(first) || nbytes < 0
+        || (PyTuple_GET_ITEM(layout, 4) == Py_True && is(t, s_is_conj, 1, Py_False) != 1))
+        goto refused;
     if (nbytes) {
         PyObject *p = PyObject_CallMethodNoArgs(t, s_data_ptr);
         if (p == NULL)
-            return not_taken();
+            goto refused;
         src = (const char *)PyLong_AsVoidPtr(p);
         Py_DECREF(p);
         if (src == NULL)
-            return not_taken();
+            goto refused;
     }
     Py_ssize_t k = PyBytes_GET_SIZE(key), f = PyBytes_GET_SIZE(first);
     long long n = (long long)f + nbytes;
@@ -228,7 +230,7 @@ Ring_put(Ring *self, PyObject *const *args, Py_ssize_t nargs)
     long long at = self->end % self->ring_bytes;
     if (n > UINT32_MAX || k > UINT32_MAX || at + need > self->window
         || self->end + need - self->consumed > self->ring_bytes)
-        return PyLong_FromLong(0); /* placed by the caller (a wrap, or no room) */
+        goto refused; /* placed by the caller (a wrap, or no room) */
     unsigned char *p = (unsigned char *)self->buf.buf + self->header_bytes + at;
     uint32_t lens[2] = {(uint32_t)k, (uint32_t)n};
     for (int j = 0; j < 2; j++) /* two little-endian u32 (cache_child.RECORD) */
@@ -238,11 +240,15 @@ Ring_put(Ring *self, PyObject *const *args, Py_ssize_t nargs)
     memcpy(p + 8 + k, PyBytes_AS_STRING(first), (size_t)f);
     if (nbytes)
         memcpy(p + 8 + k + f, src, (size_t)nbytes);
+    Py_DECREF(layout);
     if (PyList_Append(self->unsettled, key) < 0)
         return NULL; /* nothing published: the record is written over by the next */
     self->end += need;
     return PyLong_FromLong(PyList_GET_SIZE(self->unsettled) >= self->write_batch
                            || self->end - self->sent >= self->send_bytes ? 2 : 1);
+refused:
+    Py_DECREF(layout);
+    return not_taken();
 }
 
 static PyMethodDef Ring_methods[] = {
