@@ -551,6 +551,22 @@ def test_a_fill_alone_on_its_store_skips_the_lookups_of_samples_never_handed_ove
     assert w.only_own()
 
 
+def test_a_writer_closed_by_another_thread_mid_check_turns_the_skip_off_without_raising(
+        tmp_path: Path) -> None:
+    """The fill's check runs without the lock: another thread may close the writer (its
+    process died) between the check's read of the header and its use."""
+    ds = CachedDataset(Numbers(30), Counted(), path=tmp_path / "c")
+    ds[0]
+    w = _writer(ds)
+    assert w.only_own()
+    head = w._head
+    assert head is not None
+    head.release()  # what close() does, seen by a check that read the header before it
+    assert not w.only_own()
+    w._head = None
+    w.close()
+
+
 def test_another_writer_on_the_store_turns_the_skipped_lookups_off(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     det = Counted()

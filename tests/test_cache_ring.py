@@ -4,8 +4,11 @@ bytes where they go, and a fill through either stores every sample as computed."
 
 from __future__ import annotations
 
+import gc
+import mmap
 import shutil
 import sysconfig
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,9 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from factories import Numbers
-from redline.data import CachedDataset, cache_child, cache_proc, cache_ring
+from redline.data import CachedDataset, cache_child, cache_proc, cache_ring, sample_codec
 from redline.data.sample_codec import LAYOUTS, decode, encode, fast_parts
 
 KINDS = ["compiled", "python"] if cache_ring.COMPILED else ["python"]
@@ -149,16 +153,117 @@ def test_a_ring_not_holding_its_map_takes_nothing(kind: str) -> None:
 
 @pytest.mark.skipif(not cache_ring.COMPILED, reason="the compiled ring is not built here")
 def test_the_compiled_ring_refuses_what_would_corrupt_it() -> None:
-    ring, _ = _ring("compiled")
+    ring, buf = _ring("compiled")
     with pytest.raises(TypeError):
         ring.put("a str key", torch.ones(2))  # type: ignore[arg-type]
-    ring.unsettled = None  # type: ignore[assignment]
     with pytest.raises(TypeError, match="must be a list"):
-        ring.put(b"a", _learned(torch.ones(2)))
+        ring.unsettled = None  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="must be a list"):
+        del ring.unsettled
+    with pytest.raises(OverflowError):
+        ring.end = -48  # a position before the ring (in its header, or before the buffer)
+    ring.consumed = RING * 5  # past the end: refused, not written anywhere
+    assert ring.put(b"a", _learned(torch.ones(2))) == 0 and not any(buf)
     with pytest.raises(ValueError):
         cache_ring.new_ring(RING, RING + 8, HEADER, 1, 1, compiled=True)
+    with pytest.raises(ValueError):  # header + ring past a Py_ssize_t: no size check wraps
+        cache_ring.new_ring(2**62, 2**62, 2**62, 1, 1, compiled=True)
     with pytest.raises(BufferError):
         _ring("compiled", mem=b"\0" * (HEADER + RING))  # read-only
+
+
+class _DuringStride(TorchFunctionMode):
+    """Runs ``then`` when a tensor's ``stride`` is read (what a torch function mode, or
+    another thread taking the interpreter meanwhile, may do in the middle of a put)."""
+
+    def __init__(self, then: Callable[[], None]) -> None:
+        super().__init__()
+        self.then = then
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        if getattr(func, "__name__", "") == "stride":
+            self.then()
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_map_released_and_closed_in_the_middle_of_a_put_is_not_written(kind: str) -> None:
+    ring = cache_ring.new_ring(RING, RING, HEADER, 10**9, 4, compiled=kind == "compiled")
+    mem = mmap.mmap(-1, HEADER + RING)
+    ring.hold(mem)
+    t = _learned(torch.ones(100))
+
+    def close() -> None:
+        ring.release()
+        mem.close()  # (a close at exit, on another thread)
+
+    with _DuringStride(close):
+        got = ring.put(b"k", t)
+    assert got == 0 and ring.end == 0 and ring.unsettled == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unsettled_replaced_in_the_middle_of_a_put_gets_the_key(kind: str) -> None:
+    ring, _ = _ring(kind)
+    t = _learned(torch.ones(3))
+    other: list[bytes] = []
+
+    def swap() -> None:
+        ring.unsettled = other
+
+    with _DuringStride(swap):
+        assert ring.put(b"k", t) == 1
+    assert other == [b"k"] and ring.unsettled is other
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tensor_method_that_raises_is_left_to_the_caller(kind: str) -> None:
+    ring, _ = _ring(kind)
+
+    def no_strides() -> None:
+        raise TypeError("no strides here")
+
+    t = _learned(torch.ones(3))
+    with _DuringStride(no_strides):
+        assert ring.put(b"k", t) == 0
+    assert ring.end == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_with_the_layout_table_full_a_new_layout_is_learnt_once_a_sample(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dataset of more shapes than the table keeps: each sample's layout is made once (by
+    the ring, or by the caller's encode), not twice."""
+    monkeypatch.setattr(sample_codec, "LAYOUTS", {})
+    monkeypatch.setattr(cache_ring, "LAYOUTS", sample_codec.LAYOUTS)
+    monkeypatch.setattr(sample_codec, "LAYOUTS_MAX", 0)
+    monkeypatch.setattr(cache_ring, "LAYOUTS_MAX", 0)
+    made: list[torch.Size] = []
+    layout = sample_codec._layout
+    monkeypatch.setattr(sample_codec, "_layout",
+                        lambda t: made.append(t.shape) or layout(t))
+    ring, _ = _ring(kind, window=RING)
+    for n in range(1, 6):
+        t = torch.ones(n)
+        if not ring.put(b"%d" % n, t):
+            assert sample_codec.encode_parts(t)[0]  # the caller's encode
+    assert made == [torch.Size([n]) for n in range(1, 6)] and not sample_codec.LAYOUTS
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_reference_cycle_through_the_held_map_is_collected(kind: str) -> None:
+    class Map(bytearray):
+        ring: Any
+
+    ring = cache_ring.new_ring(RING, RING, HEADER, 10**9, 4, compiled=kind == "compiled")
+    m = Map(HEADER + RING)
+    m.ring = ring
+    ring.hold(m)
+    gone = weakref.ref(m)
+    del ring, m
+    gc.collect()
+    assert gone() is None
 
 
 def test_the_compiled_ring_is_built_wherever_a_c_compiler_is() -> None:
@@ -184,7 +289,11 @@ def test_a_fill_through_either_ring_stores_every_sample_as_computed(
         return torch.full(shape, float(i))
 
     ds = CachedDataset(Numbers(1500), det, path=tmp_path / "c")
-    first = [ds[i] for i in range(1500)]
+    first = []
+    for i in range(1500):
+        first.append(ds[i])
+        if i % 100 == 0:
+            ds.flush()  # the writer process keeps up whatever the host: every record laps
     w = ds._tally.writer
     assert isinstance(w, cache_proc.ProcessWriter)
     assert isinstance(w.ring, cache_ring.PyRing) == (kind == "python")

@@ -6,13 +6,18 @@
  * its warm cost, and the interpreter's work also slows the user's next transform (its code
  * and data evicted); see benchmarks/cache.py and the README's cache section.
  *
- * Ring(ring_bytes, window, header_bytes, send_bytes, write_batch, layouts, tensor_type, learn)
+ * Ring(ring_bytes, window, header_bytes, send_bytes, write_batch, layouts, layouts_max,
+ *      tensor_type, learn)
  *   layouts: redline.data.sample_codec's table of known tensor layouts, read here;
- *   learn: called with a tensor whose layout is not in it (sample_codec.fast_parts, which
- *   adds it), then looked up once more.
+ *   learn: called with a tensor whose layout is not in it while the table holds fewer than
+ *   layouts_max (sample_codec.fast_parts, which adds it), then looked up once more.
  * Ring.hold(map): the writer's shared map (a writable buffer), held exported until release().
  * Ring.put(key, value) -> 0 (not taken: the caller encodes and submits it), 1 (copied into the
  *   ring), 2 (copied, and the ring's end is due to be published).
+ *
+ * The tensor's methods may run Python (a torch function mode, such as the one
+ * `with torch.device(...)` installs; `learn` is Python): another thread may then release the
+ * map or replace `unsettled`. So what they may change is read after the last such call.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -20,19 +25,22 @@
 #include <stdint.h>
 #include <string.h>
 
+typedef unsigned long long u64;
+
 typedef struct {
     PyObject_HEAD
     Py_buffer buf;
     int held;
-    long long end;
-    long long consumed;
-    long long sent;
-    long long ring_bytes;
-    long long window;
-    long long header_bytes;
-    long long send_bytes;
+    u64 end;      /* positions: absolute, never negative (members of unsigned type) */
+    u64 consumed;
+    u64 sent;
+    Py_ssize_t ring_bytes;
+    Py_ssize_t window;
+    Py_ssize_t header_bytes;
+    u64 send_bytes;
     Py_ssize_t write_batch;
-    PyObject *unsettled; /* list of keys */
+    Py_ssize_t layouts_max;
+    PyObject *unsettled; /* a list of keys, always (its setter refuses anything else) */
     PyObject *layouts;   /* dict */
     PyObject *tensor_type;
     PyObject *learn;
@@ -45,13 +53,14 @@ static int
 Ring_init(Ring *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"ring_bytes", "window", "header_bytes", "send_bytes",
-                            "write_batch", "layouts", "tensor_type", "learn", NULL};
+                            "write_batch", "layouts", "layouts_max", "tensor_type", "learn",
+                            NULL};
     PyObject *layouts, *tensor_type, *learn;
-    long long ring_bytes, window, header_bytes, send_bytes;
-    Py_ssize_t write_batch;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLLnO!O!O", names, &ring_bytes, &window,
+    Py_ssize_t ring_bytes, window, header_bytes, send_bytes, write_batch, layouts_max;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "nnnnnO!nO!O", names, &ring_bytes, &window,
                                      &header_bytes, &send_bytes, &write_batch, &PyDict_Type,
-                                     &layouts, &PyType_Type, &tensor_type, &learn))
+                                     &layouts, &layouts_max, &PyType_Type, &tensor_type,
+                                     &learn))
         return -1;
     if (!PyCallable_Check(learn)) {
         PyErr_SetString(PyExc_TypeError, "Ring: learn must be callable");
@@ -61,15 +70,18 @@ Ring_init(Ring *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_RuntimeError, "Ring.__init__ on a ring that holds a map");
         return -1;
     }
-    if (ring_bytes <= 0 || window <= 0 || window > ring_bytes || header_bytes < 0) {
-        PyErr_SetString(PyExc_ValueError, "Ring: sizes must be positive, window <= ring_bytes");
+    if (ring_bytes <= 0 || window <= 0 || window > ring_bytes || header_bytes < 0
+        || header_bytes > PY_SSIZE_T_MAX - ring_bytes || send_bytes < 0 || write_batch < 1) {
+        PyErr_SetString(PyExc_ValueError, "Ring: sizes must be positive, window <= ring_bytes, "
+                                          "header_bytes + ring_bytes within a Py_ssize_t");
         return -1;
     }
     self->ring_bytes = ring_bytes;
     self->window = window;
     self->header_bytes = header_bytes;
-    self->send_bytes = send_bytes;
+    self->send_bytes = (u64)send_bytes;
     self->write_batch = write_batch;
+    self->layouts_max = layouts_max;
     self->end = self->consumed = self->sent = 0;
     Py_XSETREF(self->unsettled, PyList_New(0));
     if (self->unsettled == NULL)
@@ -83,9 +95,20 @@ Ring_init(Ring *self, PyObject *args, PyObject *kw)
     return 0;
 }
 
+static void
+release_map(Ring *self)
+{
+    if (self->held) {
+        self->held = 0;
+        PyBuffer_Release(&self->buf);
+    }
+}
+
 static int
 Ring_traverse(Ring *self, visitproc visit, void *arg)
 {
+    if (self->held)
+        Py_VISIT(self->buf.obj);
     Py_VISIT(self->unsettled);
     Py_VISIT(self->layouts);
     Py_VISIT(self->tensor_type);
@@ -96,6 +119,7 @@ Ring_traverse(Ring *self, visitproc visit, void *arg)
 static int
 Ring_clear(Ring *self)
 {
+    release_map(self);
     Py_CLEAR(self->unsettled);
     Py_CLEAR(self->layouts);
     Py_CLEAR(self->tensor_type);
@@ -107,10 +131,6 @@ static void
 Ring_dealloc(Ring *self)
 {
     PyObject_GC_UnTrack(self);
-    if (self->held) {
-        self->held = 0;
-        PyBuffer_Release(&self->buf);
-    }
     Ring_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -122,10 +142,14 @@ Ring_hold(Ring *self, PyObject *map)
         PyErr_SetString(PyExc_RuntimeError, "Ring.hold: a map is held already");
         return NULL;
     }
+    if (self->layouts == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Ring.hold: the ring was not initialized");
+        return NULL;
+    }
     if (PyObject_GetBuffer(map, &self->buf, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0)
         return NULL;
     if (self->buf.len < self->header_bytes + self->ring_bytes) {
-        PyErr_Format(PyExc_ValueError, "Ring.hold: the map holds %zd bytes, not %lld",
+        PyErr_Format(PyExc_ValueError, "Ring.hold: the map holds %zd bytes, not %zd",
                      self->buf.len, self->header_bytes + self->ring_bytes);
         PyBuffer_Release(&self->buf);
         return NULL;
@@ -137,10 +161,7 @@ Ring_hold(Ring *self, PyObject *map)
 static PyObject *
 Ring_release(Ring *self, PyObject *Py_UNUSED(ignored))
 {
-    if (self->held) {
-        self->held = 0;
-        PyBuffer_Release(&self->buf);
-    }
+    release_map(self);
     Py_RETURN_NONE;
 }
 
@@ -177,10 +198,6 @@ Ring_put(Ring *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *key = args[0], *t = args[1];
-    if (self->unsettled == NULL || !PyList_CheckExact(self->unsettled)) {
-        PyErr_SetString(PyExc_TypeError, "Ring.unsettled must be a list");
-        return NULL;
-    }
     if (!self->held || (PyObject *)Py_TYPE(t) != self->tensor_type)
         return PyLong_FromLong(0);
     /* What sample_codec.fast_parts checks, in its order. */
@@ -197,7 +214,10 @@ Ring_put(Ring *self, PyObject *const *args, Py_ssize_t nargs)
     if (lkey == NULL)
         return not_taken();
     PyObject *layout = PyDict_GetItemWithError(self->layouts, lkey); /* borrowed */
-    if (layout == NULL && !PyErr_Occurred()) { /* not seen yet: learnt, and looked up again */
+    if (layout == NULL && !PyErr_Occurred()
+        && PyDict_GET_SIZE(self->layouts) < self->layouts_max) {
+        /* Not seen yet: learnt, and looked up again. (With the table full, the caller's
+           encode learns it for that sample alone, once.) */
         PyObject *r = PyObject_CallOneArg(self->learn, t);
         Py_XDECREF(r);
         layout = r ? PyDict_GetItemWithError(self->layouts, lkey) : NULL;
@@ -206,8 +226,7 @@ Ring_put(Ring *self, PyObject *const *args, Py_ssize_t nargs)
     /* (header, first bytes, ctypes array type or None, value bytes, complex) */
     if (layout == NULL || !PyTuple_CheckExact(layout) || PyTuple_GET_SIZE(layout) != 5)
         return not_taken(); /* unseen, or the general path's (None) */
-    /* Held: the calls below may run Python (a torch function mode), which may change the
-       table. */
+    /* Held: the calls below may run Python, which may change the table. */
     Py_INCREF(layout);
     PyObject *first = PyTuple_GET_ITEM(layout, 1);
     Py_ssize_t nbytes = PyLong_AsSsize_t(PyTuple_GET_ITEM(layout, 3));
@@ -224,12 +243,17 @@ Ring_put(Ring *self, PyObject *const *args, Py_ssize_t nargs)
         if (src == NULL)
             goto refused;
     }
+    /* No Python runs from here on: the map and the positions read now stay as they are. */
+    if (!self->held)
+        goto refused; /* released meanwhile: the caller's submit says what became of it */
     Py_ssize_t k = PyBytes_GET_SIZE(key), f = PyBytes_GET_SIZE(first);
-    long long n = (long long)f + nbytes;
-    long long need = (8 + (long long)k + n + 7) & ~7LL;
-    long long at = self->end % self->ring_bytes;
-    if (n > UINT32_MAX || k > UINT32_MAX || at + need > self->window
-        || self->end + need - self->consumed > self->ring_bytes)
+    u64 n = (u64)f + (u64)nbytes;
+    u64 need = (8 + (u64)k + n + 7) & ~(u64)7;
+    u64 at = self->end % (u64)self->ring_bytes;
+    /* (consumed past end + need: an absurd position set from Python, refused alike) */
+    if (n > UINT32_MAX || (u64)k > UINT32_MAX || at + need > (u64)self->window
+        || self->consumed > self->end + need
+        || self->end + need - self->consumed > (u64)self->ring_bytes)
         goto refused; /* placed by the caller (a wrap, or no room) */
     unsigned char *p = (unsigned char *)self->buf.buf + self->header_bytes + at;
     uint32_t lens[2] = {(uint32_t)k, (uint32_t)n};
@@ -251,6 +275,43 @@ refused:
     return not_taken();
 }
 
+static PyObject *
+Ring_get_unsettled(Ring *self, void *Py_UNUSED(closure))
+{
+    if (self->unsettled == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the ring was not initialized");
+        return NULL;
+    }
+    return Py_NewRef(self->unsettled);
+}
+
+static int
+Ring_set_unsettled(Ring *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value == NULL || !PyList_CheckExact(value)) {
+        PyErr_SetString(PyExc_TypeError, "Ring.unsettled must be a list");
+        return -1;
+    }
+    Py_INCREF(value);
+    Py_XSETREF(self->unsettled, value);
+    return 0;
+}
+
+static PyObject *
+Ring_get_size(Ring *self, void *closure)
+{
+    return PyLong_FromSsize_t(closure ? self->window : self->ring_bytes);
+}
+
+static PyGetSetDef Ring_getset[] = {
+    {"unsettled", (getter)Ring_get_unsettled, (setter)Ring_set_unsettled,
+     "Keys of the records put since they were last settled (a list).", NULL},
+    {"ring_bytes", (getter)Ring_get_size, NULL, "The ring's size.", NULL},
+    {"window", (getter)Ring_get_size, NULL, "Where records go back to the beginning.",
+     (void *)1},
+    {NULL},
+};
+
 static PyMethodDef Ring_methods[] = {
     {"put", (PyCFunction)(void (*)(void))Ring_put, METH_FASTCALL,
      "put(key, value) -> 0 not taken, 1 copied, 2 copied and the end is due to be published"},
@@ -260,12 +321,9 @@ static PyMethodDef Ring_methods[] = {
 };
 
 static PyMemberDef Ring_members[] = {
-    {"end", T_LONGLONG, offsetof(Ring, end), 0, "Where the next record goes (absolute)."},
-    {"consumed", T_LONGLONG, offsetof(Ring, consumed), 0, "Written up to, when last read."},
-    {"sent", T_LONGLONG, offsetof(Ring, sent), 0, "The end last published."},
-    {"ring_bytes", T_LONGLONG, offsetof(Ring, ring_bytes), READONLY, "The ring's size."},
-    {"window", T_LONGLONG, offsetof(Ring, window), READONLY, "Where records go back."},
-    {"unsettled", T_OBJECT_EX, offsetof(Ring, unsettled), 0, "Keys not settled yet."},
+    {"end", T_ULONGLONG, offsetof(Ring, end), 0, "Where the next record goes (absolute)."},
+    {"consumed", T_ULONGLONG, offsetof(Ring, consumed), 0, "Written up to, when last read."},
+    {"sent", T_ULONGLONG, offsetof(Ring, sent), 0, "The end last published."},
     {NULL},
 };
 
@@ -282,6 +340,7 @@ static PyTypeObject RingType = {
     .tp_clear = (inquiry)Ring_clear,
     .tp_methods = Ring_methods,
     .tp_members = Ring_members,
+    .tp_getset = Ring_getset,
 };
 
 static struct PyModuleDef module = {

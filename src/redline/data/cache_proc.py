@@ -285,8 +285,11 @@ class ProcessWriter:
         again, as a snapshot's misses are (:data:`~redline.data.stores.SNAPSHOT_S`); no value
         is ever wrong. Not known once writing stopped."""
         head = self._head
-        return (self._alone and head is not None and not head[FOREIGN]
-                and self.failure is None)
+        try:
+            return (self._alone and head is not None and not head[FOREIGN]
+                    and self.failure is None)
+        except ValueError:  # the header released by a close on another thread (the fill's
+            return False    # check runs without the lock)
 
     def drain(self) -> None:
         """Return once everything submitted so far is written (or dropped by a failure, or

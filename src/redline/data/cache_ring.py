@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from redline.data.sample_codec import LAYOUTS, fast_parts
+from redline.data.sample_codec import LAYOUTS, LAYOUTS_MAX, fast_parts
 
 _U32 = 2**32 - 1
 
@@ -28,7 +28,8 @@ class Ring(Protocol):
     offset is the position modulo :attr:`ring_bytes`) and the hand-over it calls."""
 
     end: int
-    """Where the next record goes."""
+    """Where the next record goes (positions are never negative: the compiled ring's are
+    unsigned)."""
     consumed: int
     """Where the writer process had written up to, when last read."""
     sent: int
@@ -76,11 +77,12 @@ class PyRing:
     )
 
     def __init__(self, ring_bytes: int, window: int, header_bytes: int, send_bytes: int,
-                 write_batch: int, layouts: dict[Any, Any], tensor_type: type,
-                 learn: Callable[[Any], Any]) -> None:
+                 write_batch: int, layouts: dict[Any, Any], layouts_max: int,
+                 tensor_type: type, learn: Callable[[Any], Any]) -> None:
         if not 0 < window <= ring_bytes or header_bytes < 0:
             raise ValueError("Ring: sizes must be positive, window <= ring_bytes")
-        if layouts is not LAYOUTS or tensor_type is not torch.Tensor or learn is not fast_parts:
+        if (layouts is not LAYOUTS or layouts_max != LAYOUTS_MAX or tensor_type is not torch.Tensor
+                or learn is not fast_parts):
             raise ValueError("PyRing reads sample_codec's layouts, through its fast_parts")
         self.end = self.consumed = self.sent = 0
         self.unsettled: list[bytes] = []
@@ -100,11 +102,14 @@ class PyRing:
         self._mem = None
 
     def put(self, key: bytes, value: Any) -> int:
-        mem = self._mem
-        if mem is None or type(value) is not torch.Tensor:
+        if self._mem is None or type(value) is not torch.Tensor:
             return 0
-        parts = fast_parts(value)
-        if parts is None:
+        try:
+            parts = fast_parts(value)
+        except Exception:  # (as the compiled ring: the caller's encode meets it and decides)
+            return 0
+        mem = self._mem  # read after the tensor's methods, which may run Python (a torch
+        if parts is None or mem is None:  # function mode) that released it
             return 0
         _, head, body = parts
         k, n = len(key), len(head) + len(body)
@@ -143,5 +148,5 @@ def new_ring(ring_bytes: int, window: int, header_bytes: int, send_bytes: int,
         raise RuntimeError("redline.data._ring was not built (no C compiler at install)")
     cls: Any = _ring.Ring if use_c else PyRing
     ring: Ring = cls(ring_bytes, window, header_bytes, send_bytes, write_batch, LAYOUTS,
-                     torch.Tensor, fast_parts)
+                     LAYOUTS_MAX, torch.Tensor, fast_parts)
     return ring

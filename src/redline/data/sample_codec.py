@@ -153,6 +153,10 @@ caches cold: there a tensor's ``numpy()`` view alone cost ~3.5 us a 10 kB sample
 layout is found from the tensor's own dtype, shape and strides and its bytes are read from its
 data pointer, one copy into the stored form (``benchmarks/cache.py``)."""
 
+LAYOUTS_MAX = 4096
+"""Layouts :data:`LAYOUTS` keeps at most (a dataset of more shapes learns the others' layouts
+sample by sample, each time)."""
+
 _UNSEEN: Any = object()
 
 
@@ -193,7 +197,7 @@ def fast_parts(t: torch.Tensor) -> tuple[str, bytes, memoryview] | None:
         if not ptr or t.is_conj():  # no storage, no values, or not its own numbers: nothing
             return None             # to learn a layout from
         layout = _layout(t)
-        if len(LAYOUTS) < 4096:
+        if len(LAYOUTS) < LAYOUTS_MAX:
             LAYOUTS[key] = layout
     if layout is None:
         return None
