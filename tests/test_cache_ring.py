@@ -266,12 +266,13 @@ def test_a_reference_cycle_through_the_held_map_is_collected(kind: str) -> None:
     assert gone() is None
 
 
-def test_the_compiled_ring_is_built_wherever_a_c_compiler_is() -> None:
-    """setup.py builds it optionally: an install on a machine with a compiler that silently
+def test_the_compiled_ring_is_built_wherever_a_c_compiler_and_pythons_headers_are() -> None:
+    """setup.py builds it optionally: an install on a machine that could build it and silently
     fell back to the Python ring would be slower without saying so."""
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    compiler_here = shutil.which(cc) is not None
-    assert compiler_here == cache_ring.COMPILED
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    buildable = shutil.which(cc) is not None and headers.is_file()
+    assert buildable == cache_ring.COMPILED
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -52,7 +52,7 @@ from redline.data.cache_locks import hold_before_fork, lock_for, release_after_f
 from redline.data.cache_writer import WRITE_BATCH, StoreWriter, Writer
 from redline.data.fingerprint import dataset_fingerprint, transform_fingerprint
 from redline.data.sample_codec import FORMAT_VERSION, decode, encode_parts
-from redline.data.stores import _PID, LmdbStore, Store, process_id
+from redline.data.stores import PID, LmdbStore, Store, process_id
 
 FLUSH_EVERY = 64
 """Cache events counted per process before the shared counters are updated."""
@@ -185,10 +185,10 @@ class CachedDataset(Dataset[Any]):
         self._fill: tuple[int, cache_proc.ProcessWriter, bytearray, int, list[int],
                           cache_ring.Ring] | None = None
         """(process id, its writer process, ``_own_keys``, their bits, the local counters, the
-        writer's ring) while
-        a fill's miss may skip what :meth:`_keep` checks each sample (this process's writer is
-        a writer process with ``_own_keys`` kept, writing is on, the counters are this
-        process's): made at the first such miss, dropped wherever one of them changes."""
+        writer's ring) while a fill's miss may skip what :meth:`_keep` checks each sample (this
+        process's writer is a writer process with ``_own_keys`` kept, writing is on, the
+        counters are this process's): made at the first such miss, dropped wherever one of
+        them changes."""
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -412,7 +412,7 @@ class CachedDataset(Dataset[Any]):
             # not handed over both compute it, while the hand-over below, under the lock,
             # hands it over once.
             pid, writer, bits_of, n_bits, _, _ = fill
-            if not (pid == _PID[0] and 0 <= i < n_bits and not bits_of[i >> 3] >> (i & 7) & 1
+            if not (pid == PID[0] and 0 <= i < n_bits and not bits_of[i >> 3] >> (i & 7) & 1
                     and writer.only_own()):  # never handed over, nobody else writes
                 fill = None
         if fill is None:

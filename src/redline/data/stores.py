@@ -107,18 +107,19 @@ def _data_file(folder: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-_PID = [os.getpid()]
+PID = [os.getpid()]
 """This process's id, renewed in a forked child: ``os.getpid`` is a system call each time
-(glibc no longer caches it), and a fill epoch asks for it several times a sample."""
+(glibc no longer caches it), and a fill epoch asks for it several times a sample (the fill's
+check reads ``PID[0]`` itself: :func:`process_id` is a call more)."""
 
 
 def process_id() -> int:
-    """``os.getpid()`` without the system call (see :data:`_PID`)."""
-    return _PID[0]
+    """``os.getpid()`` without the system call (see :data:`PID`)."""
+    return PID[0]
 
 
 def _after_fork_in_child() -> None:
-    _PID[0] = os.getpid()
+    PID[0] = os.getpid()
     _ENVS_LOCK.release()
 
 
@@ -190,7 +191,7 @@ class LmdbStore:
 
     def _open(self) -> Any:
         """The environment, opened on first use in this process (None when it cannot be)."""
-        if self._pid == _PID[0] and self._gen == _GENERATION[0]:
+        if self._pid == PID[0] and self._gen == _GENERATION[0]:
             return self._env
         import lmdb
 
@@ -245,7 +246,7 @@ class LmdbStore:
         with _ENVS_LOCK:
             pooled = _ENVS.pop(key, None)
         envs = [pooled[0]() if pooled is not None else None]
-        if self._pid == _PID[0] and self._env is not envs[0]:
+        if self._pid == PID[0] and self._env is not envs[0]:
             envs.append(self._env)  # the handle on a folder since removed or replaced
         for env in envs:
             if env is not None:
@@ -256,7 +257,7 @@ class LmdbStore:
     def get(self, key: bytes) -> bytes | memoryview | None:
         """One key: the per-sample path of a DataLoader, kept short. The value may be a
         memoryview into the map, valid until this store's next call: decode it at once."""
-        txn = (self._txn if self._pid == _PID[0] and self._gen == _GENERATION[0]
+        txn = (self._txn if self._pid == PID[0] and self._gen == _GENERATION[0]
                and self._txn is not None else None)
         if txn is None:
             return self.get_many([key])[0]
