@@ -13,6 +13,7 @@ wraps or finds no room) is not taken, and the caller encodes and submits it.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -131,10 +132,11 @@ class PyRing:
         return 2 if len(self.unsettled) >= self._batch or end - self.sent >= self._send_bytes else 1
 
 
-try:
-    from redline.data import _ring
+_ring: Any
+try:  # (by name: the compiled module has no stub; Ring above is its type)
+    _ring = importlib.import_module("redline.data._ring")
 except ImportError:  # built without a C compiler: the same in Python
-    _ring = None  # type: ignore[assignment]
+    _ring = None
 
 COMPILED = _ring is not None
 """Whether the compiled :class:`Ring` is used (``redline/data/_ring.c``, built at install)."""
