@@ -149,6 +149,7 @@ def new_ring(ring_bytes: int, window: int, header_bytes: int, send_bytes: int,
     if use_c and _ring is None:
         raise RuntimeError("redline.data._ring was not built (no C compiler at install)")
     cls: Any = _ring.Ring if use_c else PyRing
-    ring: Ring = cls(ring_bytes, window, header_bytes, send_bytes, write_batch, LAYOUTS,
-                     LAYOUTS_MAX, torch.Tensor, fast_parts)
+    ring: Ring = cls(ring_bytes=ring_bytes, window=window, header_bytes=header_bytes,
+                     send_bytes=send_bytes, write_batch=write_batch, layouts=LAYOUTS,
+                     layouts_max=LAYOUTS_MAX, tensor_type=torch.Tensor, learn=fast_parts)
     return ring
