@@ -74,6 +74,12 @@ RECORD = struct.Struct("<II")
 WRAP = 0xFFFFFFFF
 """A record's key length that says: go on at the ring's beginning."""
 
+
+def record_bytes(k: int, n: int) -> int:
+    """A record's room in the ring: its header (:data:`RECORD`), a key of ``k`` bytes and
+    ``n`` bytes of value, padded to 8."""
+    return (RECORD.size + k + n + 7) & ~7
+
 WORD = struct.Struct("<Q")
 """What the socket carries: the ring's end, with :data:`DRAIN` set or not, or :data:`EXIT`."""
 DRAIN = 1 << 63
@@ -166,7 +172,7 @@ class _Ring:
             k0 = off + RECORD.size
             items.append((bytes(data[k0:k0 + klen]), data[k0 + klen:k0 + klen + vlen]))
             size += vlen
-            at += (RECORD.size + klen + vlen + 7) & ~7
+            at += record_bytes(klen, vlen)
         return at, items
 
 

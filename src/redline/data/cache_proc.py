@@ -66,9 +66,10 @@ from redline.data.cache_child import (
     WRAP,
     WRITE_BATCH,
     WRITTEN,
+    record_bytes,
     stopped_because,
 )
-from redline.data.cache_ring import Ring, new_ring
+from redline.data.cache_ring import Ring, new_ring, write_record
 from redline.data.stores import LmdbStore, StoreFull, process_id
 
 RING_BYTES = 32 * 2**20
@@ -207,8 +208,7 @@ class ProcessWriter:
             mem = self._map
             assert mem is not None
         ring = self.ring
-        n = len(head) + len(body)
-        need = (RECORD.size + len(key) + n + 7) & ~7
+        need = record_bytes(len(key), len(head) + len(body))
         end = ring.end
         at = end % self.ring_bytes
         if at + need > self.window or end + need - ring.consumed > self.ring_bytes:
@@ -217,13 +217,7 @@ class ProcessWriter:
                 self._write_here(key, b"".join((head, body)))  # too large, or no room
                 return
             end = ring.end
-        # Through the map, not a view of it: it takes any contiguous buffer (a tensor's bytes
-        # as ctypes' chars) without a cast. The record's header, key and the value's first
-        # bytes in one copy, its bulk in another.
-        v0 = HEADER_BYTES + at + RECORD.size + len(key)
-        h1 = v0 + len(head)
-        mem[v0 - RECORD.size - len(key):h1] = RECORD.pack(len(key), n) + key + head
-        mem[h1:v0 + n] = body
+        write_record(mem, HEADER_BYTES + at, key, head, body)
         ring.end = end = end + need
         unsettled = ring.unsettled
         unsettled.append(key)
@@ -260,7 +254,7 @@ class ProcessWriter:
                 k, n = RECORD.unpack_from(view, HEADER_BYTES)
             v0 = HEADER_BYTES + at % size + RECORD.size + k
             pending[key] = view[v0:v0 + n]
-            at += (RECORD.size + k + n + 7) & ~7
+            at += record_bytes(k, n)
             inflight.append((at, key))
         self._settled = at
 

@@ -19,9 +19,20 @@ from typing import Any, Protocol
 
 import torch
 
+from redline.data.cache_child import RECORD, record_bytes
 from redline.data.sample_codec import LAYOUTS, LAYOUTS_MAX, fast_parts
 
 _U32 = 2**32 - 1
+
+
+def write_record(mem: Any, at: int, key: bytes, head: bytes, body: Any) -> None:
+    """Write the record of ``key`` with the value ``head + body`` at byte ``at`` of ``mem``
+    (the map: through it, not a view of it, any contiguous buffer is taken as ``body``, a
+    tensor's bytes as ctypes' chars, without a cast). Its header, key and the value's first
+    bytes in one copy, its bulk in another."""
+    h1 = at + RECORD.size + len(key) + len(head)
+    mem[at:h1] = b"".join((RECORD.pack(len(key), len(head) + len(body)), key, head))
+    mem[h1:h1 + len(body)] = body
 
 
 class Ring(Protocol):
@@ -113,20 +124,14 @@ class PyRing:
         if parts is None or mem is None:  # function mode) that released it
             return 0
         _, head, body = parts
-        k, n = len(key), len(head) + len(body)
-        need = (8 + k + n + 7) & ~7
+        n = len(head) + len(body)
+        need = record_bytes(len(key), n)
         end = self.end
         at = end % self.ring_bytes
         if (n > _U32 or at + need > self.window
                 or end + need - self.consumed > self.ring_bytes):
             return 0
-        # Through the map, not a view of it: it takes any contiguous buffer. The record's
-        # header (cache_child.RECORD), key and the value's first bytes, then its bulk.
-        v0 = self._header + at + 8 + k
-        h1 = v0 + len(head)
-        mem[v0 - 8 - k:h1] = b"".join((k.to_bytes(4, "little"), n.to_bytes(4, "little"), key,
-                                       head))
-        mem[h1:v0 + n] = body
+        write_record(mem, self._header + at, key, head, body)
         self.unsettled.append(key)
         self.end = end = end + need
         return 2 if len(self.unsettled) >= self._batch or end - self.sent >= self._send_bytes else 1
