@@ -107,6 +107,52 @@ def test_samples_not_yet_written_are_read_back_and_stored_as_computed(
     assert all(float(fresh[i][0]) == i for i in range(40))
 
 
+def test_a_batch_the_writer_process_wrote_whole_is_never_read_back_from_the_ring(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Entering a record in ``pending`` (a view, a tuple) costs the training thread; a record
+    # written before anyone asked for it never needs it.
+    settled: list[int] = []
+    settle = cache_proc.ProcessWriter._settle
+
+    def counted(self: cache_proc.ProcessWriter) -> None:
+        settled.append(len(self._batches) + bool(self.ring.unsettled))
+        settle(self)
+
+    monkeypatch.setattr(cache_proc.ProcessWriter, "_settle", counted)
+    ds = CachedDataset(Numbers(300), Counted(), path=tmp_path / "c")
+    for i in range(300):
+        ds[i]
+    ds.flush()
+    w = _writer(ds)
+    assert settled == [] and not w.pending and w.ring.consumed == w.ring.end
+    fresh = CachedDataset(Numbers(300), Counted(), path=tmp_path / "c")
+    assert all(float(fresh[i][0]) == i for i in range(300))
+
+
+def test_a_batch_written_in_part_leaves_the_rest_readable(
+        tmp_path: Path, stopped: list[int]) -> None:
+    det = Counted()
+    ds = CachedDataset(Numbers(70), det, path=tmp_path / "c")
+    ds[0]
+    w = _writer(ds)
+    assert w._proc is not None
+    os.kill(w._proc.pid, signal.SIGSTOP)
+    stopped.append(w._proc.pid)
+    for i in range(1, 70):
+        ds[i]
+    # two published batches of WRITE_BATCH samples, six samples put since
+    assert [len(keys) for _, keys in w._batches] == [32, 32] and len(w.ring.unsettled) == 6
+    record = (w._batches[1][0] - w._batches[0][0]) // 32
+    w._release(w._batches[0][0] + 5 * record)  # as if written up to sample 36
+    key = ds._prefix
+    assert sorted(w.pending) == sorted(key + str(i).encode() for i in range(37, 70))
+    assert all(float(ds[i][0]) == i for i in range(37, 70))
+    assert det.calls == list(range(70))  # read back from the ring, not computed again
+    os.kill(w._proc.pid, signal.SIGCONT)
+    ds.flush()
+    assert not w.pending and ds.stats().complete
+
+
 def test_records_wrap_around_a_small_ring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache_proc, "RING_BYTES", 64 * 1024)
     monkeypatch.setattr(cache_proc, "WINDOW_BYTES", 16 * 1024)

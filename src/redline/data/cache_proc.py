@@ -150,16 +150,21 @@ class ProcessWriter:
                                    WRITE_BATCH)
         """Where records go (its ``end``, and where the writer process had written up to,
         ``consumed``; the end last published, ``sent``), and the fill's one-call hand-over of
-        a tensor (:mod:`.cache_ring`). Its ``unsettled`` keys are those of the records from
-        :attr:`_settled` to its end, in ring order: a record is only copied into the ring as
-        it is submitted, and entered in :attr:`pending` and :attr:`_inflight`
-        (:meth:`_settle`) when its batch is published or :attr:`pending` is read, a loop
-        over the batch rather than a few more operations on every sample right after the
-        user's transform."""
+        a tensor (:mod:`.cache_ring`). Its ``unsettled`` keys are those of the records put
+        since the last publish, in ring order (the ones before are in :attr:`_batches`): a
+        record is only copied into the ring as it is submitted, and entered in
+        :attr:`pending` and :attr:`_inflight` (:meth:`_settle`) only where :attr:`pending` is
+        read, or where the writer process has written part of its batch (a view of a record
+        must never outlive its space); a batch written whole is forgotten as it is, a loop
+        over its records never run."""
         self._pending: dict[bytes, Any] = {}
         """:attr:`pending`, up to the records not settled yet."""
         self._settled = 0
         """Where the records not settled yet begin (absolute position)."""
+        self._batches: collections.deque[tuple[int, list[bytes]]] = collections.deque()
+        """(where it ends, its keys) of each published batch of records not settled yet, in
+        ring order, from :attr:`_settled` on (the records put since are the ring's
+        ``unsettled``)."""
         self.failure: str | None = None
         """Why writing stopped (None: it has not); read from the writer process's header
         once a batch."""
@@ -234,28 +239,30 @@ class ProcessWriter:
     def pending(self) -> dict[bytes, Any]:
         """Samples in the ring not written yet (key → a view of the stored form): read your
         own writes."""
-        if self.ring.unsettled:
+        if self._batches or self.ring.unsettled:
             self._settle()
         return self._pending
 
     def _settle(self) -> None:
-        """Enter the records submitted since the last call in :attr:`pending` and
-        :attr:`_inflight`: each record's place is read back from the ring, from
-        :attr:`_settled` on (the records are back to back, a wrap marker sends the next to
-        the ring's beginning)."""
-        ring = self.ring
-        keys, ring.unsettled = ring.unsettled, []
+        """Enter every record not settled yet in :attr:`pending` and :attr:`_inflight`: each
+        record's place is read back from the ring, from :attr:`_settled` on (the records are
+        back to back, a wrap marker sends the next to the ring's beginning)."""
+        ring, batches = self.ring, self._batches
+        if ring.unsettled:
+            batches.append((ring.end, ring.unsettled))
+            ring.unsettled = []
         at, size, view = self._settled, self.ring_bytes, self._view
         pending, inflight = self._pending, self._inflight
-        for key in keys:
-            k, n = RECORD.unpack_from(view, HEADER_BYTES + at % size)
-            if k == WRAP:
-                at += size - at % size
-                k, n = RECORD.unpack_from(view, HEADER_BYTES)
-            v0 = HEADER_BYTES + at % size + RECORD.size + k
-            pending[key] = view[v0:v0 + n]
-            at += record_bytes(k, n)
-            inflight.append((at, key))
+        while batches:
+            for key in batches.popleft()[1]:
+                k, n = RECORD.unpack_from(view, HEADER_BYTES + at % size)
+                if k == WRAP:
+                    at += size - at % size
+                    k, n = RECORD.unpack_from(view, HEADER_BYTES)
+                v0 = HEADER_BYTES + at % size + RECORD.size + k
+                pending[key] = view[v0:v0 + n]
+                at += record_bytes(k, n)
+                inflight.append((at, key))
         self._settled = at
 
     def expect_only_own(self, last_txn: int) -> None:
@@ -357,6 +364,7 @@ class ProcessWriter:
         ring = self.ring
         ring.release()  # (its view of the map first: a map with views open cannot close)
         ring.unsettled = []
+        self._batches.clear()
         ring.end = ring.sent = ring.consumed = self._settled = 0
         head, view, mem = self._head, self._view, self._map
         self._head, self._view, self._map = None, memoryview(b""), None
@@ -545,12 +553,18 @@ class ProcessWriter:
     def _release(self, consumed: int) -> None:
         """Forget the pending samples the writer process has written (read from the store from
         now on: its next miss takes a new snapshot)."""
-        if self.ring.unsettled:  # (a drain publishes the end without _send)
-            self._settle()
+        ring, batches = self.ring, self._batches
+        while batches and batches[0][0] <= consumed:  # written whole: never settled
+            self._settled = batches.popleft()[0]
+        if not batches and ring.unsettled and ring.end <= consumed:  # (a drain's end)
+            ring.unsettled = []
+            self._settled = ring.end
+        if self._settled < consumed and (batches or ring.unsettled):
+            self._settle()  # the writer process wrote part of a batch: views of the rest
         inflight, pending = self._inflight, self._pending
         while inflight and inflight[0][0] <= consumed:
             pending.pop(inflight.popleft()[1], None)
-        self.ring.consumed = consumed
+        ring.consumed = consumed
         self.store.note_written()
 
     def _write_here(self, key: bytes, blob: bytes) -> None:
@@ -569,9 +583,11 @@ class ProcessWriter:
         """Publish where the ring ends, without waiting: a store in the header where the CPU
         keeps stores in order (and a word on the socket only where the writer process sleeps
         long), else a word on the socket (a full socket drops it: a later one covers it)."""
-        self.ring.sent = end
-        if self.ring.unsettled:
-            self._settle()
+        ring = self.ring
+        ring.sent = end
+        if ring.unsettled:  # a batch: settled only where needed (see _release)
+            self._batches.append((ring.end, ring.unsettled))
+            ring.unsettled = []
         head = self._head
         word = end
         if head is not None:
@@ -636,8 +652,7 @@ class ProcessWriter:
         head = self._head
         if head is not None and head[CONSUMED] > self.ring.consumed:
             self._release(head[CONSUMED])
-        if self.ring.unsettled:
-            self._settle()
+        self._settle()
         self._own[1] += len(self._inflight)
         self._release(self.ring.end)
         self.ring.release()  # nothing more is put there: a later submit counts as not stored
