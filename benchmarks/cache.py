@@ -22,7 +22,7 @@ statistics of the rounds); a row is met where that whole interval is within the 
 Run: .venv/bin/python benchmarks/cache.py [--rounds 9] [--sizes 10k,150k,1m] [--no-extras]
 [--patterns sample,loader] [--compare-writers] [--compare-placement]
 [--compare-batch-bytes] [--compare-lookups] [--compare-fill-path] [--compare-hand-over]
-[--torch-threads N]
+[--compare-settle] [--torch-threads N]
 Targets: fill ≤ 1.10× the uncached epoch on each row; cached epoch ≥ 5× faster than uncached
 where the decode is the cost; cached reads ≥ 50 % of raw page-cache read throughput.
 """
@@ -352,6 +352,23 @@ def compare_hand_over(paths: list[str], h: int, w: int, rounds: int, shm: Path) 
         "Python (cache_ring.PyRing)": lambda: mock.patch.object(cache_ring, "COMPILED", False)})
 
 
+def compare_settle(paths: list[str], h: int, w: int, rounds: int, shm: Path) -> None:
+    """Read one by one: a batch's records entered in ``pending`` only where it is read or the
+    writer process wrote part of the batch (the default,
+    :meth:`redline.data.cache_proc.ProcessWriter._release`) against entered at each publish."""
+    from redline.data import cache_proc
+
+    send = cache_proc.ProcessWriter._send
+
+    def eager(self: Any, end: int) -> None:
+        send(self, end)
+        self._settle()
+
+    compare(paths, h, w, rounds, shm, "when a batch's records enter pending", {
+        "where needed": contextlib.nullcontext,
+        "at each publish": lambda: mock.patch.object(cache_proc.ProcessWriter, "_send", eager)})
+
+
 def read_throughput(paths: list[str], h: int, w: int, shm: Path) -> None:
     """Cached reads by index (decoded to tensors) against a raw sequential read of the store's
     file from the page cache."""
@@ -449,6 +466,9 @@ def main() -> None:
     ap.add_argument("--compare-hand-over", action="store_true",
                     help="also time a fill one by one with the per-sample hand-over in C "
                     "against the same in Python")
+    ap.add_argument("--compare-settle", action="store_true",
+                    help="also time a fill one by one that enters a batch's records in pending "
+                    "only where needed against at each publish")
     ap.add_argument("--torch-threads", type=int, default=None,
                     help="torch.set_num_threads for the decode (default: torch's own)")
     args = ap.parse_args()
@@ -494,6 +514,7 @@ def main() -> None:
                                    (args.compare_lookups, compare_lookups),
                                    (args.compare_fill_path, compare_fill_path),
                                    (args.compare_hand_over, compare_hand_over),
+                                   (args.compare_settle, compare_settle),
                                    (args.compare_placement, compare_placement)):
             for size, paths in made.items() if wanted else ():
                 h, w, _ = SIZES[size]
