@@ -42,6 +42,18 @@ def test_structures_are_preserved() -> None:
     assert out[2]["b"][1] == "text"
 
 
+def test_uint8_masks_beside_the_images_are_left_as_they_are() -> None:
+    imgs = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    masks = torch.randint(0, 5, (4, 8, 8), dtype=torch.uint8)  # class ids, N×H×W
+    one = torch.randint(0, 5, (4, 1, 8, 8), dtype=torch.uint8)  # N×1×H×W
+    three_rows = torch.randint(0, 5, (4, 3, 8), dtype=torch.uint8)  # dim 1 of 3: normalized
+    (x, m, o, r), = list(DevicePrefetcher([(imgs, masks, one, three_rows)], "cpu",
+                                          mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2)))
+    assert x.dtype == torch.float32 and x.shape == imgs.shape
+    assert torch.equal(m, masks) and torch.equal(o, one)  # not broadcast to 3 channels
+    assert r.dtype == torch.float32 and r.shape == three_rows.shape
+
+
 def test_uint8_normalization_matches_manual() -> None:
     imgs = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
     labels = torch.arange(4)

@@ -121,8 +121,10 @@ class DevicePrefetcher(Generic[B]):
         loader: any iterable of batches (a DataLoader with ``pin_memory=True`` is best; unpinned
             tensors are pinned here, which costs a host copy).
         device: target device, e.g. ``'cuda'``.
-        mean: per-channel mean; with ``std``, uint8 tensors of 3+ dims are converted to float and
-            normalized as ``(x / 255 - mean) / std`` on the device. Other tensors are untouched.
+        mean: per-channel mean; with ``std``, uint8 tensors of 3+ dims whose ``channels_dim``
+            holds ``len(mean)`` channels are converted to float and normalized as
+            ``(x / 255 - mean) / std`` on the device. Other tensors are untouched: a uint8
+            segmentation mask (N×H×W, or N×1×H×W) stays as it is.
         std: per-channel standard deviation (see ``mean``).
         channels_dim: dimension of the channels in image batches (1 for NCHW).
 
@@ -160,8 +162,9 @@ class DevicePrefetcher(Generic[B]):
 
     # -- transforms -----------------------------------------------------------------------
     def _normalize(self, t: torch.Tensor) -> torch.Tensor:
-        if self._mean is None or self._std is None or t.dtype != torch.uint8 or t.dim() < 3:
-            return t
+        if (self._mean is None or self._std is None or t.dtype != torch.uint8 or t.dim() < 3
+                or t.dim() <= self.channels_dim or t.shape[self.channels_dim] != len(self._mean)):
+            return t  # not an image batch of these channels (a mask, labels): as it came
         shape = [1] * t.dim()
         shape[self.channels_dim] = -1
         moments = self._moments.get(t.device)
