@@ -323,6 +323,27 @@ def test_indices_are_integers_of_any_kind_and_a_float_is_refused(tmp_path: Path)
         with pytest.raises(TypeError, match="CachedDataset indexes samples by integer"):
             ds[bad]
 
+def test_a_negative_index_is_the_sample_it_stands_for(tmp_path: Path) -> None:
+    """ds[-1] is ds[len - 1], as a list reads it: one sample computed and stored once."""
+    calls: list[int] = []
+
+    def det(i: int) -> torch.Tensor:
+        calls.append(i)
+        return square(i)
+
+    ds = CachedDataset(list(range(8)), det, path=tmp_path / "c")
+    assert torch.equal(ds[-1], square(7)) and torch.equal(ds[7], square(7))
+    assert [t[0].item() for t in ds.__getitems__([-2, 0])] == [36, 0]
+    assert torch.equal(ds[6], square(6))
+    assert calls == [7, 6, 0]
+    assert (ds.stats().misses, ds.stats().hits) == (3, 2)
+    with pytest.raises(IndexError):
+        ds[-9]  # past the start: the dataset says so
+    for i in range(8):
+        ds[i]
+    assert ds.stats().complete
+
+
 def test_a_tensor_without_storage_is_refused_and_teaches_no_layout() -> None:
     from redline.data.sample_codec import decode, encode
 

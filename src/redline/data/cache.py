@@ -300,6 +300,7 @@ class CachedDataset(Dataset[Any]):
     def _deterministic_many(self, indices: list[int]) -> list[Any]:
         """A batch: looked up in one store round trip, its misses computed (outside the
         lock, as in :meth:`get_deterministic`) and handed over together."""
+        indices = [i if i >= 0 else self._position(i) for i in indices]
         keys = [self._prefix + str(i).encode() for i in indices]
         out: list[Any] = [None] * len(indices)
         todo: list[tuple[int, bool]] = []
@@ -402,6 +403,8 @@ class CachedDataset(Dataset[Any]):
         stored (what filling the cache ahead of a run calls for every item). Safe from several
         threads at once (a thread-pool loader): the lookup and the hand-over hold the
         store's lock (:mod:`.cache_locks`), the transform runs outside it."""
+        if i < 0:
+            i = self._position(i)
         key = self._prefix + str(i).encode()
         fill = self._fill
         if fill is not None:
@@ -447,6 +450,16 @@ class CachedDataset(Dataset[Any]):
                 self._fill = None
                 self._check_writer(writer)
             return value
+
+    def _position(self, i: int) -> int:
+        """A negative index as the position it stands for (``len + i``, as a list reads it),
+        so that ``ds[-1]`` and ``ds[len(ds) - 1]`` are one stored sample; as it is where the
+        dataset has no length or the index is past its start (the dataset says so)."""
+        try:
+            n = len(self.dataset)
+        except Exception:
+            return i
+        return i + n if -n <= i < 0 else i
 
     def _look_up(self, i: int, key: bytes) -> Any:
         """Sample ``i`` from this process's pending writes or the store (counted as a hit),
