@@ -50,6 +50,16 @@ def _writer(ds: CachedDataset) -> cache_proc.ProcessWriter:
     return w
 
 
+def _stop_writer(ds: CachedDataset, stopped: list[int]) -> cache_proc.ProcessWriter:
+    """The dataset's writer, its process stopped (a writer process the host does not run):
+    what comes next stays unwritten, in the ring."""
+    w = _writer(ds)
+    assert w._proc is not None
+    os.kill(w._proc.pid, signal.SIGSTOP)
+    stopped.append(w._proc.pid)
+    return w
+
+
 @pytest.fixture
 def stopped() -> Iterator[list[int]]:
     """Pids to SIGCONT (and so never leave stopped) at the end of a test."""
@@ -86,10 +96,7 @@ def test_samples_not_yet_written_are_read_back_and_stored_as_computed(
     det = Counted()
     ds = CachedDataset(Numbers(40), det, path=tmp_path / "c")
     got = ds[0]
-    w = _writer(ds)
-    assert w._proc is not None
-    os.kill(w._proc.pid, signal.SIGSTOP)  # a writer process the host does not run
-    stopped.append(w._proc.pid)
+    w = _stop_writer(ds, stopped)
     first = [ds[i] for i in range(1, 40)]
     for t in first:
         t.add_(1000)  # the caller's random transform, in place, before the write
@@ -134,10 +141,7 @@ def test_a_batch_written_in_part_leaves_the_rest_readable(
     det = Counted()
     ds = CachedDataset(Numbers(70), det, path=tmp_path / "c")
     ds[0]
-    w = _writer(ds)
-    assert w._proc is not None
-    os.kill(w._proc.pid, signal.SIGSTOP)
-    stopped.append(w._proc.pid)
+    w = _stop_writer(ds, stopped)
     for i in range(1, 70):
         ds[i]
     # two published batches of WRITE_BATCH samples, six samples put since
@@ -178,10 +182,7 @@ def test_a_full_ring_makes_the_training_thread_write(
     monkeypatch.setattr(cache_proc, "WINDOW_BYTES", 16 * 1024)
     ds = CachedDataset(Numbers(200), Counted(size=1000), path=tmp_path / "c")
     ds[0]
-    w = _writer(ds)
-    assert w._proc is not None
-    os.kill(w._proc.pid, signal.SIGSTOP)
-    stopped.append(w._proc.pid)
+    w = _stop_writer(ds, stopped)
     for i in range(1, 200):  # ~4 kB each: the 64 kB ring holds ~16
         ds[i]
     assert len(w.pending) < 20  # the rest went to the store from this thread
@@ -401,10 +402,7 @@ def test_a_lagging_writer_process_has_the_whole_ring(
     ds = CachedDataset(Numbers(20001), Counted(size=16), path=tmp_path / "c")
     ds[0]
     ds.flush()  # the first record written (freed) before the writer process lags
-    w = _writer(ds)
-    assert w._proc is not None
-    os.kill(w._proc.pid, signal.SIGSTOP)
-    stopped.append(w._proc.pid)
+    w = _stop_writer(ds, stopped)
     here: list[bytes] = []
     orig = w._write_here
     w._write_here = lambda k, b: (here.append(k), orig(k, b))  # type: ignore[method-assign]
