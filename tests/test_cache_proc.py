@@ -157,6 +157,27 @@ def test_a_batch_written_in_part_leaves_the_rest_readable(
     assert not w.pending and ds.stats().complete
 
 
+def test_a_sample_twice_in_a_batch_is_handed_over_once(tmp_path: Path) -> None:
+    # A key handed over twice reads as another writer's to the writer process, which turns
+    # the fill's lookup skip off for the rest of the run.
+    det = Counted(size=8)
+    ds = CachedDataset(Numbers(8), det, path=tmp_path / "c")
+    ds[0]
+    ds.flush()
+    w = _writer(ds)
+    assert w.only_own()
+    a, b = ds.__getitems__([3, 3])
+    c, d = ds.__getitems__([-1, 7])
+    ds.flush()
+    assert det.calls == [0, 3, 3, 7, 7]  # each computed as often as asked, as uncached
+    assert a is not b and c is not d and float(a[0]) == float(b[0]) == 3.0
+    assert w.only_own()
+    st = ds.stats()
+    assert (st.misses, st.hits, st.uncached) == (5, 0, 0)
+    fresh = CachedDataset(Numbers(8), Counted(size=8), path=tmp_path / "c")
+    assert [float(fresh[i][0]) for i in (0, 3, 7)] == [0.0, 3.0, 7.0]
+
+
 def test_records_wrap_around_a_small_ring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache_proc, "RING_BYTES", 64 * 1024)
     monkeypatch.setattr(cache_proc, "WINDOW_BYTES", 16 * 1024)
@@ -245,6 +266,32 @@ def test_a_writer_process_that_dies_is_said_and_training_goes_on(
     assert len(rec) == 1
     assert all(float(t[0]) == i % 300 for i, t in enumerate(out))
     assert not ds.stats().complete
+
+
+def test_a_writer_process_found_gone_while_placing_a_record_counts_that_sample(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopped: list[int]) -> None:
+    # A full window makes the hand-over look at the writer process again (_place): found
+    # gone there, the sample being handed over is counted as not stored, not left in the ring.
+    monkeypatch.setattr(cache_proc, "RING_BYTES", 64 * 1024)
+    monkeypatch.setattr(cache_proc, "WINDOW_BYTES", 16 * 1024)
+    ds = CachedDataset(Numbers(40), Counted(size=1000), path=tmp_path / "c")
+    ds[0]
+    ds.flush()
+    w = _stop_writer(ds, stopped)
+    ds[1]
+    w.publish()  # the writer process has more to write than it wrote
+    assert w._proc is not None
+    os.kill(w._proc.pid, signal.SIGKILL)
+    w._proc.wait(10)
+    with pytest.warns(RuntimeWarning, match="writer process ended"):
+        for i in range(2, 40):
+            ds[i]
+        ds.flush()
+    st = ds.stats()
+    fresh = CachedDataset(Numbers(40), Counted(size=1000), path=tmp_path / "c")
+    for i in range(40):
+        fresh[i]
+    assert (st.misses, fresh.stats().hits) == (40, 40 - st.uncached)  # every one counted
 
 
 def test_where_the_writer_process_cannot_start_a_writer_thread_writes(

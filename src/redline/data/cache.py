@@ -331,14 +331,24 @@ class CachedDataset(Dataset[Any]):
         with self._lock:
             puts: list[tuple[bytes, bytes, bytes | memoryview]] = []
             put_indices: list[int] = []
+            put_keys: set[bytes] = set()
+            again = 0
+            """Samples the batch holds twice (a sampler with replacement; ``-1`` and
+            ``len - 1``): computed each time, as without the cache, and handed over once (a
+            key handed over twice would read as another writer's to the writer process)."""
             if self._writable:
                 for j, unstored in todo:
+                    if keys[j] in put_keys:
+                        again += 1
+                        continue
                     encoded = self._encode(out[j], indices[j]) if unstored else None
                     if encoded is not None:
                         puts.append((keys[j], *encoded))
                         put_indices.append(indices[j])
+                        put_keys.add(keys[j])
             misses = len(indices) - hits
-            self._add(hits=hits, misses=misses, read=read, uncached=misses - len(puts))
+            self._add(hits=hits, misses=misses, read=read,
+                      uncached=misses - len(puts) - again)
             self._store(puts)
             for i in put_indices:
                 self._mark_own(i)

@@ -218,6 +218,9 @@ class ProcessWriter:
         at = end % self.ring_bytes
         if at + need > self.window or end + need - ring.consumed > self.ring_bytes:
             at = self._place(need)
+            if self.failure is not None:  # its second look found the writer process gone
+                self._own[1] += 1         # (or failing): nothing more goes into the ring
+                return
             if at < 0:
                 self._write_here(key, b"".join((head, body)))  # too large, or no room
                 return
