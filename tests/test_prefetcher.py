@@ -52,6 +52,10 @@ def test_uint8_masks_beside_the_images_are_left_as_they_are() -> None:
     assert x.dtype == torch.float32 and x.shape == imgs.shape
     assert torch.equal(m, masks) and torch.equal(o, one)  # not broadcast to 3 channels
     assert r.dtype == torch.float32 and r.shape == three_rows.shape
+    # one mean for every channel (as torchvision's Normalize broadcasts it): each is normalized
+    (x1, o1), = list(DevicePrefetcher([(imgs, one)], "cpu", mean=(0.5,), std=(0.5,)))
+    assert torch.allclose(x1, (imgs.float() / 255 - 0.5) / 0.5)
+    assert torch.allclose(o1, (one.float() / 255 - 0.5) / 0.5)
 
 
 def test_uint8_normalization_matches_manual() -> None:

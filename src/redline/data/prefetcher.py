@@ -122,9 +122,11 @@ class DevicePrefetcher(Generic[B]):
             tensors are pinned here, which costs a host copy).
         device: target device, e.g. ``'cuda'``.
         mean: per-channel mean; with ``std``, uint8 tensors of 3+ dims whose ``channels_dim``
-            holds ``len(mean)`` channels are converted to float and normalized as
-            ``(x / 255 - mean) / std`` on the device. Other tensors are untouched: a uint8
-            segmentation mask (N×H×W, or N×1×H×W) stays as it is.
+            holds ``len(mean)`` channels (any number where ``mean`` has one value, which
+            applies to every channel) are converted to float and normalized as
+            ``(x / 255 - mean) / std`` on the device. Other tensors are untouched: with a
+            mean per RGB channel, a uint8 segmentation mask beside the images (N×H×W, or
+            N×1×H×W) stays as it is (a mask of exactly three channels cannot be told apart).
         std: per-channel standard deviation (see ``mean``).
         channels_dim: dimension of the channels in image batches (1 for NCHW).
 
@@ -163,7 +165,8 @@ class DevicePrefetcher(Generic[B]):
     # -- transforms -----------------------------------------------------------------------
     def _normalize(self, t: torch.Tensor) -> torch.Tensor:
         if (self._mean is None or self._std is None or t.dtype != torch.uint8 or t.dim() < 3
-                or t.dim() <= self.channels_dim or t.shape[self.channels_dim] != len(self._mean)):
+                or t.dim() <= self.channels_dim
+                or len(self._mean) not in (1, t.shape[self.channels_dim])):
             return t  # not an image batch of these channels (a mask, labels): as it came
         shape = [1] * t.dim()
         shape[self.channels_dim] = -1
