@@ -61,6 +61,14 @@ def _stop_writer(ds: CachedDataset, stopped: list[int]) -> cache_proc.ProcessWri
 
 
 @pytest.fixture
+def small_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 64 KiB ring whose records go back to its start past 16 KiB: a few samples of ~4 kB
+    fill the window, and a handful more the ring."""
+    monkeypatch.setattr(cache_proc, "RING_BYTES", 64 * 1024)
+    monkeypatch.setattr(cache_proc, "WINDOW_BYTES", 16 * 1024)
+
+
+@pytest.fixture
 def stopped() -> Iterator[list[int]]:
     """Pids to SIGCONT (and so never leave stopped) at the end of a test."""
     pids: list[int] = []
@@ -178,9 +186,8 @@ def test_a_sample_twice_in_a_batch_is_handed_over_once(tmp_path: Path) -> None:
     assert [float(fresh[i][0]) for i in (0, 3, 7)] == [0.0, 3.0, 7.0]
 
 
-def test_records_wrap_around_a_small_ring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cache_proc, "RING_BYTES", 64 * 1024)
-    monkeypatch.setattr(cache_proc, "WINDOW_BYTES", 16 * 1024)
+def test_records_wrap_around_a_small_ring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          small_ring: None) -> None:
     monkeypatch.setattr(cache_proc, "SEND_BYTES", 4 * 1024)
     ds = CachedDataset(Numbers(2000), Counted(size=200), path=tmp_path / "c")
     ds[0]
@@ -198,9 +205,7 @@ def test_records_wrap_around_a_small_ring(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_a_full_ring_makes_the_training_thread_write(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopped: list[int]) -> None:
-    monkeypatch.setattr(cache_proc, "RING_BYTES", 64 * 1024)
-    monkeypatch.setattr(cache_proc, "WINDOW_BYTES", 16 * 1024)
+        tmp_path: Path, small_ring: None, stopped: list[int]) -> None:
     ds = CachedDataset(Numbers(200), Counted(size=1000), path=tmp_path / "c")
     ds[0]
     w = _stop_writer(ds, stopped)
@@ -269,11 +274,9 @@ def test_a_writer_process_that_dies_is_said_and_training_goes_on(
 
 
 def test_a_writer_process_found_gone_while_placing_a_record_counts_that_sample(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopped: list[int]) -> None:
+        tmp_path: Path, small_ring: None, stopped: list[int]) -> None:
     # A full window makes the hand-over look at the writer process again (_place): found
     # gone there, the sample being handed over is counted as not stored, not left in the ring.
-    monkeypatch.setattr(cache_proc, "RING_BYTES", 64 * 1024)
-    monkeypatch.setattr(cache_proc, "WINDOW_BYTES", 16 * 1024)
     ds = CachedDataset(Numbers(40), Counted(size=1000), path=tmp_path / "c")
     ds[0]
     ds.flush()
