@@ -250,10 +250,8 @@ class ProcessWriter:
         """Enter every record not settled yet in :attr:`pending` and :attr:`_inflight`: each
         record's place is read back from the ring, from :attr:`_settled` on (the records are
         back to back, a wrap marker sends the next to the ring's beginning)."""
-        ring, batches = self.ring, self._batches
-        if ring.unsettled:
-            batches.append((ring.end, ring.unsettled))
-            ring.unsettled = []
+        self._seal()
+        batches = self._batches
         at, size, view = self._settled, self.ring_bytes, self._view
         pending, inflight = self._pending, self._inflight
         while batches:
@@ -267,6 +265,14 @@ class ProcessWriter:
                 at += record_bytes(k, n)
                 inflight.append((at, key))
         self._settled = at
+
+    def _seal(self) -> None:
+        """The records put since the last publish become a batch of :attr:`_batches` (at each
+        publish of the ring's end: the writer process may write them from then on)."""
+        ring = self.ring
+        if ring.unsettled:
+            self._batches.append((ring.end, ring.unsettled))
+            ring.unsettled = []
 
     def expect_only_own(self, last_txn: int) -> None:
         """The store's last write transaction is ``last_txn``, and the store holds none of the
@@ -305,6 +311,7 @@ class ProcessWriter:
         target = self.ring.end
         if self.ring.consumed >= target or self.process_ended:
             return
+        self._seal()  # the drain's word publishes the end
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while self._head is not None and self._head[CONSUMED] < target:
             if self._head[STATE] == ENDED_IDLE and not self._restart():
@@ -556,18 +563,15 @@ class ProcessWriter:
     def _release(self, consumed: int) -> None:
         """Forget the pending samples the writer process has written (read from the store from
         now on: its next miss takes a new snapshot)."""
-        ring, batches = self.ring, self._batches
+        batches = self._batches
         while batches and batches[0][0] <= consumed:  # written whole: never settled
             self._settled = batches.popleft()[0]
-        if not batches and ring.unsettled and ring.end <= consumed:  # (a drain's end)
-            ring.unsettled = []
-            self._settled = ring.end
-        if self._settled < consumed and (batches or ring.unsettled):
+        if batches and self._settled < consumed:
             self._settle()  # the writer process wrote part of a batch: views of the rest
         inflight, pending = self._inflight, self._pending
         while inflight and inflight[0][0] <= consumed:
             pending.pop(inflight.popleft()[1], None)
-        ring.consumed = consumed
+        self.ring.consumed = consumed
         self.store.note_written()
 
     def _write_here(self, key: bytes, blob: bytes) -> None:
@@ -586,11 +590,8 @@ class ProcessWriter:
         """Publish where the ring ends, without waiting: a store in the header where the CPU
         keeps stores in order (and a word on the socket only where the writer process sleeps
         long), else a word on the socket (a full socket drops it: a later one covers it)."""
-        ring = self.ring
-        ring.sent = end
-        if ring.unsettled:  # a batch: settled only where needed (see _release)
-            self._batches.append((ring.end, ring.unsettled))
-            ring.unsettled = []
+        self.ring.sent = end
+        self._seal()
         head = self._head
         word = end
         if head is not None:
