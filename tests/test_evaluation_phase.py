@@ -37,12 +37,13 @@ def _mlp(slow_eval: bool = False) -> nn.Module:
     return _Net(slow_eval)
 
 
-def _run(evaluate: str | None, train_mode: bool = True) -> tuple[redline.Watch,
-                                                                 list[tuple[float, float]]]:
+def _run(evaluate: str | None, train_mode: bool = True,
+         slow_first: int = 0) -> tuple[redline.Watch, list[tuple[float, float]]]:
     """A loop of STEPS steps that validates every PERIOD steps over EVAL_BATCHES batches:
     ``evaluate`` 'no_grad' (model.eval() + torch.no_grad()), 'eval_only' (model.eval(),
     gradients on), or None (never). ``train_mode=False`` trains with the model left in eval
-    mode. Returns the watch and each validation block's (start, end) on the host clock."""
+    mode. The first ``slow_first`` steps also sleep 30 ms (a start-up). Returns the watch and
+    each validation block's (start, end) on the host clock."""
     torch.manual_seed(0)
     model = _mlp(slow_eval=train_mode)
     if not train_mode:
@@ -53,6 +54,8 @@ def _run(evaluate: str | None, train_mode: bool = True) -> tuple[redline.Watch,
     blocks: list[tuple[float, float]] = []
     with redline.watch(warmup_steps=3, count_flops=False) as w:
         for i in range(STEPS):
+            if i < slow_first:
+                time.sleep(0.03)
             loss = nn.functional.mse_loss(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -111,6 +114,20 @@ def test_validation_every_10_steps_is_evaluation_not_training_forward() -> None:
         assert f.ceiling_speedup is not None
         assert abs(f.ceiling_speedup - 1 / (1 - m.fraction("evaluation"))) < 1e-9
         assert "less often" in f.fix
+
+
+def test_evaluations_in_start_up_steps_left_out_still_count() -> None:
+    """A start-up slow enough to be left out of the step statistics still holds the loop's
+    first evaluation: the period is the loop's, over every measured step."""
+    w, _ = _run("no_grad", slow_first=16)
+    m = w.report(show=False).measurements
+    assert m.drift is not None and m.drift.startup is not None and m.drift.startup.left_out
+    assert m.drift.startup.steps_after_warmup >= 12
+    # the evaluation is not start-up: the 30 ms sleeps are (13+ measured × 30 ms), not 200 ms more
+    assert m.drift.startup.extra_after_warmup_s < 13 * 0.03 + 0.15, m.drift.startup
+    assert m.evaluation is not None and m.evaluation.steps_with_evaluation == 3
+    assert m.evaluation.period_steps == PERIOD
+    assert "evaluation_in_loop" in {f.id for f in diagnose(m)}
 
 
 def test_a_loop_that_never_evaluates_has_no_evaluation() -> None:

@@ -22,6 +22,8 @@ from factories import measurements
 from redline.core.findings import Finding
 from redline.core.measurements import StepDrift, StepModes, StepTrend
 from redline.diagnose import diagnose
+from redline.measure.drift import startup_cost
+from redline.measure.timeline import PHASES, StepRecord
 from redline.report.json_io import schema, to_dict
 
 DRIFT_IDS = {"step_time_drift", "step_time_bimodal"}
@@ -177,3 +179,47 @@ def test_drift_and_bimodal_thresholds_read_the_spread_and_the_host() -> None:
     assert "step_time_bimodal" not in _with(None, _modes(slow_share=0.05))
     assert "step_time_bimodal" not in _with(None, _modes(slow_first_half_share=0.02))  # a shift
     assert "step_time_bimodal" in _with(None, _modes(separation=None))  # no spread: apart
+
+
+def _records(times_s: list[float], warmup: int,
+             evaluation_s: list[float] | None = None) -> list[StepRecord]:
+    out, t = [], 0.0
+    for i, step_s in enumerate(times_s):
+        phases = [0.0] * len(PHASES)
+        phases[PHASES.index("evaluation")] = evaluation_s[i] if evaluation_s else 0.0
+        out.append(StepRecord(index=i, start_s=t, end_s=t + step_s, phases=phases,
+                              kind="warmup" if i < warmup else "measured"))
+        t += step_s
+    return out
+
+
+def test_start_up_is_left_out_only_where_its_measured_steps_weigh() -> None:
+    """Sub-millisecond steps a little above their level after a long first step, in a loop
+    whose time is mostly an evaluation every 10 steps: the evaluations are not start-up, the
+    rest is under 1 % of the measured time, and the steps stay in; the same steps in a loop of
+    their own weigh and go."""
+    quick = [0.075] + [0.0005] * 18 + [0.0003] * 21  # 3 warm-up, 16 measured at +0.2 ms
+    evaluation = [0.2 if i % 10 == 0 and i else 0.0 for i in range(len(quick))]
+    with_eval = [t + e for t, e in zip(quick, evaluation, strict=True)]
+    def no_delay(a: float, b: float) -> float | None:
+        return 0.0
+
+    s = startup_cost(_records(with_eval, 3, evaluation), 1, no_delay)
+    assert s is not None and s.steps == 19 and s.steps_after_warmup == 16
+    # the first step's 75 ms are the warm-up's; the measured start-up holds 16 × 0.2 ms, the
+    # evaluation at step 10 none of its 200 ms
+    assert abs(s.extra_after_warmup_s - 16 * 0.0002) < 1e-9, s
+    assert 0.075 < s.extra_s < 0.08 and abs(s.seconds - sum(quick[:19])) < 1e-9
+    assert s.run_delay_after_warmup_s == 0.0 and not s.left_out
+    s = startup_cost(_records(quick, 3), 1, no_delay)
+    assert s is not None and s.steps_after_warmup == 16 and s.left_out
+    # a delay over the measured start-up of over half its extra keeps it in, whatever the
+    # warm-up's
+    def over_half(a: float, b: float) -> float | None:
+        return 0.6 * 16 * 0.0002 if a >= 0.075 else 1.0
+
+    s = startup_cost(_records(quick, 3), 1, over_half)
+    assert s is not None and s.run_delay_s == 1.0 and not s.left_out
+    # an unknown delay keeps them in
+    s = startup_cost(_records(quick, 3), 1, lambda a, b: None)
+    assert s is not None and s.run_delay_after_warmup_s is None and not s.left_out

@@ -487,7 +487,8 @@ class StartupCost:
     """Steps from the first until the steady state (warm-up included, excluded steps not
     counted)."""
     seconds: float
-    """Their wall time."""
+    """Their wall time, less their evaluation phase (evaluation in the loop is its own
+    finding's, not start-up)."""
     extra_s: float
     """Of it, the seconds above the steady step time (what start-up cost)."""
     steady_step_s: float
@@ -495,14 +496,21 @@ class StartupCost:
     first_step_s: float
     steps_after_warmup: int
     """Of the start-up steps, those after the warm-up."""
+    extra_after_warmup_s: float
+    """Of ``extra_s``, the seconds above the steady step time of the start-up steps after the
+    warm-up: what they would add to the step statistics."""
     run_delay_s: float | None
     """Seconds the training loop's thread was runnable but waiting for a CPU over the start-up
     steps (an upper bound: the CPU sampler's readings that bracket them);
     None where unreadable."""
+    run_delay_after_warmup_s: float | None
+    """The same over the start-up steps after the warm-up alone (0 where there are none);
+    None where unreadable."""
     left_out: bool
-    """Whether the start-up steps after the warm-up were left out of the step statistics:
-    not where ``run_delay_s`` is unknown or at least half of ``extra_s`` (a loaded host's burst
-    of contention, not start-up)."""
+    """Whether the start-up steps after the warm-up were left out of the step statistics: only
+    where ``extra_after_warmup_s`` is at least 1 % of the measured steps' time (less moves the
+    mean step time by under 1 %) and ``run_delay_after_warmup_s`` is known and under half of
+    it (more is a loaded host's burst of contention, not start-up)."""
 
 
 @dataclass(slots=True, kw_only=True)

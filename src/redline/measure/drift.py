@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from redline.core.measurements import StartupCost, StepModes, StepTrend
 from redline.measure.stats import step_times
-from redline.measure.timeline import PHASES, StepRecord
+from redline.measure.timeline import EVALUATION, PHASES, StepRecord
 from redline.measure.trend import fit, median, robust_sigma, two_levels
 
 STARTUP_MIN_STEPS = 20
@@ -37,6 +37,13 @@ thread waited for a CPU for less than half their extra time: on a shared host a 
 processes' work slows the first steps as much as a compilation does, and its steps are the
 job's steady state on that host."""
 
+STARTUP_MATERIAL_SHARE = 0.01
+"""Measured start-up steps are left out only where their time above the steady level is at
+least 1 % of the measured steps' time: less moves the mean step time by under 1 %, and
+leaving them out would drop what else those steps hold (an evaluation every k steps, a
+stall's period) for no gain. Sub-millisecond steps on a loaded host stay above 1.5× their
+level for dozens of steps at a few hundred µs each."""
+
 TREND_MIN_STEPS = 30
 """Steady steps needed for a trend and two levels."""
 
@@ -55,12 +62,17 @@ def startup_cost(steps: list[StepRecord], stride: int,
                  delay_between: Callable[[float, float], float | None]) -> StartupCost | None:
     """The steps before the step time first settles at its steady level
     (:data:`STARTUP_STEADY_RUN`), over ``steps`` (every step not excluded, warm-up
-    included, in order), with the training thread's run delay over them
+    included, in order) timed without their evaluation phase, with the training thread's run
+    delay over them
     (``delay_between(t0, t1)``); None with too few steps, thinned records, or no steady run in
     the first half."""
     if stride > 1 or len(steps) < STARTUP_MIN_STEPS:
         return None
-    times = step_times(steps)
+    # an evaluation every k steps is the loop's own work, timed as its phase (evaluation_in_loop
+    # judges it): a start-up that spans one would count its whole cost as start-up
+    wall = step_times(steps)
+    times = [max(0.0, step_s - step.phases[EVALUATION])
+             for step, step_s in zip(steps, wall, strict=True)]
     n_steps = len(times)
     tail = times[n_steps // 2:]
     steady = median(tail)
@@ -74,12 +86,22 @@ def startup_cost(steps: list[StepRecord], stride: int,
     head = times[:first]
     extra = sum(max(0.0, step_s - steady) for step_s in head)
     delay = delay_between(steps[0].start_s, steps[first - 1].end_s) if first else 0.0
+    # what leaving out is judged on: the start-up steps after the warm-up alone (the warm-up's
+    # first step, holding compilation or the script's imports, would outweigh them)
+    after = [j for j in range(first) if steps[j].kind == "measured"]
+    extra_after = sum(max(0.0, times[j] - steady) for j in after)
+    delay_after = (delay_between(steps[after[0]].start_s, steps[after[-1]].end_s) if after
+                   else 0.0)
+    measured_s = sum(step_s for step, step_s in zip(steps, wall, strict=True)
+                     if step.kind == "measured")
     return StartupCost(
         steps=first, seconds=sum(head), extra_s=extra, steady_step_s=steady,
-        first_step_s=times[0],
-        steps_after_warmup=sum(1 for step in steps[:first] if step.kind == "measured"),
-        run_delay_s=delay,
-        left_out=delay is not None and delay < STARTUP_DELAY_SHARE * extra)
+        first_step_s=times[0], steps_after_warmup=len(after),
+        extra_after_warmup_s=extra_after, run_delay_s=delay,
+        run_delay_after_warmup_s=delay_after,
+        left_out=(bool(after) and delay_after is not None
+                  and delay_after < STARTUP_DELAY_SHARE * extra_after
+                  and extra_after >= STARTUP_MATERIAL_SHARE * measured_s))
 
 
 def _delay_per_step(steps: list[StepRecord],

@@ -33,7 +33,14 @@ from redline.measure.cpu_gemm import REPEATS as GEMM_REPEATS
 from redline.measure.cpu_gemm import SHAPE as GEMM_SHAPE
 from redline.measure.cpu_gemm import measure_gemm_rates
 from redline.measure.ddp import ddp_stats, fsdp_stats, snapshot
-from redline.measure.drift import STARTUP_EXCESS, startup_cost, step_modes, step_trend
+from redline.measure.drift import (
+    STARTUP_DELAY_SHARE,
+    STARTUP_EXCESS,
+    STARTUP_MATERIAL_SHARE,
+    startup_cost,
+    step_modes,
+    step_trend,
+)
 from redline.measure.evaluation import evaluation_metrics
 from redline.measure.loop_work import loop_work
 from redline.measure.memory import memory_timeline
@@ -173,6 +180,9 @@ def build_measurements(w: Recorder) -> Measurements:
             "step counts are exact."
         )
     startup = None
+    # how often the loop evaluates is the loop's, counted over every measured step: start-up
+    # steps left out of the timing statistics still hold their evaluations
+    evaluated = steps
     if w.measured_steps:
         startup = startup_cost([step for step in w.steps if step.kind != "excluded"], stride,
                                w.cpu.loop_delay_between)
@@ -187,15 +197,18 @@ def build_measurements(w: Recorder) -> Measurements:
                     "of the step statistics and the breakdown.")
                 steps = steady
             else:
-                why = ("the training thread waited for a CPU through much of them "
-                       "(drift.startup.run_delay_s): a loaded host, not start-up"
-                       if startup.run_delay_s is not None else
-                       "the training thread's run delay over them could not be read, so a "
-                       "loaded host cannot be ruled out")
+                delay = startup.run_delay_after_warmup_s
+                why = ("the training thread's run delay over them could not be read, so a "
+                       "loaded host cannot be ruled out" if delay is None else
+                       "the training thread waited for a CPU through much of them "
+                       "(drift.startup.run_delay_after_warmup_s): a loaded host, not start-up"
+                       if delay >= STARTUP_DELAY_SHARE * startup.extra_after_warmup_s else
+                       f"their {startup.extra_after_warmup_s * 1e3:.2f} ms above it is under "
+                       f"{STARTUP_MATERIAL_SHARE:.0%} of the measured steps' time")
                 notes.append(
-                    f"The first {startup.steps} step(s) were slower than the steady "
-                    f"{startup.steady_step_s * 1e3:.2f} ms, but {why}; they stay in the step "
-                    "statistics.")
+                    f"The first {len(steps) - len(steady)} measured step(s) were slower than "
+                    f"the steady {startup.steady_step_s * 1e3:.2f} ms, but {why}; they stay in "
+                    "the step statistics.")
     drift = StepDrift(startup=startup, trend=step_trend(steps, w.cpu.loop_delay_between),
                       modes=step_modes(steps, w.cpu.loop_delay_between))
     dev = device_info(w.device)
@@ -328,7 +341,7 @@ def build_measurements(w: Recorder) -> Measurements:
         sources=_sources(w), notes=notes,
         ddp=ddp_stats(parallel, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
         fsdp=fsdp_stats(parallel, w.arrivals, timing.steps_measured, dict(w.tracker.counts)),
-        evaluation=evaluation_metrics(steps),
+        evaluation=evaluation_metrics(evaluated),
         loop=loop_work(w, steps),
         memory=memory_timeline(w.memory, t_enter=w.t_enter, window_start=w.window_start,
                                pid=w.cpu.pid, interval_s=w.config.sample_interval_s,

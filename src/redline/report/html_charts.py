@@ -313,8 +313,9 @@ def drift_blocks(m: dict[str, Any]) -> list[Block]:
     if startup and startup["steps"]:
         out.append(p(f"Start-up: the first {startup['steps']} step(s) took {fmt(startup['seconds'], 's')}, "
                      f"{fmt(startup['extra_s'], 's')} above the steady {ms(startup['steady_step_s'])} step"
-                     + (f"; {startup['steps_after_warmup']} of them after the warm-up, left out of "
-                        "the step statistics" if startup["steps_after_warmup"] else "") + "."))
+                     + (f"; {startup['steps_after_warmup']} of them after the warm-up, "
+                        + ("left out of" if startup["left_out"] else "kept in")
+                        + " the step statistics" if startup["steps_after_warmup"] else "") + "."))
     trend = drift.get("trend")
     if trend:
         out.append(p(f"Steady steps: {ms(trend['start_s'])} at the first, {ms(trend['end_s'])} at the "

@@ -178,7 +178,8 @@ def render_drift(m: Measurements, console: Console) -> None:
     if startup is not None and startup.steps:
         parts.append(f"start-up {startup.steps} step(s), {startup.extra_s:.2f} s above the steady "
                      f"{startup.steady_step_s * 1e3:.2f} ms step"
-                     + (f" ({startup.steps_after_warmup} after the warm-up, left out)"
+                     + (f" ({startup.steps_after_warmup} after the warm-up, "
+                        + ("left out)" if startup.left_out else "kept in the statistics)")
                         if startup.steps_after_warmup else ""))
     trend = drift.trend
     if trend is not None:
