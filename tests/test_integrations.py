@@ -228,7 +228,10 @@ def test_skip_leaves_an_evaluation_out_of_the_next_step() -> None:
     rep = fit.end()
     assert rep is not None and fit.watch is not None
     steps = fit.watch.steps
-    assert len(steps) == 4 and max(s.step_s for s in steps) < 0.2
+    # the 0.3 s are in no step (the first step also holds autograd's first-call set-up,
+    # which a loaded host can stretch to a fifth of a second: left out of the bound)
+    assert len(steps) == 4 and max(s.step_s for s in steps[1:]) < 0.2, steps
+    assert sum(s.step_s for s in steps) < steps[-1].end_s - steps[0].start_s - 0.29
     assert rep.measurements.timing.step_source == "manual"
     assert rep.measurements.counts["forward"] == 5  # seen, but in no step's time
 
