@@ -10,7 +10,7 @@ from torch import nn
 
 import redline
 from redline.diagnose import diagnose
-from redline.measure.timeline import DATA_WAIT, EVALUATION, FORWARD
+from redline.measure.timeline import COMM, DATA_WAIT, EVALUATION, FORWARD, StepTracker
 
 STEPS = 40
 PERIOD = 10
@@ -258,3 +258,83 @@ def test_a_teacher_under_no_grad_leaves_the_batch_training_s() -> None:
     steps = w.measured_steps
     assert [s.samples for s in steps] == [TRAIN_BATCH] * len(steps)
     assert w.report(show=False).measurements.config.batch_size == TRAIN_BATCH
+
+
+def _eval_forward(tr: StepTracker, start: float, end: float) -> None:
+    """An outermost no-grad evaluation forward from ``start`` to ``end``, as the hooks time it."""
+    tr.evaluation_forward_began()
+    tr.bridge_evaluation(start)
+    tr.push([EVALUATION, start, 0.0])
+    tr.exit(EVALUATION, end)
+    tr.evaluation_forward_ended(end)
+
+
+def test_the_time_between_evaluation_forwards_of_a_step_is_evaluation() -> None:
+    """Metrics and ``.item()`` calls between a validation loop's forwards are evaluation; what
+    a phase times there stays that phase's; training work, another step or a frame around
+    the forwards ends the bridge; what follows the last forward stays outside the phases."""
+    tr = StepTracker(lambda: 0.0)
+    tr.push([FORWARD, 0.0, 0.0])  # the step's training forward
+    tr.fetch_used()
+    tr.exit(FORWARD, 1.0)
+    _eval_forward(tr, 2.0, 3.0)  # 1 → 2: not bridged (no evaluation forward before it)
+    _eval_forward(tr, 5.0, 6.0)  # 3 → 5 bridged
+    tr.push([DATA_WAIT, 6.5, 0.0])  # a validation batch's fetch: its own phase, moved below
+    tr.exit(DATA_WAIT, 7.0)
+    _eval_forward(tr, 8.0, 9.0)  # 6 → 8 bridged less the 0.5 s fetch
+    tr.push([FORWARD, 10.0, 0.0])  # training work ends the run: 9 → 10 stays outside
+    tr.fetch_used()
+    tr.exit(FORWARD, 11.0)
+    _eval_forward(tr, 12.0, 13.0)
+    tr.manual_step(14.0)  # 13 → 14 (after the last forward) stays outside
+    _eval_forward(tr, 15.0, 16.0)  # another step: 14 → 15 is not bridged to the last step
+    tr.manual_step(17.0)
+    first, second = tr.steps
+    assert first.phases[EVALUATION] == 4 * 1.0 + 2.0 + 1.5
+    assert first.phases[DATA_WAIT] == 0.5
+    assert first.other_s == 14.0 - 2.0 - first.phases[EVALUATION] - 0.5
+    assert second.phases[EVALUATION] == 1.0
+    assert list(tr.evaluation_spans) == [(3.0, 8.0)]
+    # a forward inside another frame (here a training phase left open) is not bridged
+    tr.push([COMM, 18.0, 0.0])
+    _eval_forward(tr, 18.5, 19.0)
+    _eval_forward(tr, 19.5, 20.0)
+    assert list(tr.evaluation_spans) == [(3.0, 8.0)]
+
+
+def test_metrics_between_validation_forwards_are_evaluation_not_loop_code() -> None:
+    """A validation pass whose work is mostly between its forwards (metrics, ``.item()``):
+    that work is evaluation in the step's phases and in the sampled lines, and
+    evaluation_in_loop names it rather than periodic_stall or host_work_in_loop."""
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 256), torch.randn(64, 1)
+    with redline.watch(warmup_steps=3, count_flops=False) as w:
+        for i in range(STEPS):
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if i % PERIOD == PERIOD - 1:
+                model.eval()
+                with torch.no_grad():
+                    for _ in range(EVAL_BATCHES):
+                        model(x)
+                        time.sleep(EVAL_SLEEP_S)  # this batch's metrics
+                model.train()
+    m = w.report(show=False).measurements
+    at = [s for s in w.measured_steps if s.phases[EVALUATION] > 0]
+    assert len(at) == 3
+    # the sleeps between the forwards (5 of the 6) are evaluation; the last, after the last
+    # forward, is the loop's own
+    bridged = (EVAL_BATCHES - 1) * EVAL_SLEEP_S
+    assert all(s.phases[EVALUATION] >= bridged for s in at), [s.phases for s in at]
+    assert all(s.other_s >= EVAL_SLEEP_S for s in at)
+    ids = [f.id for f in diagnose(m)]
+    assert ids[0] == "evaluation_in_loop", ids
+    assert "periodic_stall" not in ids
+    # the sampled lines outside the phases hold the last sleep alone: a sixth of the
+    # validation pass, not the whole of it
+    assert m.loop is not None
+    assert m.loop.other_fraction < 0.5 * m.fraction("evaluation")

@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -569,3 +570,32 @@ def test_tick_periods_are_drawn_around_the_nominal_one() -> None:
     periods = [sampler.tick(1.0 + k) for k in range(200)]  # warm-up: nominal 50 ms
     assert all(0.025 <= p <= 0.075 for p in periods)
     assert len(set(periods)) > 150 and 0.045 < sum(periods) / len(periods) < 0.055
+
+
+def test_samples_between_bridged_evaluation_forwards_are_not_the_loops_lines() -> None:
+    """Ticks between two evaluation forwards of a step (a validation loop's metrics) count
+    as evaluation once the step closes; those after the last forward stay the loop's."""
+    tracker = StepTracker(time.perf_counter)
+    sampler = CodeSampler(tracker, threading.get_ident(), lambda: True, interval_s=0.01,
+                          jitter=(1, 1))
+    ev = PHASES.index("evaluation")
+
+    def forward(start: float, end: float) -> None:
+        tracker.bridge_evaluation(start)
+        tracker.push([ev, start, 0.0])
+        tracker.exit(ev, end)
+        tracker.evaluation_forward_ended(end)
+
+    sampler.tick(1.0)  # opens the window
+    forward(1.0, 1.01)
+    sampler.tick(1.02)  # between two forwards: 0.02 s
+    sampler.tick(1.03)  # 0.01 s
+    forward(1.04, 1.05)
+    sampler.tick(1.06)  # after the last forward: 0.03 s, the loop's own
+    tracker.manual_step(1.07)
+    sampler.tick(1.08)  # the next step: commits the last one's samples
+    assert list(tracker.evaluation_spans) == [(1.01, 1.04)]
+    assert sampler.outside_s == pytest.approx(0.03)
+    assert sampler.inside_s == pytest.approx(0.03)
+    (seconds, samples), = sampler.weights.values()
+    assert seconds == pytest.approx(0.03) and samples == 1

@@ -333,6 +333,7 @@ class Instrumentation:
         autocast_on, dev, on_work = torch.is_autocast_enabled, self.device_type, self._on_work
         push, exit_ = tracker.push, tracker.exit
         fetch_used, evaluation_began = tracker.fetch_used, tracker.evaluation_forward_began
+        bridge, evaluation_ended = tracker.bridge_evaluation, tracker.evaluation_forward_ended
         grad_on = torch.is_grad_enabled
         autocast = prec.autocast
         assert autocast is not None
@@ -348,10 +349,15 @@ class Instrumentation:
                     fetch_used()
                     push([FORWARD, clock(), 0.0])
                 else:
-                    self._root_kind = _EVAL_GRAD if grad_on() else EVALUATION
                     counts["evaluation"] += 1
                     evaluation_began()  # the batch fetched last may be evaluation's
-                    push([EVALUATION, clock(), 0.0])
+                    t = clock()
+                    if grad_on():
+                        self._root_kind = _EVAL_GRAD
+                    else:
+                        self._root_kind = EVALUATION
+                        bridge(t)  # the time since the last evaluation forward
+                    push([EVALUATION, t, 0.0])
                 counts["forward"] += 1
                 prec.forwards += 1
                 if autocast_on(dev):
@@ -366,6 +372,10 @@ class Instrumentation:
                 if kind == _EVAL_GRAD:
                     tracker.exit_eval_grad(clock())
                     self._eval_grad_pending = True
+                elif kind == EVALUATION:
+                    t = clock()
+                    exit_(kind, t)
+                    evaluation_ended(t)
                 else:
                     exit_(kind, clock())
 

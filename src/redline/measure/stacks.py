@@ -226,7 +226,8 @@ class CodeSampler:
         """Ticks in the measured window."""
         self.unattributed = 0
         """Samples outside the phases whose stack held no frame to name (no Python frame)."""
-        self._pending: list[tuple[int, SiteKey, float]] = []
+        self._pending: list[tuple[int, SiteKey, float, float]] = []
+        """(step, site, seconds, tick time) of the samples of the step in progress."""
         self._pending_step = -1
         self._rng = random.Random()
         """The ticks' jitter: a generator of its own, so the user's random stream is untouched."""
@@ -283,7 +284,7 @@ class CodeSampler:
         if step != self._pending_step:
             self._commit()
             self._pending_step = step
-        self._pending.append((step, key, elapsed_s))
+        self._pending.append((step, key, elapsed_s, now))
         return period_s
 
     def _period(self) -> float:
@@ -306,7 +307,13 @@ class CodeSampler:
         self._pending.clear()
 
     def _commit(self) -> None:
-        for step, key, elapsed_s in self._pending:
+        # The step has closed: the stretches between its evaluation forwards that the tracker
+        # bridged into evaluation are known, and samples there are evaluation's, not lines'.
+        spans = list(self._tracker.evaluation_spans)  # one C call: no append can cut it
+        for step, key, elapsed_s, at in self._pending:
+            if spans and any(start <= at <= end for start, end in spans):
+                self.inside_s += elapsed_s
+                continue
             self.outside_s += elapsed_s
             weight = self.weights.get(key)
             if weight is None:

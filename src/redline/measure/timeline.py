@@ -39,6 +39,10 @@ RECENT_STEPS = 1024
 """Steps the tracker holds in order, every one of them, whatever it keeps for the report
 (:attr:`StepTracker.recent`): what live metrics read."""
 
+EVALUATION_SPANS_KEPT = 64
+"""Bridged stretches of evaluation the tracker keeps for the stack sampler
+(:attr:`StepTracker.evaluation_spans`): it reads those of a step once the step has closed."""
+
 STEP_SOURCES: tuple[str, ...] = ("optimizer", "forward_backward", "manual")
 
 
@@ -207,6 +211,15 @@ class StepTracker:
         evaluation forwards follow it (``moved``: its share is in evaluation, not data wait),
         training's as soon as a training forward or a backward does (a teacher run under
         ``no_grad`` before the student's forward leaves the batch training's)."""
+        self._gap: list[Any] | None = None
+        """After an outermost evaluation forward with no frame around it: ``[acc, end,
+        the acc's phase seconds then, whether that forward continued a bridged run]`` (see
+        :meth:`bridge_evaluation`); None once training work or another step began."""
+        self._bridged = False
+        self.evaluation_spans: deque[tuple[float, float]] = deque(maxlen=EVALUATION_SPANS_KEPT)
+        """(start, end) on the tracker's clock of the recent runs of evaluation forwards
+        bridged into one: the stack sampler counts its samples there as evaluation, not as
+        the lines outside the phases."""
         self._closed: list[tuple[StepRecord, bool]] = []
         self.counts: dict[str, int] = {
             "forward": 0,
@@ -264,9 +277,42 @@ class StepTracker:
         if fetch is not None and not fetch[_F_MOVED] and fetch[_F_ACC] is self._acc:
             _move_fetch(fetch, to_evaluation=True)
 
+    def evaluation_forward_ended(self, t: float) -> None:
+        """An outermost forward of evaluation (gradients disabled) ended at ``t``: if another
+        one begins in this step before any training work, the time between them is
+        evaluation's too (:meth:`bridge_evaluation`)."""
+        if len(self._stack) == _FLOOR:
+            acc = self._acc
+            self._gap = [acc, t, sum(acc.phases), self._bridged]
+
+    def bridge_evaluation(self, t: float) -> None:
+        """An outermost forward of evaluation (gradients disabled) begins at ``t``. Where the
+        last outermost forward was one too, in the same step, with no training forward,
+        backward or fetch used by training since and no frame open around either, the time
+        between them that no phase timed (a validation loop's metrics and ``.item()`` calls,
+        a generation's token handling between its forwards) is evaluation's, not the loop's
+        own: it is added to the step's evaluation and kept as a span for the stack sampler."""
+        gap, self._gap = self._gap, None
+        self._bridged = False
+        acc = self._acc
+        if gap is None or gap[0] is not acc or len(self._stack) != _FLOOR:
+            return
+        between_s = (t - gap[1]) - (sum(acc.phases) - gap[2])
+        if between_s <= 0.0:
+            return
+        acc.phases[EVALUATION] += between_s
+        self._bridged = True
+        spans = self.evaluation_spans
+        if gap[3] and spans:
+            spans[-1] = (spans[-1][0], t)
+        else:
+            spans.append((gap[1], t))
+
     def fetch_used(self) -> None:
         """An outermost forward in training mode or a backward began: the last fetch fed
-        training, whatever evaluation forwards ran after it."""
+        training, whatever evaluation forwards ran after it (and no time before it is bridged
+        into evaluation)."""
+        self._gap = None
         fetch = self._fetch
         if fetch is not None and fetch[_F_MOVED] and fetch[_F_ACC] is self._acc:
             _move_fetch(fetch, to_evaluation=False)
@@ -450,6 +496,7 @@ class StepTracker:
         the last step boundary was not training (an evaluation, a checkpoint)."""
         self._acc = _Acc.fresh()
         del self._stack[_FLOOR:]
+        self._gap = None
         self._start = t
 
     def finish(self, t: float) -> None:
