@@ -369,15 +369,15 @@ class Instrumentation:
             self._depth -= 1
             if self._depth == 0:
                 kind = self._root_kind
-                if kind == _EVAL_GRAD:
+                if kind == FORWARD:  # every training step's: one test
+                    exit_(kind, clock())
+                elif kind == _EVAL_GRAD:
                     tracker.exit_eval_grad(clock())
                     self._eval_grad_pending = True
-                elif kind == EVALUATION:
+                else:
                     t = clock()
                     exit_(kind, t)
                     evaluation_ended(t)
-                else:
-                    exit_(kind, clock())
 
         return enter_root, exit_root
 
