@@ -4,9 +4,11 @@ watch gives the loggers, and the time a callback leaves out of the steps (evalua
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -92,8 +94,12 @@ def test_hf_training_arguments_accept_the_export() -> None:
                  ddp=DdpSettings(bucket_cap_mb=40.0), loader=LoaderSettings(
                      num_workers=2, prefetch_factor=3, pin_memory=True, persistent_workers=True))
     s = hf_settings(plan)
-    args = transformers.TrainingArguments(output_dir="unused", use_cpu=True, report_to=[],
-                                          **s.arguments)
+    # TrainingArguments writes its compile and precision settings into os.environ
+    # (ACCELERATE_DYNAMO_BACKEND, ACCELERATE_MIXED_PRECISION, …): kept in, they would reach
+    # every later test's subprocesses and compile their Accelerate and HF runs
+    with mock.patch.dict(os.environ):
+        args = transformers.TrainingArguments(output_dir="unused", use_cpu=True, report_to=[],
+                                              **s.arguments)
     got = {k: getattr(args, k) for k in s.arguments}
     assert got.pop("optim") == "adamw_torch_fused"  # an enum of TrainingArguments
     assert s.arguments["dataloader_pin_memory"] is True
