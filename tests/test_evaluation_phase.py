@@ -7,6 +7,7 @@ import time
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import redline
 from redline.diagnose import diagnose
@@ -272,7 +273,9 @@ def _eval_forward(tr: StepTracker, start: float, end: float) -> None:
 def test_the_time_between_evaluation_forwards_of_a_step_is_evaluation() -> None:
     """Metrics and ``.item()`` calls between a validation loop's forwards are evaluation; what
     a phase times there stays that phase's; training work, another step or a frame around
-    the forwards ends the bridge; what follows the last forward stays outside the phases."""
+    the forwards ends the bridge; what follows the last forward stays outside the phases;
+    and where training work begins with no batch fetched since (a teacher's forwards on the
+    training batch), the bridged time is taken back."""
     tr = StepTracker(lambda: 0.0)
     tr.push([FORWARD, 0.0, 0.0])  # the step's training forward
     tr.fetch_used()
@@ -280,8 +283,10 @@ def test_the_time_between_evaluation_forwards_of_a_step_is_evaluation() -> None:
     _eval_forward(tr, 2.0, 3.0)  # 1 → 2: not bridged (no evaluation forward before it)
     _eval_forward(tr, 5.0, 6.0)  # 3 → 5 bridged
     tr.push([DATA_WAIT, 6.5, 0.0])  # a validation batch's fetch: its own phase, moved below
-    tr.exit(DATA_WAIT, 7.0)
+    tr.fetched(7.0, 8)
     _eval_forward(tr, 8.0, 9.0)  # 6 → 8 bridged less the 0.5 s fetch
+    tr.push([DATA_WAIT, 9.2, 0.0])  # the next training batch
+    tr.fetched(9.5, 8)
     tr.push([FORWARD, 10.0, 0.0])  # training work ends the run: 9 → 10 stays outside
     tr.fetch_used()
     tr.exit(FORWARD, 11.0)
@@ -290,15 +295,27 @@ def test_the_time_between_evaluation_forwards_of_a_step_is_evaluation() -> None:
     _eval_forward(tr, 15.0, 16.0)  # another step: 14 → 15 is not bridged to the last step
     tr.manual_step(17.0)
     first, second = tr.steps
-    assert first.phases[EVALUATION] == 4 * 1.0 + 2.0 + 1.5
-    assert first.phases[DATA_WAIT] == 0.5
-    assert first.other_s == 14.0 - 2.0 - first.phases[EVALUATION] - 0.5
+    assert first.phases[EVALUATION] == 4 * 1.0 + 2.0 + 1.5 + 0.5  # the validation fetch's too
+    assert abs(first.phases[DATA_WAIT] - 0.3) < 1e-9
+    assert abs(first.other_s - (14.0 - 2.0 - first.phases[EVALUATION] - 0.3)) < 1e-9
     assert second.phases[EVALUATION] == 1.0
     assert list(tr.evaluation_spans) == [(3.0, 8.0)]
+    # a teacher on the training batch: bridged, then taken back when the student trains
+    tr.push([DATA_WAIT, 17.0, 0.0])
+    tr.fetched(17.5, 8)
+    _eval_forward(tr, 18.0, 18.5)
+    _eval_forward(tr, 19.5, 20.0)  # 18.5 → 19.5 bridged for now
+    assert list(tr.evaluation_spans) == [(3.0, 8.0), (18.5, 19.5)]
+    tr.push([FORWARD, 20.0, 0.0])
+    tr.fetch_used()
+    tr.exit(FORWARD, 20.5)
+    tr.manual_step(21.0)
+    assert tr.steps[-1].phases[EVALUATION] == 1.0 and tr.steps[-1].other_s == 2.0
+    assert list(tr.evaluation_spans) == [(3.0, 8.0)]
     # a forward inside another frame (here a training phase left open) is not bridged
-    tr.push([COMM, 18.0, 0.0])
-    _eval_forward(tr, 18.5, 19.0)
-    _eval_forward(tr, 19.5, 20.0)
+    tr.push([COMM, 22.0, 0.0])
+    _eval_forward(tr, 22.5, 23.0)
+    _eval_forward(tr, 23.5, 24.0)
     assert list(tr.evaluation_spans) == [(3.0, 8.0)]
 
 
@@ -309,9 +326,10 @@ def test_metrics_between_validation_forwards_are_evaluation_not_loop_code() -> N
     torch.manual_seed(0)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x, y = torch.randn(64, 256), torch.randn(64, 1)
+    train = DataLoader(TensorDataset(torch.randn(64 * STEPS, 256), torch.randn(64 * STEPS, 1)),
+                       batch_size=64)
     with redline.watch(warmup_steps=3, count_flops=False) as w:
-        for i in range(STEPS):
+        for i, (x, y) in enumerate(train):
             loss = nn.functional.mse_loss(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -338,3 +356,63 @@ def test_metrics_between_validation_forwards_are_evaluation_not_loop_code() -> N
     # validation pass, not the whole of it
     assert m.loop is not None
     assert m.loop.other_fraction < 0.5 * m.fraction("evaluation")
+
+
+def test_a_teacher_run_twice_on_the_training_batch_is_not_bridged() -> None:
+    """A teacher (not frozen, in eval mode) run under no_grad on two views of the training
+    batch, the second view's augmentation between them, then the student trains: no batch
+    was fetched between the teacher's forwards and the training, so the augmentation stays
+    the loop's own work, as a validation pass's metrics would not."""
+    torch.manual_seed(0)
+    student, teacher = _mlp(), _mlp().eval()
+    opt = torch.optim.SGD(student.parameters(), lr=1e-3)
+    train = DataLoader(TensorDataset(torch.randn(16 * 30, 256), torch.randn(16 * 30, 1)),
+                       batch_size=16)
+    with redline.watch(warmup_steps=3, count_flops=False) as w:
+        for x, _ in train:
+            with torch.no_grad():
+                first = teacher(x)
+                time.sleep(EVAL_SLEEP_S)  # the second view's augmentation
+                second = teacher(x + 0.1)
+            loss = nn.functional.mse_loss(student(x), (first + second) / 2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    steps = w.measured_steps
+    assert all(s.phases[EVALUATION] < 0.5 * EVAL_SLEEP_S for s in steps), [s.phases for s in steps]
+    assert all(s.other_s >= EVAL_SLEEP_S for s in steps)
+    # the augmentation is named as the loop's host work (the teacher's own forwards, a few
+    # tenths of a ms under no_grad and not frozen, are evaluation by definition: a loaded
+    # host can stretch them past evaluation_in_loop's 5 %, ranked below it)
+    ids = [f.id for f in diagnose(w.report(show=False).measurements)]
+    assert ids and ids[0] == "host_work_in_loop", ids
+
+
+def test_no_bridge_crosses_an_optimizer_step() -> None:
+    """Two optimizers stepping in turn, then an iteration where the second skips: the first's
+    step is where the step may end (closed there later, retroactively), so two no-grad
+    forwards on either side of it are not bridged and no step holds more than its time."""
+    tr = StepTracker(lambda: 0.0)
+
+    def train(start: float, end: float) -> None:
+        tr.push([FORWARD, start, 0.0])
+        tr.fetch_used()
+        tr.exit(FORWARD, end)
+
+    t = 0.0
+    for _ in range(3):  # the cycle {1, 2} is learnt
+        train(t, t + 1)
+        tr.on_optimizer_step(1, t + 2)
+        tr.on_optimizer_step(2, t + 3)
+        t += 4
+    train(t, t + 1)
+    _eval_forward(tr, t + 2, t + 3)
+    tr.on_optimizer_step(1, t + 5.9)  # optimizer 2 skips this iteration
+    _eval_forward(tr, t + 6, t + 6.1)
+    tr.push([DATA_WAIT, t + 6.1, 0.0])  # the next training batch
+    tr.fetched(t + 6.15, 8)
+    train(t + 6.2, t + 6.5)
+    tr.on_optimizer_step(1, t + 6.6)  # the step closes at t + 5.9, retroactively
+    tr.on_optimizer_step(2, t + 6.7)
+    assert not tr.evaluation_spans
+    assert all(sum(s.phases) <= s.step_s + 1e-9 for s in tr.steps), tr.steps

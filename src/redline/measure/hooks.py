@@ -44,6 +44,10 @@ T = TypeVar("T")
 _EVAL_GRAD = -2
 """Kind of an outermost forward in eval mode with gradients enabled: timed as evaluation until
 a backward follows it in the same step (then it was training; timeline.StepTracker)."""
+_EVAL_TRAIN_MODE = -3
+"""An outermost forward of evaluation under no_grad of a module left in training mode (an RL
+policy choosing actions, a teacher or EMA net that is not frozen): timed as evaluation, but
+never bridged to the next one (:meth:`StepTracker.bridge_evaluation`), and it ends a bridge."""
 
 
 def _frozen(module: torch.nn.Module) -> bool:
@@ -136,7 +140,8 @@ class Instrumentation:
         )
         """The outermost modules seen, each with whether it is frozen (:func:`_frozen`)."""
         self._root_kind = FORWARD
-        """FORWARD, EVALUATION or _EVAL_GRAD: how the outermost forward in flight is timed."""
+        """FORWARD, EVALUATION, _EVAL_GRAD or _EVAL_TRAIN_MODE: how the outermost forward in
+        flight is timed."""
         self._eval_grad_pending = False
         """A forward in eval mode with gradients was timed as evaluation since the last
         training forward or backward (the next backward makes it training)."""
@@ -334,6 +339,7 @@ class Instrumentation:
         push, exit_ = tracker.push, tracker.exit
         fetch_used, evaluation_began = tracker.fetch_used, tracker.evaluation_forward_began
         bridge, evaluation_ended = tracker.bridge_evaluation, tracker.evaluation_forward_ended
+        end_bridge = tracker.end_evaluation_bridge
         grad_on = torch.is_grad_enabled
         autocast = prec.autocast
         assert autocast is not None
@@ -354,9 +360,13 @@ class Instrumentation:
                     t = clock()
                     if grad_on():
                         self._root_kind = _EVAL_GRAD
-                    else:
+                        end_bridge()  # (training after all if a backward follows)
+                    elif module.training:
+                        self._root_kind = _EVAL_TRAIN_MODE
+                        end_bridge()
+                    else:  # a validation pass, a generation: model.eval() under no_grad
                         self._root_kind = EVALUATION
-                        bridge(t)  # the time since the last evaluation forward
+                        bridge(t)  # the time since the last such forward
                     push([EVALUATION, t, 0.0])
                 counts["forward"] += 1
                 prec.forwards += 1
@@ -374,6 +384,8 @@ class Instrumentation:
                 elif kind == _EVAL_GRAD:
                     tracker.exit_eval_grad(clock())
                     self._eval_grad_pending = True
+                elif kind == _EVAL_TRAIN_MODE:
+                    exit_(EVALUATION, clock())
                 else:
                     t = clock()
                     exit_(kind, t)

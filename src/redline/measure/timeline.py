@@ -39,9 +39,11 @@ RECENT_STEPS = 1024
 """Steps the tracker holds in order, every one of them, whatever it keeps for the report
 (:attr:`StepTracker.recent`): what live metrics read."""
 
-EVALUATION_SPANS_KEPT = 64
+EVALUATION_SPANS_KEPT = 4096
 """Bridged stretches of evaluation the tracker keeps for the stack sampler
-(:attr:`StepTracker.evaluation_spans`): it reads those of a step once the step has closed."""
+(:attr:`StepTracker.evaluation_spans`), which reads those of a step at its first tick after
+the step closed: enough for many fast steps with several validation passes each between two
+slowed ticks (~100 kB of tuples)."""
 
 STEP_SOURCES: tuple[str, ...] = ("optimizer", "forward_backward", "manual")
 
@@ -216,6 +218,10 @@ class StepTracker:
         the acc's phase seconds then, whether that forward continued a bridged run]`` (see
         :meth:`bridge_evaluation`); None once training work or another step began."""
         self._bridged = False
+        self._undo: list[Any] | None = None
+        """``[acc, seconds, spans, the last fetch then]`` bridged into the step's evaluation
+        since training work last began: taken back where training work begins again with no
+        fetch since (:meth:`fetch_used`)."""
         self.evaluation_spans: deque[tuple[float, float]] = deque(maxlen=EVALUATION_SPANS_KEPT)
         """(start, end) on the tracker's clock of the recent runs of evaluation forwards
         bridged into one: the stack sampler counts its samples there as evaluation, not as
@@ -274,24 +280,32 @@ class StepTracker:
         evaluation batch, so its wait is evaluation time, not data wait, and its samples are
         not the step's (a validation loader's batches are no training throughput)."""
         fetch = self._fetch
-        if fetch is not None and not fetch[_F_MOVED] and fetch[_F_ACC] is self._acc:
+        if fetch is not None and fetch[_F_MOVED] is False and fetch[_F_ACC] is self._acc:
             _move_fetch(fetch, to_evaluation=True)
 
     def evaluation_forward_ended(self, t: float) -> None:
-        """An outermost forward of evaluation (gradients disabled) ended at ``t``: if another
+        """An outermost forward of evaluation (a module in eval mode, gradients disabled) ended
+        at ``t``: if another
         one begins in this step before any training work, the time between them is
         evaluation's too (:meth:`bridge_evaluation`)."""
         if len(self._stack) == _FLOOR:
             acc = self._acc
             self._gap = [acc, t, sum(acc.phases), self._bridged]
 
+    def end_evaluation_bridge(self) -> None:
+        """Work that is not a validation pass began (an outermost forward with gradients, or
+        one under no_grad of a module in training mode, an optimizer step): the time since
+        the last evaluation forward is not bridged."""
+        self._gap = None
+
     def bridge_evaluation(self, t: float) -> None:
-        """An outermost forward of evaluation (gradients disabled) begins at ``t``. Where the
-        last outermost forward was one too, in the same step, with no training forward,
-        backward or fetch used by training since and no frame open around either, the time
-        between them that no phase timed (a validation loop's metrics and ``.item()`` calls,
-        a generation's token handling between its forwards) is evaluation's, not the loop's
-        own: it is added to the step's evaluation and kept as a span for the stack sampler."""
+        """An outermost forward of evaluation (a module in eval mode, gradients disabled)
+        begins at ``t``. Where the last outermost forward was one too, in the same step, with
+        no other forward, backward, optimizer step or fetch used by training since and no
+        frame open around either, the time between them that no phase timed (a validation
+        loop's metrics and ``.item()`` calls, a generation's token handling between its
+        forwards) is evaluation's, not the loop's own: it is added to the step's evaluation
+        and kept as a span for the stack sampler."""
         gap, self._gap = self._gap, None
         self._bridged = False
         acc = self._acc
@@ -302,20 +316,40 @@ class StepTracker:
             return
         acc.phases[EVALUATION] += between_s
         self._bridged = True
+        undo = self._undo
+        if undo is None or undo[0] is not acc:
+            undo = self._undo = [acc, 0.0, 0, None]
+        undo[1] += between_s
+        undo[3] = self._fetch
         spans = self.evaluation_spans
         if gap[3] and spans:
             spans[-1] = (spans[-1][0], t)
         else:
             spans.append((gap[1], t))
+            undo[2] += 1
 
     def fetch_used(self) -> None:
         """An outermost forward in training mode or a backward began: the last fetch fed
         training, whatever evaluation forwards ran after it (and no time before it is bridged
-        into evaluation)."""
+        into evaluation). Where no batch was fetched since the last bridged evaluation
+        forwards, they worked on this training's batch (a teacher's or a target network's
+        outputs, a policy's rollout), not a validation pass (whose end the next training
+        batch's fetch follows): the time bridged between them is the loop's own again."""
         self._gap = None
+        undo = self._undo
+        if undo is not None:
+            self._undo = None
+            acc = self._acc
+            if undo[3] is self._fetch and undo[0] is acc:
+                acc.phases[EVALUATION] -= min(undo[1], acc.phases[EVALUATION])
+                spans = self.evaluation_spans
+                for _ in range(min(undo[2], len(spans))):
+                    spans.pop()
         fetch = self._fetch
-        if fetch is not None and fetch[_F_MOVED] and fetch[_F_ACC] is self._acc:
-            _move_fetch(fetch, to_evaluation=False)
+        if fetch is not None:
+            if fetch[_F_MOVED] and fetch[_F_ACC] is self._acc:
+                _move_fetch(fetch, to_evaluation=False)
+            fetch[_F_MOVED] = None  # training's: an evaluation forward after it leaves it
 
     def fetch_loader(self, loader: Any) -> None:
         """The last fetch was its iterator's first, from ``loader`` (an object with an
@@ -422,6 +456,9 @@ class StepTracker:
 
     def on_optimizer_step(self, opt_id: int, t: float) -> None:
         self.counts["optimizer_step"] += 1
+        # training work; and a step closed later at this instant (the snapshot below) must
+        # not get the time after it bridged into the next one's evaluation
+        self._gap = None
         if opt_id != self._only:
             # Another optimizer (or none learnt yet): optimizer_done's fast path is over.
             self._only = None
@@ -496,7 +533,7 @@ class StepTracker:
         the last step boundary was not training (an evaluation, a checkpoint)."""
         self._acc = _Acc.fresh()
         del self._stack[_FLOOR:]
-        self._gap = None
+        self._gap = self._undo = None
         self._start = t
 
     def finish(self, t: float) -> None:
@@ -538,7 +575,9 @@ class StepTracker:
 
 
 _F_ACC, _F_WAIT, _F_SAMPLES, _F_CPU, _F_DELAY, _F_READ, _F_LOADER, _F_MOVED = range(8)
-"""Fields of a fetch record (:attr:`StepTracker._fetch`): a list, made at every fetch."""
+"""Fields of a fetch record (:attr:`StepTracker._fetch`): a list, made at every fetch.
+``moved``: False as fetched, True while counted as evaluation's, None once training used it
+(:meth:`StepTracker.fetch_used`: later evaluation forwards do not take it)."""
 
 
 def _move_fetch(fetch: list[Any], *, to_evaluation: bool) -> None:
