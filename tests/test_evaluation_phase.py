@@ -416,3 +416,75 @@ def test_no_bridge_crosses_an_optimizer_step() -> None:
     tr.on_optimizer_step(2, t + 6.7)
     assert not tr.evaluation_spans
     assert all(sum(s.phases) <= s.step_s + 1e-9 for s in tr.steps), tr.steps
+
+
+class _SlowBatches(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Samples that take ``delay_s`` each to fetch (a slow validation set)."""
+
+    def __init__(self, n: int, delay_s: float) -> None:
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(self.delay_s)
+        return torch.randn(256), torch.randn(1)
+
+
+def test_a_linear_probe_s_validation_keeps_its_batches_and_its_bridge() -> None:
+    """A frozen backbone under a trained head: in validation the frozen forward runs first on
+    each validation batch; the batch's wait stays evaluation's and the metric between the
+    head's forwards is bridged, as in any validation pass."""
+    torch.manual_seed(0)
+    backbone = _mlp().body[0].requires_grad_(False).eval()
+    head = nn.Linear(256, 1)
+    opt = torch.optim.SGD(head.parameters(), lr=1e-3)
+    train = DataLoader(TensorDataset(torch.randn(16 * STEPS, 256), torch.randn(16 * STEPS, 1)),
+                       batch_size=16)
+    val = DataLoader(_SlowBatches(4 * 16, 0.0005), batch_size=16)  # 8 ms a batch
+    with redline.watch(warmup_steps=3, count_flops=False) as w:
+        for i, (x, y) in enumerate(train):
+            loss = nn.functional.mse_loss(head(backbone(x)), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if i % PERIOD == PERIOD - 1:
+                head.eval()
+                with torch.no_grad():
+                    for vx, vy in val:
+                        p = head(backbone(vx))
+                        time.sleep(0.003)  # the batch's metric
+                        float((p - vy).abs().mean())
+                head.train()
+    at = [s for s in w.measured_steps if s.phases[EVALUATION] > 0]
+    assert len(at) == 3
+    # four validation batches of 8 ms and three metrics between the head's forwards
+    assert all(s.phases[EVALUATION] >= 4 * 0.008 + 3 * 0.003 for s in at), [s.phases for s in at]
+    assert all(s.phases[DATA_WAIT] < 0.008 for s in at)
+    ids = [f.id for f in diagnose(w.report(show=False).measurements)]
+    assert ids[0] == "evaluation_in_loop", ids
+
+
+def test_a_validation_pass_before_the_training_forward_keeps_its_bridge() -> None:
+    """Validation run after the training batch is fetched and before its forward (the top of
+    the iteration): its batches are fetched between its forwards, so the training forward
+    that follows does not take the bridged time back, as it does a teacher's."""
+    tr = StepTracker(lambda: 0.0)
+    tr.push([DATA_WAIT, 0.0, 0.0])  # the training batch
+    tr.fetched(0.5, 8)
+    for k in range(3):  # three validation batches, a 1 s metric after each forward
+        start = 1.0 + 3.0 * k
+        tr.push([DATA_WAIT, start, 0.0])
+        tr.fetched(start + 0.5, 8)
+        _eval_forward(tr, start + 1.0, start + 2.0)
+    tr.push([FORWARD, 10.0, 0.0])
+    tr.fetch_used()
+    tr.exit(FORWARD, 11.0)
+    tr.manual_step(12.0)
+    (step,) = tr.steps
+    # three forwards, two bridged stretches of 1.0 + 0.5 (the fetch between is its own), the
+    # three validation fetches: the last one counted as the training forward's (a batch
+    # fetched last before a training forward is training's)
+    assert list(tr.evaluation_spans) == [(3.0, 8.0)]
+    assert abs(step.phases[EVALUATION] - (3 * 1.0 + 2 * 1.5 + 2 * 0.5)) < 1e-9, step.phases

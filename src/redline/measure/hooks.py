@@ -339,7 +339,7 @@ class Instrumentation:
         push, exit_ = tracker.push, tracker.exit
         fetch_used, evaluation_began = tracker.fetch_used, tracker.evaluation_forward_began
         bridge, evaluation_ended = tracker.bridge_evaluation, tracker.evaluation_forward_ended
-        end_bridge = tracker.end_evaluation_bridge
+        end_bridge, frozen_began = tracker.end_evaluation_bridge, tracker.frozen_forward_began
         grad_on = torch.is_grad_enabled
         autocast = prec.autocast
         assert autocast is not None
@@ -352,7 +352,10 @@ class Instrumentation:
                     if self._eval_grad_pending:
                         self._eval_grad_pending = False
                         tracker.training_forward_began()
-                    fetch_used()
+                    if frozen:
+                        frozen_began()
+                    else:
+                        fetch_used()
                     push([FORWARD, clock(), 0.0])
                 else:
                     counts["evaluation"] += 1

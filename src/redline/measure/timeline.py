@@ -219,9 +219,11 @@ class StepTracker:
         :meth:`bridge_evaluation`); None once training work or another step began."""
         self._bridged = False
         self._undo: list[Any] | None = None
-        """``[acc, seconds, spans, the last fetch then]`` bridged into the step's evaluation
-        since training work last began: taken back where training work begins again with no
-        fetch since (:meth:`fetch_used`)."""
+        """``[acc, seconds, spans, the last fetch when the last bridged run began]`` bridged
+        into the step's evaluation since training work last began: taken back where training
+        work begins again with no fetch since that run began (:meth:`fetch_used`)."""
+        self._gap_run_fetch: list[Any] | None = None
+        """The last fetch when the current run of bridged evaluation forwards began."""
         self.evaluation_spans: deque[tuple[float, float]] = deque(maxlen=EVALUATION_SPANS_KEPT)
         """(start, end) on the tracker's clock of the recent runs of evaluation forwards
         bridged into one: the stack sampler counts its samples there as evaluation, not as
@@ -290,6 +292,10 @@ class StepTracker:
         evaluation's too (:meth:`bridge_evaluation`)."""
         if len(self._stack) == _FLOOR:
             acc = self._acc
+            # the last fetch when the run of bridged forwards began: a validation pass fetches
+            # its batches between them, a teacher's or a rollout's forwards do not
+            run_fetch = self._gap_run_fetch if self._bridged else self._fetch
+            self._gap_run_fetch = run_fetch
             self._gap = [acc, t, sum(acc.phases), self._bridged]
 
     def end_evaluation_bridge(self) -> None:
@@ -320,7 +326,7 @@ class StepTracker:
         if undo is None or undo[0] is not acc:
             undo = self._undo = [acc, 0.0, 0, None]
         undo[1] += between_s
-        undo[3] = self._fetch
+        undo[3] = self._gap_run_fetch
         spans = self.evaluation_spans
         if gap[3] and spans:
             spans[-1] = (spans[-1][0], t)
@@ -328,13 +334,23 @@ class StepTracker:
             spans.append((gap[1], t))
             undo[2] += 1
 
+    def frozen_forward_began(self) -> None:
+        """An outermost forward of a frozen module began (a teacher, a frozen backbone): the
+        last fetch is training's if evaluation had taken it (as :meth:`fetch_used`), but it
+        may still be a validation batch's (a linear probe's backbone runs before its head),
+        and no bridge of evaluation ends here."""
+        fetch = self._fetch
+        if fetch is not None and fetch[_F_MOVED] and fetch[_F_ACC] is self._acc:
+            _move_fetch(fetch, to_evaluation=False)
+
     def fetch_used(self) -> None:
         """An outermost forward in training mode or a backward began: the last fetch fed
         training, whatever evaluation forwards ran after it (and no time before it is bridged
-        into evaluation). Where no batch was fetched since the last bridged evaluation
-        forwards, they worked on this training's batch (a teacher's or a target network's
-        outputs, a policy's rollout), not a validation pass (whose end the next training
-        batch's fetch follows): the time bridged between them is the loop's own again."""
+        into evaluation). Where no batch was fetched since the last run of bridged evaluation
+        forwards began, they worked on this training's batch (a teacher's or a target
+        network's outputs, a policy's rollout), not a validation pass (which fetches its
+        batches between its forwards): the time bridged between them is the loop's own
+        again."""
         self._gap = None
         undo = self._undo
         if undo is not None:
