@@ -218,6 +218,8 @@ class StepTracker:
         the acc's phase seconds then, whether that forward continued a bridged run]`` (see
         :meth:`bridge_evaluation`); None once training work or another step began."""
         self._bridged = False
+        """Whether the evaluation forward in flight (or last ended) was bridged to the one
+        before it: its end then extends the same span."""
         self._undo: list[Any] | None = None
         """``[acc, seconds, spans, the last fetch when the last bridged run began]`` bridged
         into the step's evaluation since training work last began: taken back where training
@@ -287,9 +289,8 @@ class StepTracker:
 
     def evaluation_forward_ended(self, t: float) -> None:
         """An outermost forward of evaluation (a module in eval mode, gradients disabled) ended
-        at ``t``: if another
-        one begins in this step before any training work, the time between them is
-        evaluation's too (:meth:`bridge_evaluation`)."""
+        at ``t``: if another one begins in this step before any training work, the time
+        between them is evaluation's too (:meth:`bridge_evaluation`)."""
         if len(self._stack) == _FLOOR:
             acc = self._acc
             # the last fetch when the run of bridged forwards began: a validation pass fetches
