@@ -309,7 +309,7 @@ class CodeSampler:
     def _commit(self) -> None:
         # The step has closed: the stretches between its evaluation forwards that the tracker
         # bridged into evaluation are known, and samples there are evaluation's, not lines'.
-        spans = list(self._tracker.evaluation_spans)  # one C call: no append can cut it
+        spans = self._recent_spans(self._pending[0][3]) if self._pending else []
         for step, key, elapsed_s, at in self._pending:
             if spans and any(start <= at <= end for start, end in spans):
                 self.inside_s += elapsed_s
@@ -323,6 +323,24 @@ class CodeSampler:
                 weight[1] += 1.0
             self.per_step.append((step, key, elapsed_s))
         self._pending.clear()
+
+    def _recent_spans(self, since: float) -> list[tuple[float, float]]:
+        """The tracker's bridged evaluation spans that end at or after ``since``, read from the
+        newest back (they are in time order): a long run keeps thousands, a step's samples
+        need the last few. Read by index, not by iterating, as the training thread may append
+        meanwhile (an index then shifts by one: a span read twice, which changes nothing)."""
+        spans = self._tracker.evaluation_spans
+        recent: list[tuple[float, float]] = []
+        i = -1
+        while True:
+            try:
+                span = spans[i]
+            except IndexError:
+                return recent
+            if span[1] < since:
+                return recent
+            recent.append(span)
+            i -= 1
 
     # -- frames -------------------------------------------------------------------------------
     def _classify(self, filename: str) -> _FileClass:
