@@ -60,9 +60,9 @@ def _frozen(module: torch.nn.Module) -> bool:
 
 @dataclass(slots=True, kw_only=True)
 class PrecisionSeen:
-    """What the outermost forwards ran under."""
+    """What the outermost forwards ran under (how many there were: the tracker's
+    ``counts["forward"]``)."""
 
-    forwards: int = 0
     autocast: Counter[str] | None = None
     param_dtypes: Counter[str] | None = None
 
@@ -334,14 +334,14 @@ class Instrumentation:
         step (docs/report.md, "Definitions"). The test is one C call and one attribute read
         per outermost forward."""
         clock = self._clock
-        tracker, counts, prec = self.tracker, self.tracker.counts, self.precision
+        tracker, counts = self.tracker, self.tracker.counts
         autocast_on, dev, on_work = torch.is_autocast_enabled, self.device_type, self._on_work
         push, exit_ = tracker.push, tracker.exit
         fetch_used, evaluation_began = tracker.fetch_used, tracker.evaluation_forward_began
         bridge, evaluation_ended = tracker.bridge_evaluation, tracker.evaluation_forward_ended
         end_bridge, frozen_began = tracker.end_evaluation_bridge, tracker.frozen_forward_began
         grad_on = torch.is_grad_enabled
-        autocast = prec.autocast
+        autocast = self.precision.autocast
         assert autocast is not None
 
         def enter_root(module: torch.nn.Module, frozen: bool) -> None:
@@ -372,7 +372,6 @@ class Instrumentation:
                         bridge(t)  # the time since the last such forward
                     push([EVALUATION, t, 0.0])
                 counts["forward"] += 1
-                prec.forwards += 1
                 if autocast_on(dev):
                     autocast[_short_dtype(torch.get_autocast_dtype(dev))] += 1
                 if on_work is not None:

@@ -74,6 +74,10 @@ class Recorder:
         self._steady = False
         """Measuring, with the hooks settled and no FLOP count or trace due: a step's close
         only counts it (see _on_close)."""
+        self._quiet_from: int | None = None
+        """Steady with nothing to do at a close (no CUDA timer, no step limit): the tracker's
+        closed count then, from which it closes steps without calling back (every later one
+        is measured: :meth:`StepTracker.close_quietly`); None otherwise."""
         self._limit = self.config.max_steps
         self._warmup = 0
         self._excluded = 0
@@ -279,13 +283,14 @@ class Recorder:
     def measured_count(self) -> int:
         """Measured steps so far (warm-up and excluded steps left out), without a pass over
         the steps."""
-        return self._measured
+        quiet = self._quiet_from
+        return self._measured if quiet is None else self._measured + self.tracker.closed - quiet
 
     @property
     def step_counts(self) -> tuple[int, int, int, int]:
         """Steps closed so far: (all, warm-up, excluded, measured), exact whether or not every
         record is kept (``WatchConfig.steps_kept``)."""
-        return self.tracker.closed, self._warmup, self._excluded, self._measured
+        return self.tracker.closed, self._warmup, self._excluded, self.measured_count
 
     @property
     def measured_steps(self) -> list[StepRecord]:
@@ -350,6 +355,9 @@ class Recorder:
             self.cuda_timer.reset()
         self._state = "warmup"
         self._steady = False
+        if self._quiet_from is not None:
+            self._quiet_from = None
+            self.tracker.close_quietly(False)
         self._measured = self._warmup = self._excluded = 0
         self._stride = 1
         self._extras_pending = True
@@ -417,6 +425,9 @@ class Recorder:
                 self._extras_pending = self._start_extras()
         self._steady = (self._state == "measuring" and self._discovered
                         and not self._extras_pending)
+        if self._steady and self.cuda_timer is None and self._limit is None:
+            self._quiet_from = self.tracker.closed
+            self.tracker.close_quietly(True)
 
     def _stop_flops(self) -> None:
         """End the FLOP count at the counted step's close: scaled to the backward passes the

@@ -118,7 +118,8 @@ def precision_info(w: Recorder, dev: DeviceInfo) -> PrecisionInfo:
     autocast: Counter[str] = seen.autocast or Counter()
     param_dtype = params.most_common(1)[0][0] if params else None
     ac_dtype = autocast.most_common(1)[0][0] if autocast else None
-    ac_frac = sum(autocast.values()) / seen.forwards if seen.forwards else None
+    forwards = w.tracker.counts["forward"]
+    ac_frac = sum(autocast.values()) / forwards if forwards else None
     matmul_precision = torch.get_float32_matmul_precision()
     tf32 = bool(torch.backends.cuda.matmul.allow_tf32) or matmul_precision != "highest"
     eff: str | None
@@ -126,7 +127,7 @@ def precision_info(w: Recorder, dev: DeviceInfo) -> PrecisionInfo:
         eff = f"{ac_dtype}-autocast"
     elif param_dtype in ("bf16", "fp16"):
         eff = param_dtype
-    elif param_dtype == "fp32" or (param_dtype is None and seen.forwards):
+    elif param_dtype == "fp32" or (param_dtype is None and forwards):
         compute_capability = float(dev.compute_capability) if dev.compute_capability else 0.0
         eff = "tf32" if dev.type == "cuda" and compute_capability >= 8.0 and tf32 else "fp32"
     else:

@@ -50,7 +50,10 @@ STEP_SOURCES: tuple[str, ...] = ("optimizer", "forward_backward", "manual")
 
 @dataclass(slots=True, kw_only=True)
 class StepRecord:
-    """One closed step. Times are host wall-clock seconds (``time.perf_counter``)."""
+    """One closed step. Times are host wall-clock seconds (``time.perf_counter``).
+
+    The step in progress fills the record it will become (the tracker's accumulators, one
+    object a step): its index is -1 and its start and end 0 until it closes."""
 
     index: int
     """0-based index among all steps the watch closed (warm-up included)."""
@@ -103,47 +106,30 @@ class StepRecord:
 _NO_PHASES = [0.0] * len(PHASES)
 
 
-@dataclass(slots=True)
-class _Acc:
-    """Accumulators of the step in progress (private, copied on the step path: positional,
-    where a keyword call costs ~0.3 µs more)."""
+def _fresh() -> StepRecord:
+    """The record of a step that has just begun: its accumulators at zero; its index, start
+    and end are set when it closes (:meth:`StepTracker._close`)."""
+    return StepRecord(index=-1, start_s=0.0, end_s=0.0, phases=_NO_PHASES[:])
 
-    phases: list[float]
-    data_cpu_s: float = 0.0
-    samples: int | None = None
-    batches: int = 0
-    data_run_delay_s: float = 0.0
-    data_read_s: float = 0.0
-    eval_grad_s: float = 0.0
-    """Of ``phases[EVALUATION]``, the seconds of forwards in eval mode with gradients enabled:
-    training after all if a backward follows in this step (:meth:`StepTracker.backward_began`)."""
 
-    @staticmethod
-    def fresh() -> _Acc:
-        return _Acc(_NO_PHASES[:])
+def _copy(rec: StepRecord) -> StepRecord:
+    """What the step in progress holds now (its accumulators)."""
+    return StepRecord(index=-1, start_s=0.0, end_s=0.0, phases=rec.phases[:],
+                      data_cpu_s=rec.data_cpu_s, samples=rec.samples, batches=rec.batches,
+                      data_run_delay_s=rec.data_run_delay_s, data_read_s=rec.data_read_s)
 
-    def copy(self) -> _Acc:
-        return _Acc(self.phases[:], self.data_cpu_s, self.samples, self.batches,
-                    self.data_run_delay_s, self.data_read_s, self.eval_grad_s)
 
-    def minus(self, other: _Acc) -> _Acc:
-        samples = None
-        if self.samples is not None:
-            samples = self.samples - (other.samples or 0)
-        return _Acc(
-            [a - b for a, b in zip(self.phases, other.phases, strict=True)],
-            self.data_cpu_s - other.data_cpu_s,
-            samples,
-            self.batches - other.batches,
-            self.data_run_delay_s - other.data_run_delay_s,
-            self.data_read_s - other.data_read_s,
-            self.eval_grad_s - other.eval_grad_s,
-        )
-
-    def record(self, index: int, start_s: float, end_s: float) -> StepRecord:
-        return StepRecord(index=index, start_s=start_s, end_s=end_s, phases=self.phases,
-                          data_cpu_s=self.data_cpu_s, samples=self.samples, batches=self.batches,
-                          data_run_delay_s=self.data_run_delay_s, data_read_s=self.data_read_s)
+def _minus(rec: StepRecord, before: StepRecord) -> StepRecord:
+    """What the step in progress gathered since ``before`` (a :func:`_copy` of it)."""
+    samples = None
+    if rec.samples is not None:
+        samples = rec.samples - (before.samples or 0)
+    return StepRecord(index=-1, start_s=0.0, end_s=0.0,
+                      phases=[a - b for a, b in zip(rec.phases, before.phases, strict=True)],
+                      data_cpu_s=rec.data_cpu_s - before.data_cpu_s, samples=samples,
+                      batches=rec.batches - before.batches,
+                      data_run_delay_s=rec.data_run_delay_s - before.data_run_delay_s,
+                      data_read_s=rec.data_read_s - before.data_read_s)
 
 
 class StepTracker:
@@ -178,6 +164,9 @@ class StepTracker:
             raise ValueError(f"keep must be >= 2 step records or None, got {keep}")
         self._clock = clock
         self._on_close = on_close
+        self._close_callback = on_close
+        """``on_close`` as given; :attr:`_on_close` is None while closes are quiet
+        (:meth:`close_quietly`)."""
         self._on_reset = on_reset
         self._keep = keep
         self.steps: list[StepRecord] = []
@@ -197,15 +186,22 @@ class StepTracker:
         self.push = self._stack.append
         """``push([phase, t, 0.0])`` is :meth:`enter` without a Python call: the hooks on every
         step's path use it (the stack is the same list for the tracker's life)."""
-        self._acc = _Acc.fresh()
+        self._acc = _fresh()
+        """The step in progress: the record it becomes when it closes, its accumulators
+        filled as it runs."""
+        self._eval_grad_s = 0.0
+        """Of the step in progress's evaluation seconds, those of forwards in eval mode with
+        gradients enabled: training after all if a backward follows in this step
+        (:meth:`backward_began`)."""
         self._start = clock()
         self._stepped: set[int] = set()
         self._cycle: frozenset[int] | None = None
         self._only: int | None = None
         """The optimizer's id once the cycle is learnt to be that one optimizer (and no step
         is marked by hand): its every step closes a step (on_optimizer_step's fast path)."""
-        self._snap: _Acc | None = None
+        self._snap: StepRecord | None = None
         self._snap_t = 0.0
+        self._snap_eval_grad_s = 0.0
         self._fetch: list[Any] | None = None
         """The last fetch: ``[acc, data-wait s, samples, cpu s, run delay s, read s, loader,
         moved]``, what it added to ``acc`` (the step's accumulators then). The outermost
@@ -270,13 +266,13 @@ class StepTracker:
         acc = self._acc
         before = acc.phases[EVALUATION]
         self.exit(EVALUATION, t)
-        acc.eval_grad_s += acc.phases[EVALUATION] - before
+        self._eval_grad_s += acc.phases[EVALUATION] - before
 
     def training_forward_began(self) -> None:
         """An outermost forward in training mode with gradients began: the forwards in eval
         mode with gradients before it stay evaluation (this forward is the one the step's
         backward will follow)."""
-        self._acc.eval_grad_s = 0.0
+        self._eval_grad_s = 0.0
 
     def evaluation_forward_began(self) -> None:
         """An outermost forward of evaluation began: unless a training forward or a backward
@@ -379,10 +375,10 @@ class StepTracker:
         were training forwards (a forward followed by a backward in the same step is training,
         whatever the module's ``training`` flag)."""
         acc = self._acc
-        moved = min(acc.eval_grad_s, acc.phases[EVALUATION])
+        moved = min(self._eval_grad_s, acc.phases[EVALUATION])
         acc.phases[EVALUATION] -= moved
         acc.phases[FORWARD] += moved
-        acc.eval_grad_s = 0.0
+        self._eval_grad_s = 0.0
         self.fetch_used()
 
     def in_phase(self, phase: int) -> bool:
@@ -435,7 +431,7 @@ class StepTracker:
             return
         self.source = "forward_backward"
         self._close(t, self._acc, exact=True)
-        self._acc = _Acc.fresh()
+        self._new_step()
         self._emit()
 
     def optimizer_done(self, opt_id: int, t: float) -> None:
@@ -455,12 +451,11 @@ class StepTracker:
             self.on_optimizer_step(opt_id, t)
             return
         self.counts["optimizer_step"] += 1
-        acc, self._acc = self._acc, _Acc(_NO_PHASES[:])  # _Acc.fresh() and acc.record(), inline
-        # by keyword, as every record (~0.3 µs a step more than positional, of the ≤ 50 µs
-        # the watch may add: benchmarks/overhead.py)
-        rec = StepRecord(index=self.closed, start_s=self._start, end_s=t, phases=acc.phases,
-                         data_cpu_s=acc.data_cpu_s, samples=acc.samples, batches=acc.batches,
-                         data_run_delay_s=acc.data_run_delay_s, data_read_s=acc.data_read_s)
+        # _close and _new_step, inline
+        rec = self._acc
+        rec.index, rec.start_s, rec.end_s = self.closed, self._start, t
+        self._acc = StepRecord(index=-1, start_s=0.0, end_s=0.0, phases=_NO_PHASES[:])
+        self._eval_grad_s = 0.0
         self._start = t
         self.closed += 1  # _store(rec), inline
         self.recent.append(rec)
@@ -489,19 +484,21 @@ class StepTracker:
                 self._cycle = frozenset(self._stepped)
                 if len(self._cycle) == 1:
                     self._only = opt_id
-            rest = self._acc.minus(self._snap)
+            rest = _minus(self._acc, self._snap)
             self._close(self._snap_t, self._snap, exact=False)
             self._acc = rest
+            self._eval_grad_s = max(0.0, self._eval_grad_s - self._snap_eval_grad_s)
             self._stepped = set()
         self._stepped.add(opt_id)
         if self._cycle is not None and self._stepped >= self._cycle:
             self._close(t, self._acc, exact=True)
-            self._acc = _Acc.fresh()
+            self._new_step()
             self._stepped = set()
             self._snap = None
         else:  # the step may end here: keep what it held at this instant
-            self._snap = self._acc.copy()
+            self._snap = _copy(self._acc)
             self._snap_t = t
+            self._snap_eval_grad_s = self._eval_grad_s
         if self._closed:
             self._emit()
 
@@ -537,8 +534,14 @@ class StepTracker:
                     self._on_reset()
         self.source = "manual"
         self._close(t, acc, exact=True)
-        self._acc = _Acc.fresh()
+        self._new_step()
         self._emit()
+
+    def close_quietly(self, quiet: bool) -> None:
+        """While ``quiet``, steps close without calling ``on_close``: an owner with nothing
+        to do at a close but count it reads the count from :attr:`closed` instead (one call
+        less on every step's path). ``on_reset`` is still called."""
+        self._on_close = None if quiet else self._close_callback
 
     def restart(self, t: float) -> None:
         """Start the step in progress at ``t``: redline's own work between two steps (stopping
@@ -548,7 +551,7 @@ class StepTracker:
     def discard(self, t: float) -> None:
         """Drop what the step in progress holds and start it again at ``t``: the time since
         the last step boundary was not training (an evaluation, a checkpoint)."""
-        self._acc = _Acc.fresh()
+        self._new_step()
         del self._stack[_FLOOR:]
         self._gap = self._undo = None
         self._start = t
@@ -576,8 +579,14 @@ class StepTracker:
         stride = self.stride
         self.steps[:] = [s for s in self.steps if not s.index % stride]
 
-    def _close(self, t: float, acc: _Acc, *, exact: bool) -> None:
-        rec = acc.record(self.closed, self._start, t)
+    def _new_step(self) -> None:
+        self._acc = _fresh()
+        self._eval_grad_s = 0.0
+
+    def _close(self, t: float, rec: StepRecord, *, exact: bool) -> None:
+        """Close ``rec``, the record of the step in progress (or of a snapshot of it), at
+        ``t``."""
+        rec.index, rec.start_s, rec.end_s = self.closed, self._start, t
         self._start = t
         self._store(rec)
         self._closed.append((rec, exact))
@@ -600,7 +609,7 @@ _F_ACC, _F_WAIT, _F_SAMPLES, _F_CPU, _F_DELAY, _F_READ, _F_LOADER, _F_MOVED = ra
 def _move_fetch(fetch: list[Any], *, to_evaluation: bool) -> None:
     """Move what ``fetch`` added to its step's accumulators from data wait to evaluation, or
     back, and count its iterator's first batch as evaluation's, or no longer."""
-    acc: _Acc = fetch[_F_ACC]
+    acc: StepRecord = fetch[_F_ACC]
     sign = -1 if to_evaluation else 1
     wait = fetch[_F_WAIT]
     acc.phases[DATA_WAIT] += sign * wait
