@@ -411,7 +411,12 @@ def test_a_miss_renews_its_snapshot_after_our_own_write_or_once_it_is_old(
     began = mine._txn_began
     assert mine.get(b"a") is None and mine._txn_began == began
     mine.put_many([(b"b", b"2")])  # our own write is never missed
+    assert mine.get(b"d") is None and mine._txn_began == began  # nor waited for elsewhere
     assert bytes(mine.get(b"b") or b"") == b"2" and mine._txn_began > began
+    began = mine._txn_began
+    mine.put_many([(b"e", b"5")])
+    assert [bytes(v or b"") for v in mine.get_many([b"d", b"e"])] == [b"", b"5"]
+    assert mine._txn_began > began
     other.put_many([(b"c", b"3")])
     assert mine.get(b"c") is None
     monkeypatch.setattr(stores, "SNAPSHOT_S", 0.0)  # the snapshot is now old: look again

@@ -16,6 +16,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -164,10 +165,10 @@ class LmdbStore:
         self._txn: Any = None
         self._txn_began = 0.0
         """``time.monotonic()`` when the read snapshot began."""
-        self._puts = 0
-        """Write transactions of this process to this store (its writer thread's included)."""
-        self._txn_puts = 0
-        """:attr:`_puts` when the read snapshot began: a later write of ours is not in it."""
+        self._own_since: set[bytes] | None = set()
+        """Keys this process wrote to this store (its writer thread's included) since the read
+        snapshot began, which the snapshot does not hold; None where it wrote some it cannot
+        name (its writer process's): every miss is then looked up again in a new snapshot."""
         self._pid = -1
         self._gen = -1
         self.read_only_reason: str | None = None
@@ -262,7 +263,7 @@ class LmdbStore:
         if txn is None:
             return self.get_many([key])[0]
         v: memoryview | None = txn.get(key)
-        if v is not None or self._snapshot_fresh():
+        if v is not None or self._snapshot_fresh((key,)):
             return v
         return self.get_many([key])[0]
 
@@ -285,19 +286,23 @@ class LmdbStore:
             return None
 
     def note_written(self) -> None:
-        """Another process wrote for this one (the cache's writer process): the next miss
-        takes a new snapshot, as after a write of this process."""
-        self._puts += 1
+        """Another process wrote for this one (the cache's writer process), keys unknown
+        here: the next miss takes a new snapshot."""
+        self._own_since = None
 
-    def _snapshot_fresh(self) -> bool:
-        """Whether a miss in the current snapshot can be believed (see :data:`SNAPSHOT_S`)."""
-        return (self._puts == self._txn_puts
-                and time.monotonic() - self._txn_began < SNAPSHOT_S)
+    def _snapshot_fresh(self, missed: Iterable[bytes]) -> bool:
+        """Whether the current snapshot's misses of ``missed`` can be believed: none of them
+        was written by this process since it began (a DataLoader worker that wrote its last
+        batch misses its next batch's samples, not the last one's), and it is younger than
+        :data:`SNAPSHOT_S`."""
+        own = self._own_since
+        return (own is not None and time.monotonic() - self._txn_began < SNAPSHOT_S
+                and (not own or own.isdisjoint(missed)))
 
     def _renew(self, env: Any) -> Any:
         if self._txn is not None:
             self._txn.abort()
-        self._txn_puts, self._txn_began = self._puts, time.monotonic()
+        self._own_since, self._txn_began = set(), time.monotonic()
         self._txn = lmdb_env.begin(env, buffers=True)
         return self._txn
 
@@ -311,7 +316,8 @@ class LmdbStore:
         # needs.
         txn = self._txn if self._txn is not None else self._renew(env)
         out: list[bytes | memoryview | None] = [txn.get(k) for k in keys]
-        if None in out and not self._snapshot_fresh():  # maybe stored since: look again
+        if None in out and not self._snapshot_fresh(
+                k for k, v in zip(keys, out, strict=True) if v is None):  # maybe stored since
             out = [None if v is None else bytes(v) for v in out]  # views die with the snapshot
             txn = self._renew(env)
             out = [v if v is not None else txn.get(k) for k, v in zip(keys, out, strict=True)]
@@ -322,7 +328,9 @@ class LmdbStore:
         if self.read_only_reason is not None:
             raise StoreFull(self.read_only_reason)
         stored, written, why = lmdb_env.put_items(env, items, self.max_bytes)
-        self._puts += 1
+        own = self._own_since
+        if own is not None:
+            own.update(k for k, _ in items[:stored])
         if why is not None:
             raise StoreFull(why, stored=stored, written=written)
         return written
