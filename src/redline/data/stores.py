@@ -58,9 +58,10 @@ would both open it, and LMDB refuses the second ("already open in this process")
 
 SNAPSHOT_S = 0.5
 """How long a read snapshot answers a miss without being renewed, where this process has
-written nothing since it began. A miss of a fill epoch (every read misses) then costs one
-lookup, not a new transaction; a sample another worker or rank stored within that time is
-computed again (and its write skipped: nothing is overwritten)."""
+not written the key missed since it began. A miss of a fill epoch (every read misses, and a
+DataLoader worker writes each batch it computes) then costs one lookup, not a new transaction;
+a sample another worker or rank stored within that time is computed again (and its write
+skipped: nothing is overwritten)."""
 
 _GENERATION = [0]
 """Bumped each time the pool is closed before a fork: stores then reopen their environment."""
