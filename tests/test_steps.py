@@ -417,6 +417,30 @@ def test_no_warmup_means_no_warmup_step() -> None:
     assert w.report(show=False).measurements.timing.steps_measured == 8
 
 
+def test_counts_stay_exact_when_marked_steps_begin_after_the_watch_settled() -> None:
+    """Once measuring and settled, the watch counts closes from the tracker's count without
+    being called at each; the loop's first own ``step()`` folds the steps before it into one
+    and starts the warm-up again, and the counts go on from there."""
+    torch.manual_seed(0)
+    m = nn.Linear(8, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with redline.watch(warmup_steps=2, count_flops=False) as w:
+        for _ in range(12):  # steps cut at each optimizer step
+            m(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        assert w.step_counts == (12, 2, 0, 10) and w.measured_count == 10
+        for _ in range(6):  # from here the loop marks its steps itself
+            m(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            w.step()
+        assert w.step_counts == (6, 2, 0, 4)
+    assert w.tracker.source == "manual"
+    assert [s.kind for s in w.steps] == ["warmup"] * 2 + ["measured"] * 4
+    assert w.report(show=False).measurements.timing.steps_measured == 4
+
+
 def test_step_limit_holds_without_warmup() -> None:
     """The limit is reached at the first measured step, though the FLOP count starts there."""
     stops: list[int] = []
