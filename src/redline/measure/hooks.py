@@ -341,6 +341,10 @@ class Instrumentation:
         bridge, evaluation_ended = tracker.bridge_evaluation, tracker.evaluation_forward_ended
         end_bridge, frozen_began = tracker.end_evaluation_bridge, tracker.frozen_forward_began
         grad_on = torch.is_grad_enabled
+        # One C call with no argument to parse: where no autocast is on for any device (an
+        # fp32 loop), the per-device query (a device string parsed at each call) is skipped.
+        # Private in torch (2.1+), so only where it exists.
+        any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
         autocast = self.precision.autocast
         assert autocast is not None
 
@@ -372,7 +376,7 @@ class Instrumentation:
                         bridge(t)  # the time since the last such forward
                     push([EVALUATION, t, 0.0])
                 counts["forward"] += 1
-                if autocast_on(dev):
+                if any_autocast() and autocast_on(dev):
                     autocast[_short_dtype(torch.get_autocast_dtype(dev))] += 1
                 if on_work is not None:
                     on_work()
