@@ -243,7 +243,7 @@ def test_the_library_names_fields_and_only_cli_names_flags() -> None:
 # -- report/ presents ------------------------------------------------------------------------
 
 PRESENTED = {
-    "redline.measure.timeline": "the phase names, the columns of the timelines it draws",
+    "redline.measure.step_record": "the phase names, the columns of the timelines it draws",
     "redline.measure.live": "the snapshot of the running watch's records that the live panel "
                             "draws (computed there, read here)",
     "redline.measure.trend": "how many samples a trend test needs, said beside a short curve",

@@ -21,7 +21,7 @@ from redline.integrations import IntegrationError, hf_settings, lightning_settin
 from redline.integrations.session import FitWatch
 from redline.measure.config import WatchConfig
 from redline.measure.live import live_snapshot
-from redline.measure.timeline import DATA_WAIT
+from redline.measure.step_record import DATA_WAIT
 from redline.tune.ddp import DdpSettings
 from redline.tune.knobs import TunePlan
 

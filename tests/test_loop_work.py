@@ -25,7 +25,8 @@ from redline.core.measurements import CodeSite, LoopWork, PeriodicStall
 from redline.diagnose import diagnose
 from redline.measure.loop_work import periodic_stall
 from redline.measure.stacks import CodeSampler, GcPauses
-from redline.measure.timeline import PHASES, StepRecord, StepTracker
+from redline.measure.step_record import PHASES, StepRecord
+from redline.measure.timeline import StepTracker
 
 HERE = os.path.relpath(__file__)
 """How the report names this file (relative to the working folder)."""

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import redline
 from redline.measure.live import live_snapshot
-from redline.measure.timeline import PHASES
+from redline.measure.step_record import PHASES
 
 parser = pytest.importorskip("prometheus_client.parser")
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -23,7 +23,7 @@ from redline.core.findings import Finding
 from redline.core.measurements import StepDrift, StepModes, StepTrend
 from redline.diagnose import diagnose
 from redline.measure.drift import startup_cost
-from redline.measure.timeline import PHASES, StepRecord
+from redline.measure.step_record import PHASES, StepRecord
 from redline.report.json_io import schema, to_dict
 
 DRIFT_IDS = {"step_time_drift", "step_time_bimodal"}

@@ -8,7 +8,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import redline
-from redline.measure.timeline import BACKWARD, FORWARD, OPTIMIZER, StepTracker
+from redline.measure.step_record import BACKWARD, FORWARD, OPTIMIZER
+from redline.measure.timeline import StepTracker
 
 N = 7  # iterations of each loop
 

@@ -19,7 +19,7 @@ import redline
 from factories import FakeNvml
 from html_docs import embedded
 from redline.measure.nvml import NvmlSampler
-from redline.measure.timeline import PHASES
+from redline.measure.step_record import PHASES
 from redline.report.html import render_html
 from redline.report.json_io import to_dict
 from redline.report.perfetto import chrome_trace, rank_timeline

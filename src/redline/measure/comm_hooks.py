@@ -16,7 +16,8 @@ from contextlib import ExitStack
 from typing import Any
 
 from redline.measure.patching import compiling, patch
-from redline.measure.timeline import COMM, StepTracker
+from redline.measure.step_record import COMM
+from redline.measure.timeline import StepTracker
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
                "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",

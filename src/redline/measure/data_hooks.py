@@ -21,7 +21,8 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from redline.measure.loader import LoaderInfo, batch_nbytes, batch_samples, loader_info
 from redline.measure.patching import compiling, patch
 from redline.measure.sched import ThreadRunDelay
-from redline.measure.timeline import DATA_WAIT, H2D_COPY, StepTracker
+from redline.measure.step_record import DATA_WAIT, H2D_COPY
+from redline.measure.timeline import StepTracker
 
 T = TypeVar("T")
 

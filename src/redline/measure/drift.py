@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from redline.core.measurements import StartupCost, StepModes, StepTrend
 from redline.measure.stats import step_times
-from redline.measure.timeline import EVALUATION, PHASES, StepRecord
+from redline.measure.step_record import EVALUATION, PHASES, StepRecord
 from redline.measure.trend import fit, median, robust_sigma, two_levels
 
 STARTUP_MIN_STEPS = 20

@@ -1,5 +1,5 @@
 """How often evaluation ran inside the measured steps (the 'evaluation' phase of
-:mod:`redline.measure.timeline`), for the ``evaluation_in_loop`` finding."""
+:mod:`redline.measure.step_record`), for the ``evaluation_in_loop`` finding."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from itertools import pairwise
 
 from redline.core.measurements import EvaluationMetrics
 from redline.measure.optional import optional_section
-from redline.measure.timeline import EVALUATION, StepRecord
+from redline.measure.step_record import EVALUATION, StepRecord
 
 PERIOD_MIN_EVALUATIONS = 3
 """Evaluations needed before a period is stated: two gaps that agree, not one."""

@@ -31,13 +31,8 @@ from redline.measure.comm_hooks import install_collectives
 from redline.measure.data_hooks import DataHooks, H2DStats
 from redline.measure.loader import LoaderInfo
 from redline.measure.patching import COMPILE_HOOK_WARNING, compiling, patch
-from redline.measure.timeline import (
-    BACKWARD,
-    EVALUATION,
-    FORWARD,
-    OPTIMIZER,
-    StepTracker,
-)
+from redline.measure.step_record import BACKWARD, EVALUATION, FORWARD, OPTIMIZER
+from redline.measure.timeline import StepTracker
 
 T = TypeVar("T")
 

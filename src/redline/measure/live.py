@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from redline.measure.mfu import mfu_for
+from redline.measure.step_record import DATA_WAIT, PHASES, StepRecord
 from redline.measure.summary import device_info, precision_info
-from redline.measure.timeline import DATA_WAIT, PHASES, StepRecord
 
 if TYPE_CHECKING:
     from redline.measure.recorder import Recorder
@@ -44,7 +44,7 @@ class LiveSnapshot:
     """Counted FLOPs per step ÷ mean step time ÷ the device's peak at the precision in use;
     None while unknown (CPU, FLOPs not counted yet, no peak entry)."""
     phase_fractions: dict[str, float]
-    """Σ exclusive seconds of each phase (:data:`~redline.measure.timeline.PHASES`, and
+    """Σ exclusive seconds of each phase (:data:`~redline.measure.step_record.PHASES`, and
     ``other``: in no timed phase) ÷ Σ step time over the window."""
     steps_total: int
     """Steps closed so far, warm-up and excluded ones included."""

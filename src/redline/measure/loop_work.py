@@ -2,7 +2,7 @@
 stack sampler, GC pauses timed apart, and stalls that come back every k-th step.
 
 The total outside the phases is exact (the step's wall time less its phases,
-:attr:`redline.measure.timeline.StepRecord.other_s`); only its split between lines is sampled.
+:attr:`redline.measure.step_record.StepRecord.other_s`); only its split between lines is sampled.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from redline.core.measurements import CodeSite, LoopWork, PeriodicStall
 from redline.measure.stacks import CodeSampler, SiteKey, source_line
 from redline.measure.stats import percentile
-from redline.measure.timeline import PHASES, StepRecord
+from redline.measure.step_record import PHASES, StepRecord
 
 if TYPE_CHECKING:
     from redline.measure.recorder import Recorder

@@ -37,7 +37,8 @@ from redline.measure.nvml import NvmlSampler, import_pynvml
 from redline.measure.profile import TraceCapture
 from redline.measure.ranks import ProgressBeacon, rank_info
 from redline.measure.stacks import CodeSampler, GcPauses, shorten_switch_interval
-from redline.measure.timeline import RECENT_STEPS, StepRecord, StepTracker
+from redline.measure.step_record import StepRecord
+from redline.measure.timeline import RECENT_STEPS, StepTracker
 
 T = TypeVar("T")
 _RECORDERS = itertools.count()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from redline.measure.timeline import StepRecord
+from redline.measure.step_record import StepRecord
 
 
 def percentile(xs: list[float], q: float) -> float:

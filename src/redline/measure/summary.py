@@ -47,8 +47,8 @@ from redline.measure.memory import memory_timeline
 from redline.measure.mfu import mfu_for
 from redline.measure.stacks import SLOW_BELOW_SHARE
 from redline.measure.stats import percentile, span_fraction, step_times
+from redline.measure.step_record import PHASES, StepRecord
 from redline.measure.system import cpu_budget, cpu_flags, shm_info
-from redline.measure.timeline import PHASES, StepRecord
 from redline.trace import TraceAnalysis, TraceError, analyze_paths
 
 if TYPE_CHECKING:

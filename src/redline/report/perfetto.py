@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from redline.core.files import write_text_atomic
-from redline.measure.timeline import DATA_WAIT, PHASES
+from redline.measure.step_record import DATA_WAIT, PHASES
 
 if TYPE_CHECKING:
     from redline.measure.recorder import Recorder

@@ -20,8 +20,8 @@ from redline.core.report import (
 from redline.diagnose import diagnose, diagnose_trace, stall_note
 from redline.measure.optional import SectionUnknown
 from redline.measure.recorder import Recorder
+from redline.measure.step_record import PHASES
 from redline.measure.summary import build_measurements, recorded_trace
-from redline.measure.timeline import PHASES
 from redline.report.perfetto import rank_timeline
 
 

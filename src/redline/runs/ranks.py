@@ -26,7 +26,7 @@ from redline.diagnose.engine import diagnose_ranks, diagnose_trace
 from redline.diagnose.ranks import bimodal_is_the_hosts
 from redline.measure.ranks import GATHER_TIMEOUT_S, JobStore, RankInfo, process_ended
 from redline.measure.recorder import Recorder
-from redline.measure.timeline import BACKWARD, FORWARD, OPTIMIZER
+from redline.measure.step_record import BACKWARD, FORWARD, OPTIMIZER
 from redline.report.perfetto import rank_timeline
 from redline.trace import TraceError, analyze_paths
 
