@@ -211,8 +211,10 @@ def test_start_up_is_left_out_only_where_its_measured_steps_weigh() -> None:
     assert abs(s.extra_after_warmup_s - 16 * 0.0002) < 1e-9, s
     assert 0.075 < s.extra_s < 0.08 and abs(s.seconds - sum(quick[:19])) < 1e-9
     assert s.run_delay_after_warmup_s == 0.0 and not s.left_out
+    assert s.kept_because == "immaterial"
     s = startup_cost(_records(quick, 3), 1, no_delay)
     assert s is not None and s.steps_after_warmup == 16 and s.left_out
+    assert s.kept_because is None
     # a delay over the measured start-up of over half its extra keeps it in, whatever the
     # warm-up's
     def over_half(a: float, b: float) -> float | None:
@@ -220,6 +222,8 @@ def test_start_up_is_left_out_only_where_its_measured_steps_weigh() -> None:
 
     s = startup_cost(_records(quick, 3), 1, over_half)
     assert s is not None and s.run_delay_s == 1.0 and not s.left_out
+    assert s.kept_because == "loaded_host"
     # an unknown delay keeps them in
     s = startup_cost(_records(quick, 3), 1, lambda a, b: None)
     assert s is not None and s.run_delay_after_warmup_s is None and not s.left_out
+    assert s.kept_because == "delay_unknown"

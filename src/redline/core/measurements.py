@@ -511,6 +511,12 @@ class StartupCost:
     where ``extra_after_warmup_s`` is at least 1 % of the measured steps' time (less moves the
     mean step time by under 1 %) and ``run_delay_after_warmup_s`` is known and under half of
     it (more is a loaded host's burst of contention, not start-up)."""
+    kept_because: str | None = None
+    """Why start-up steps after the warm-up stayed in the step statistics: 'delay_unknown'
+    (the run delay over them could not be read, so a loaded host cannot be ruled out),
+    'loaded_host' (their run delay is at least half their extra time), 'immaterial' (their
+    extra time is under 1 % of the measured steps' time); None where they were left out or
+    there are none."""
 
 
 @dataclass(slots=True, kw_only=True)

@@ -94,14 +94,16 @@ def startup_cost(steps: list[StepRecord], stride: int,
                    else 0.0)
     measured_s = sum(step_s for step, step_s in zip(steps, wall, strict=True)
                      if step.kind == "measured")
+    kept_because = (None if not after else
+                    "delay_unknown" if delay_after is None else
+                    "loaded_host" if delay_after >= STARTUP_DELAY_SHARE * extra_after else
+                    "immaterial" if extra_after < STARTUP_MATERIAL_SHARE * measured_s else None)
     return StartupCost(
         steps=first, seconds=sum(head), extra_s=extra, steady_step_s=steady,
         first_step_s=times[0], steps_after_warmup=len(after),
         extra_after_warmup_s=extra_after, run_delay_s=delay,
-        run_delay_after_warmup_s=delay_after,
-        left_out=(bool(after) and delay_after is not None
-                  and delay_after < STARTUP_DELAY_SHARE * extra_after
-                  and extra_after >= STARTUP_MATERIAL_SHARE * measured_s))
+        run_delay_after_warmup_s=delay_after, left_out=bool(after) and kept_because is None,
+        kept_because=kept_because)
 
 
 def _delay_per_step(steps: list[StepRecord],

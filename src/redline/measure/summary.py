@@ -34,7 +34,6 @@ from redline.measure.cpu_gemm import SHAPE as GEMM_SHAPE
 from redline.measure.cpu_gemm import measure_gemm_rates
 from redline.measure.ddp import ddp_stats, fsdp_stats, snapshot
 from redline.measure.drift import (
-    STARTUP_DELAY_SHARE,
     STARTUP_EXCESS,
     STARTUP_MATERIAL_SHARE,
     startup_cost,
@@ -198,14 +197,16 @@ def build_measurements(w: Recorder) -> Measurements:
                     "of the step statistics and the breakdown.")
                 steps = steady
             else:
-                delay = startup.run_delay_after_warmup_s
-                why = ("the training thread's run delay over them could not be read, so a "
-                       "loaded host cannot be ruled out" if delay is None else
-                       "the training thread waited for a CPU through much of them "
-                       "(drift.startup.run_delay_after_warmup_s): a loaded host, not start-up"
-                       if delay >= STARTUP_DELAY_SHARE * startup.extra_after_warmup_s else
-                       f"their {startup.extra_after_warmup_s * 1e3:.2f} ms above it is under "
-                       f"{STARTUP_MATERIAL_SHARE:.0%} of the measured steps' time")
+                why = {
+                    "delay_unknown": "the training thread's run delay over them could not be "
+                                     "read, so a loaded host cannot be ruled out",
+                    "loaded_host": "the training thread waited for a CPU through much of them "
+                                   "(drift.startup.run_delay_after_warmup_s): a loaded host, "
+                                   "not start-up",
+                    "immaterial": f"their {startup.extra_after_warmup_s * 1e3:.2f} ms above "
+                                  f"it is under {STARTUP_MATERIAL_SHARE:.0%} of the measured "
+                                  "steps' time",
+                }[startup.kept_because or "immaterial"]
                 notes.append(
                     f"The first {len(steps) - len(steady)} measured step(s) were slower than "
                     f"the steady {startup.steady_step_s * 1e3:.2f} ms, but {why}; they stay in "
