@@ -159,6 +159,29 @@ def test_host_to_device_copies_are_timed() -> None:
     assert "to" not in vars(torch.Tensor)
 
 
+def test_autocast_on_a_device_the_any_autocast_query_misses_is_seen() -> None:
+    """torch's one-call "any autocast on?" answers False for an autocast on MPS: the forwards
+    of an MPS job under autocast are still counted as such (autocast set here as
+    ``torch.autocast("mps", ...)`` sets it; the job's tensors stay on the CPU)."""
+    import redline
+
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with redline.watch(device="mps", warmup_steps=1, count_flops=False,
+                       stack_sample_interval_s=None) as w:
+        for _ in range(5):
+            torch.set_autocast_enabled("mps", True)
+            torch.set_autocast_dtype("mps", torch.float16)
+            try:
+                loss = model(torch.randn(4, 8)).sum()
+            finally:
+                torch.set_autocast_enabled("mps", False)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert w.inst is not None and dict(w.inst.precision.autocast or {}) == {"fp16": 5}
+
+
 def test_autocast_is_seen_on_forward() -> None:
     import redline
 

@@ -431,12 +431,24 @@ def test_counts_stay_exact_when_marked_steps_begin_after_the_watch_settled() -> 
             opt.step()
             opt.zero_grad()
         assert w.step_counts == (12, 2, 0, 10) and w.measured_count == 10
+        # a reader on another thread (the metrics endpoint) may read the counts between the
+        # tracker's reset and the watch's: never a negative count
+        seen: list[int] = []
+        reset = w.tracker._on_reset
+        assert reset is not None
+
+        def reading_reset() -> None:
+            seen.append(w.measured_count)
+            reset()
+
+        w.tracker._on_reset = reading_reset
         for _ in range(6):  # from here the loop marks its steps itself
             m(torch.randn(4, 8)).sum().backward()
             opt.step()
             opt.zero_grad()
             w.step()
         assert w.step_counts == (6, 2, 0, 4)
+    assert seen and min(seen) >= 0, seen
     assert w.tracker.source == "manual"
     assert [s.kind for s in w.steps] == ["warmup"] * 2 + ["measured"] * 4
     assert w.report(show=False).measurements.timing.steps_measured == 4

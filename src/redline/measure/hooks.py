@@ -98,6 +98,10 @@ def _optimized_module_type() -> type | None:
     return getattr(mod, "OptimizedModule", None) if mod is not None else None
 
 
+def _always() -> bool:
+    return True
+
+
 def _short_dtype(dt: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
             torch.float64: "fp64"}.get(dt, str(dt).replace("torch.", ""))
@@ -338,8 +342,11 @@ class Instrumentation:
         grad_on = torch.is_grad_enabled
         # One C call with no argument to parse: where no autocast is on for any device (an
         # fp32 loop), the per-device query (a device string parsed at each call) is skipped.
-        # Private in torch (2.1+), so only where it exists.
-        any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
+        # Private in torch (2.1+), so only where it exists, and only for the devices it reads
+        # (it answers False for an autocast on MPS).
+        any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
+        if any_autocast is None or dev not in ("cpu", "cuda"):
+            any_autocast = _always
         autocast = self.precision.autocast
         assert autocast is not None
 

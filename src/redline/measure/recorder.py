@@ -285,7 +285,11 @@ class Recorder:
         """Measured steps so far (warm-up and excluded steps left out), without a pass over
         the steps."""
         quiet = self._quiet_from
-        return self._measured if quiet is None else self._measured + self.tracker.closed - quiet
+        if quiet is None:
+            return self._measured
+        # (a reader on another thread may come between the tracker's reset of its count, at
+        # the loop's first own step(), and this recorder's: never below what was counted)
+        return self._measured + max(0, self.tracker.closed - quiet)
 
     @property
     def step_counts(self) -> tuple[int, int, int, int]:

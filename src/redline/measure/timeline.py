@@ -401,7 +401,7 @@ class StepTracker:
             rest = record_minus(self._acc, self._snap)
             self._close(self._snap_t, self._snap, exact=False)
             self._acc = rest
-            self._eval_grad_s = max(0.0, self._eval_grad_s - self._snap_eval_grad_s)
+            self._eval_grad_s -= self._snap_eval_grad_s
             self._stepped = set()
         self._stepped.add(opt_id)
         if self._cycle is not None and self._stepped >= self._cycle:
