@@ -503,6 +503,28 @@ def test_host_code_no_sample_named_keeps_its_ceiling_and_ranks_by_it() -> None:
     assert f.ceiling_speedup == pytest.approx(1 / (1 - 0.83))
 
 
+@pytest.mark.parametrize("kind", ["loss", "batch", "code"])
+def test_one_stack_sample_does_not_name_where_most_of_the_step_went(kind: str) -> None:
+    """91 % of each step outside the phases and a single stack sample there (a pure-Python
+    batch builder that holds the GIL: the sampler gets it at the loss's call): the sample's
+    line does not take the whole share, and the time is still told, as a whole."""
+    site = CodeSite(file="train.py", line=44, function="main", kind=kind, via=None,
+                    step_fraction=0.913, samples=1, text="loss = F.cross_entropy(model(xb), yb)")
+    lw = _loop(other_fraction=0.915, samples=1, sampled_s=0.005, sites=[site],
+               kind_fractions={kind: 0.913})
+    m = replace(measurements(phases={"forward": 0.03, "backward": 0.04, "optimizer": 0.015}),
+                loop=lw)
+    found = diagnose(m)
+    assert [f.id for f in found] == ["host_work_in_loop"], [f.id for f in found]
+    assert "too few to name its code" in found[0].title and "train.py" not in found[0].title
+    assert found[0].ceiling_speedup == pytest.approx(1 / (1 - 0.915))
+    # three samples are enough to name it
+    three = replace(lw, samples=3, sites=[replace(site, samples=3)])
+    ids = [f.id for f in diagnose(replace(m, loop=three))]
+    assert ids[:1] == {"loss": [], "batch": ["batches_built_in_loop"],
+                       "code": ["host_work_in_loop"]}[kind], ids
+
+
 def _confusion(pred: list[int], true: list[int]) -> list[list[int]]:
     table = [[0] * 4 for _ in range(4)]
     for _ in range(1000):  # a per-step metric in pure Python (~8 ms): it holds the GIL

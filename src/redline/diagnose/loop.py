@@ -15,6 +15,7 @@ from redline.core.words import ordinal
 from redline.diagnose.thresholds import (
     HOST_CODE_MIN_FRACTION,
     HOST_WORK_MIN_FRACTION,
+    LOOP_NAMING_MIN_SAMPLES,
     PERIODIC_MIN_FRACTION,
 )
 
@@ -103,8 +104,11 @@ def _kind_of(site: CodeSite, m: Measurements) -> str:
 
 def _kind_share(m: Measurements, lw: LoopWork, kind: str) -> float:
     """Share of the step of one finding's kind, over every sampled line (not only those
-    listed)."""
+    listed); none where too few samples fell outside the phases to split them (GC pauses,
+    timed exactly, are always known)."""
     kf = lw.kind_fractions
+    if lw.samples < LOOP_NAMING_MIN_SAMPLES and kind != "gc":
+        return 0.0
     if kind == "code":
         return (kf.get("code", 0.0) + kf.get("loader", 0.0)
                 + (0.0 if _batches_in_loop(m) else kf.get("batch", 0.0)))
@@ -206,16 +210,18 @@ def host_work_in_loop(m: Measurements) -> list[Finding]:
         return []
     sites = [s for s in lw.sites if _kind_of(s, m) == "code"]
     f = _kind_share(m, lw, "code")
-    if lw.samples == 0:
-        # outside the phases with no sample to split it: say where the time is, if large
-        f = lw.other_fraction - sum(lw.kind_fractions.values())
+    if lw.samples < LOOP_NAMING_MIN_SAMPLES:
+        # outside the phases with (almost) no sample to split it: say where the time is, if
+        # large; only the GC pauses in it are known apart
+        f = lw.other_fraction - lw.kind_fractions.get("gc", 0.0)
         if f < HOST_CODE_MIN_FRACTION:
             return []
+        named = ("no stack sample named its code" if not lw.samples else
+                 f"{lw.samples} stack sample(s) fell there, too few to name its code")
         return [Finding(
             id="host_work_in_loop", severity=severity_for(f),
-            title=f"{f:.0%} of each step is spent outside every measured phase; no stack sample "
-            "named its code",
-            evidence={"other_fraction": round(lw.other_fraction, 4), "samples": 0},
+            title=f"{f:.0%} of each step is spent outside every measured phase; {named}",
+            evidence={"other_fraction": round(lw.other_fraction, 4), "samples": lw.samples},
             # the same bound as a sampled one's: what is outside the phases, less the kinds
             # other findings name, is what removing that code can give back
             ceiling_speedup=ceiling_speedup(_removable(m, f)),

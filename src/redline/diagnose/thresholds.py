@@ -87,6 +87,13 @@ HOST_CODE_MIN_FRACTION = 0.10
 some time outside the phases (zero_grad, moving tensors, Python between calls), and only a share
 this large is worth reading code for."""
 
+LOOP_NAMING_MIN_SAMPLES = 3
+"""Stack samples outside the phases below which their lines and kinds are not named: the time
+there is then told as a whole (``host_work_in_loop``, no line). A sample lands where the loop
+lets the GIL go, not uniformly in time, and one or two of them would hand the whole share to
+the line they fell on (a pure-Python batch builder of 2 ms steps, 91 % of each step outside the
+phases, gave one sample on its loss line and no finding at all)."""
+
 PERIODIC_MIN_FRACTION = 0.05
 """Every k-th step slower, the extra time ≥ 5 % of the measured step time → ``periodic_stall``
 (same materiality as the other host findings)."""

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from redline.diagnose.thresholds import MEMORY_TREND_MIN_Z
+from redline.diagnose.thresholds import LOOP_NAMING_MIN_SAMPLES, MEMORY_TREND_MIN_Z
 from redline.measure.trend import samples_for_trend
 
 if TYPE_CHECKING:  # annotations only: a trace's findings render without the report's records
@@ -106,8 +106,10 @@ def render_loop_sites(m: Measurements, console: Console) -> None:
     loop = m.loop
     if loop is None or loop.other_fraction < 0.02 or not loop.sites:
         return
+    few = (": too few to split it, the shares below are those samples'"
+           if loop.samples < LOOP_NAMING_MIN_SAMPLES else "")
     table = Table(title=f"Where 'other' went ({loop.other_fraction:.1%} of each step; "
-                        f"{loop.samples} stack samples)", title_justify="left")
+                        f"{loop.samples} stack samples{few})", title_justify="left")
     table.add_column("line")
     table.add_column("kind")
     table.add_column("share", justify="right")
